@@ -1,0 +1,123 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Benchmark kernels that must run in C: the machine's floor, and the hot-path sides.
+
+Used by `rdmasched bench`; not part of the API.
+"""
+
+from libc.stdint cimport uint64_t, uint32_t
+
+from rdmasched._wire cimport rs_msg, rs_now_ns, rs_pause
+from rdmasched._ring cimport RxLane, TxLane, rs_rx_poll, rs_tx_put, rs_tx_wait_room, RS_OK
+
+import array
+
+from rdmasched.errors import PeerDeadError
+
+cdef extern from "rs_floor.h" nogil:
+    int rs_floor_run(volatile uint64_t *ping, volatile uint64_t *pong, int pinger,
+                     uint64_t iters, uint64_t *samples, uint64_t timeout_ns)
+
+
+def floor_pingpong(size_t address, bint pinger, uint64_t iters, double timeout_s=10.0):
+    """Plain C ping-pong on two lines at `address` (128 zeroed bytes of shared memory).
+
+    The pinger returns an array('Q') of round trips in ns; the echo side returns None.
+    """
+    cdef volatile uint64_t *ping = <volatile uint64_t *>address
+    cdef volatile uint64_t *pong = <volatile uint64_t *>(address + 64)
+    samples = array.array("Q", bytes(8 * iters)) if pinger else array.array("Q", [0])
+    cdef uint64_t[::1] view = samples
+    cdef int rc
+    cdef uint64_t timeout_ns = <uint64_t>(timeout_s * 1e9)
+    with nogil:
+        rc = rs_floor_run(ping, pong, pinger, iters, &view[0], timeout_ns)
+    if rc != 0:
+        raise TimeoutError("floor ping-pong: the peer stopped answering")
+    return samples if pinger else None
+
+
+cdef int _recv(RxLane rx, rs_msg *m, uint64_t timeout_ns) noexcept nogil:
+    cdef uint64_t start = 0, now
+    cdef uint32_t k = 0
+    while not rs_rx_poll(&rx.st, m, rx.scratch):
+        if rx.st.dead:
+            return -1
+        rs_pause()
+        k += 1
+        if (k & 1023) == 0:
+            now = rs_now_ns()
+            if start == 0:
+                start = now
+            elif now - start > timeout_ns:
+                return -1
+    return 0
+
+
+cdef int _send(TxLane tx, rs_msg *m, uint64_t timeout_ns) noexcept nogil:
+    cdef int rc = rs_tx_put(&tx.st, m, NULL)
+    while rc != RS_OK:
+        rc = rs_tx_wait_room(&tx.st, 1, timeout_ns)
+        if rc != RS_OK:
+            return rc
+        rc = rs_tx_put(&tx.st, m, NULL)
+    return 0
+
+
+def echo(RxLane rx not None, TxLane tx not None, uint64_t count, double timeout_s=10.0):
+    """Hot-path echo, as a daemon's poll loop runs: receive a message, send it straight back.
+
+    Messages without metadata only. Returns the number echoed.
+    """
+    cdef rs_msg m
+    cdef uint64_t i = 0
+    cdef uint64_t timeout_ns = <uint64_t>(timeout_s * 1e9)
+    cdef int rc = 0
+    with nogil:
+        while i < count:
+            if _recv(rx, &m, timeout_ns) != 0:
+                rc = -1
+                break
+            m.meta_len = 0
+            if _send(tx, &m, timeout_ns) != 0:
+                rc = -2
+                break
+            i += 1
+    if rc:
+        raise PeerDeadError(f"hot echo stopped after {i} of {count}: "
+                            f"{'nothing arrived' if rc == -1 else 'could not send'}")
+    return i
+
+
+def ping(RxLane rx not None, TxLane tx not None, uint64_t iters, double timeout_s=10.0):
+    """Hot-path pinger: send a DISPATCH, wait for the echo; array('Q') of round trips (ns)."""
+    samples = array.array("Q", bytes(8 * iters))
+    cdef uint64_t[::1] view = samples
+    cdef rs_msg m, r
+    cdef uint64_t i = 0, t_prev, t
+    cdef uint64_t timeout_ns = <uint64_t>(timeout_s * 1e9)
+    cdef int rc = 0
+    m.kind = 1
+    m.flags = 0
+    m.priority = 1
+    m.hops = 0
+    m.job = 7
+    m.arg0 = 0
+    m.arg1 = 0
+    m.arg2 = 0
+    m.meta_len = 0
+    m.meta_off = 0
+    m.lane = 0
+    with nogil:
+        t_prev = rs_now_ns()
+        while i < iters:
+            m.id = i
+            if _send(tx, &m, timeout_ns) != 0 or _recv(rx, &r, timeout_ns) != 0:
+                rc = -1
+                break
+            t = rs_now_ns()
+            view[i] = t - t_prev
+            t_prev = t
+            i += 1
+    if rc:
+        raise PeerDeadError(f"hot ping stopped after {i} of {iters}")
+    return samples

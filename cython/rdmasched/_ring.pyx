@@ -1,0 +1,878 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False
+"""Ring lanes: the transport-neutral hot path.
+
+A lane is S slots (a power of two) in the receiver's memory. The sender writes message k at
+positions [tail, tail + 1 + ncont); slot i of the ring holds position p when i == p mod S. The
+stamp of a slot is (epoch << 32 | lap) with lap = p >> log2(S), so a slot left from an earlier
+lap or an earlier sender epoch never looks current. The receiver polls the stamp at its head,
+checks the CRC, delivers, and every S/4 slots (or when idle) publishes its head as the credit.
+The sender never writes past head + S, so an unread slot is never overwritten.
+
+docs/PROTOCOL.md is the contract; this file implements it.
+"""
+
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int32_t
+from libc.stdlib cimport malloc, calloc, realloc, free
+from libc.string cimport memcpy, memset
+from posix.time cimport nanosleep, timespec
+from cpython.bytes cimport PyBytes_AS_STRING
+
+cimport cython
+
+from rdmasched._wire cimport (
+    rs_slot, rs_cont, rs_msg, Message, message_from_c, msg_from_args, rs_stamp, rs_ncont,
+    rs_store_slot, rs_fill_head, rs_fill_cont, rs_read_slot, rs_head_valid, rs_msg_from_head,
+    rs_load_acquire_u64, rs_store_release_u32, rs_load_acquire_u32, rs_fence, rs_pause,
+    rs_now_ns, rs_futex_wait, rs_slot_crc, rs_crc32c_init,
+    SLOT_EMPTY, SLOT_OK, SLOT_BAD_CRC, SLOT_MALFORMED, CONT_PAYLOAD, MAX_CONT, KIND_CONT,
+)
+from rdmasched._wire import pack_meta
+
+import logging
+import warnings
+
+from rdmasched.errors import (
+    CorruptSlotError, EpochError, LaneClosedError, LaneFullError, MessageTooLargeError,
+    PeerDeadError,
+)
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
+
+rs_crc32c_init()
+
+_log = logging.getLogger("rdmasched.ring")
+
+cdef enum:
+    IDLE_EVERY = 63          # empty polls between transport idle work (epoch requests)
+    SCRUB_EVERY = 4095       # empty polls between look-ahead scrubs and idle credit
+    META_ROOM = MAX_CONT * CONT_PAYLOAD
+    SPIN_BEFORE_YIELD = 4096
+    GIL_SPIN = 256           # polls (about 2-10 us) before `poll` releases the GIL to wait
+
+DEFAULT_TIMEOUT_US = 1_000_000
+DEFAULT_GRACE_US = 100
+
+
+cdef uint32_t _log2(uint32_t n) noexcept nogil:
+    cdef uint32_t s = 0
+    while (1u << s) < n:
+        s += 1
+    return s
+
+
+def check_nslots(nslots: int) -> int:
+    """Lane sizes are powers of two from 16 to 2**20 slots."""
+    if not isinstance(nslots, int) or nslots < 16 or nslots > (1 << 20) or nslots & (nslots - 1):
+        raise ValueError(f"nslots must be a power of two in 16..{1 << 20}, not {nslots!r}")
+    return nslots
+
+
+# ---- receiver ---------------------------------------------------------------------------------
+
+cdef void rs_rx_init(rs_rx *r, rs_slot *ring, uint32_t nslots, uint32_t epoch,
+                     uint64_t grace_ns) noexcept nogil:
+    memset(r, 0, sizeof(rs_rx))
+    r.ring = ring
+    r.nslots = nslots
+    r.mask = nslots - 1
+    r.shift = _log2(nslots)
+    r.epoch = epoch
+    r.grace_ns = grace_ns
+
+
+cdef int rs_rx_publish_credit(rs_rx *r) noexcept nogil:
+    cdef uint64_t credit = (<uint64_t>r.epoch << 32) | (r.head & 0xFFFFFFFFu)
+    cdef int rc = 0
+    if r.publish != NULL:
+        rc = r.publish(r, credit)
+    if rc == 0:
+        r.credited = r.head
+        r.credits += 1
+    else:
+        r.dead = rc
+    return rc
+
+
+cdef void rs_rx_begin_epoch(rs_rx *r, uint32_t epoch) noexcept nogil:
+    """Accept a new sender incarnation: positions and message numbers restart at 0."""
+    r.epoch = epoch
+    r.head = 0
+    r.credited = 0
+    r.seq_next = 0
+    r.bad_since = 0
+    r.idle = 0
+    rs_rx_publish_credit(r)
+
+
+cdef inline void _advance(rs_rx *r, uint32_t n) noexcept nogil:
+    r.head += n
+    r.bad_since = 0
+    if r.head - r.credited >= (r.nslots >> 2):
+        rs_rx_publish_credit(r)
+
+
+cdef inline bint _bad_ripe(rs_rx *r) noexcept nogil:
+    """True once the slot at head has looked bad for the whole grace period."""
+    cdef uint64_t now = rs_now_ns()
+    if r.bad_since == 0:
+        r.bad_since = now
+        return r.grace_ns == 0
+    return now - r.bad_since >= r.grace_ns
+
+
+cdef int rs_rx_scrub(rs_rx *r, uint64_t now) noexcept nogil:
+    """Find a slot at head whose stamp is wrong although later slots arrived; skip it.
+
+    A slot whose stamp is not current looks unwritten. If a later position holds a valid
+    head slot (only continuation slots in between), the sender wrote past it, so it was lost:
+    a flipped stamp, a slot of an earlier epoch or lap that was never overwritten. After the
+    grace period it is counted by what it holds and skipped. Returns 1 if it skipped.
+    """
+    cdef uint64_t pos = r.head
+    cdef uint64_t q = pos + 1
+    cdef uint64_t limit
+    cdef rs_slot tmp
+    cdef bint found = False
+    if r.dead or r.ring == NULL:
+        return 0
+    if rs_load_acquire_u64(&r.ring[pos & r.mask].stamp) == rs_stamp(r.epoch, pos, r.shift):
+        return 0                                   # poll's business
+    limit = pos + (r.nslots - 1 if r.nslots - 1 < MAX_CONT + 1 else MAX_CONT + 1)
+    while q <= limit:
+        if rs_read_slot(&r.ring[q & r.mask], rs_stamp(r.epoch, q, r.shift), &tmp) != SLOT_OK:
+            break
+        if tmp.kind != KIND_CONT:
+            found = True
+            break
+        q += 1
+    if not found:
+        r.bad_since = 0
+        return 0
+    if r.bad_since == 0:
+        r.bad_since = now
+        if r.grace_ns:
+            return 0
+    elif now - r.bad_since < r.grace_ns:
+        return 0
+    memcpy(&tmp, &r.ring[pos & r.mask], sizeof(rs_slot))
+    if rs_slot_crc(&tmp) == tmp.crc:
+        if <uint32_t>(tmp.stamp >> 32) != r.epoch:
+            r.stale_epoch += q - pos
+        else:
+            r.stale_lap += q - pos
+    else:
+        r.bad_crc += q - pos
+    _advance(r, <uint32_t>(q - pos))
+    return 1
+
+
+cdef inline void _idle(rs_rx *r) noexcept nogil:
+    if r.idle_hook != NULL:
+        r.idle_hook(r)
+    if (r.idle & SCRUB_EVERY) == 0:
+        if r.head != r.credited:
+            rs_rx_publish_credit(r)
+        rs_rx_scrub(r, rs_now_ns())
+
+
+cdef int rs_rx_poll(rs_rx *r, rs_msg *out, uint8_t *meta) noexcept nogil:
+    """Deliver the next message: 1 if `out` (and `meta`, META_ROOM bytes) was filled, else 0.
+
+    Never delivers a slot whose stamp is not current or whose checksum fails; skips and
+    counts what cannot become valid (see the rules in docs/PROTOCOL.md).
+    """
+    cdef rs_slot h, c
+    cdef uint64_t pos
+    cdef uint32_t i, n
+    cdef int st
+    cdef int32_t gap
+    if r.dead:
+        return 0
+    while True:
+        pos = r.head
+        st = rs_read_slot(&r.ring[pos & r.mask], rs_stamp(r.epoch, pos, r.shift), &h)
+        if st == SLOT_EMPTY:
+            r.idle += 1
+            if (r.idle & IDLE_EVERY) == 0:
+                _idle(r)
+            return 0
+        if st == SLOT_BAD_CRC:
+            if not _bad_ripe(r):
+                return 0
+            r.bad_crc += 1
+            _advance(r, 1)
+            continue
+        if h.kind == KIND_CONT:
+            r.orphans += 1
+            _advance(r, 1)
+            continue
+        if not rs_head_valid(&h, r.nslots):
+            r.malformed += 1
+            _advance(r, 1)
+            continue
+        n = h.ncont
+        i = 0
+        st = SLOT_OK
+        while i < n:
+            st = rs_read_slot(&r.ring[(pos + 1 + i) & r.mask],
+                              rs_stamp(r.epoch, pos + 1 + i, r.shift), &c)
+            if st != SLOT_OK:
+                break
+            if c.kind != KIND_CONT:
+                st = SLOT_MALFORMED
+                break
+            memcpy(meta + i * CONT_PAYLOAD, (<rs_cont *>&c).data, CONT_PAYLOAD)
+            i += 1
+        if st == SLOT_MALFORMED:
+            r.malformed += 1
+            _advance(r, 1 + i)
+            continue
+        if st != SLOT_OK:
+            if not _bad_ripe(r):
+                return 0
+            r.truncated += 1
+            _advance(r, 1 + i)
+            continue
+        rs_msg_from_head(out, &h)
+        out.meta_off = 0
+        gap = <int32_t>(h.seq - r.seq_next)
+        if gap > 0:
+            r.gaps += <uint32_t>gap
+        r.seq_next = h.seq + 1
+        r.peer_load = h.load
+        r.delivered += 1
+        r.idle = 0
+        _advance(r, 1 + n)
+        return 1
+
+
+cdef uint32_t _drain_limited(rs_rx *r, Batch b, uint32_t lane, uint32_t limit) noexcept nogil:
+    cdef uint32_t got = 0
+    cdef rs_msg *m
+    while got < limit and b.count < b.cap and b.arena_cap - b.arena_used >= META_ROOM:
+        m = &b.msgs[b.count]
+        if not rs_rx_poll(r, m, b.arena + b.arena_used):
+            break
+        m.meta_off = b.arena_used
+        m.lane = lane
+        b.arena_used += m.meta_len
+        b.count += 1
+        got += 1
+    return got
+
+
+cdef inline uint64_t _bad_total(const rs_rx *r) noexcept nogil:
+    return (r.bad_crc + r.malformed + r.stale_epoch + r.stale_lap + r.truncated + r.orphans
+            + r.gaps + r.bad_meta)
+
+
+cdef int _spin_poll(rs_rx *r, rs_msg *m, uint8_t *meta, uint64_t timeout_ns) noexcept nogil:
+    """Busy-poll one lane until a message arrives (1), the timeout passes (0) or it dies (-1)."""
+    cdef uint64_t start = 0, now
+    cdef uint32_t k = 0
+    while True:
+        if rs_rx_poll(r, m, meta):
+            return 1
+        if r.dead:
+            return -1
+        rs_pause()
+        k += 1
+        if (k & 255) == 0:
+            now = rs_now_ns()
+            if start == 0:
+                start = now
+            elif now - start >= timeout_ns:
+                return 0
+
+
+# ---- sender -----------------------------------------------------------------------------------
+
+cdef void rs_tx_init(rs_tx *t, rs_slot *ring, uint32_t nslots, uint32_t epoch,
+                     const volatile uint64_t *credit) noexcept nogil:
+    memset(t, 0, sizeof(rs_tx))
+    t.ring = ring
+    t.nslots = nslots
+    t.mask = nslots - 1
+    t.shift = _log2(nslots)
+    t.epoch = epoch
+    t.credit = credit
+
+
+cdef int rs_tx_room(rs_tx *t, uint32_t n) noexcept nogil:
+    """1 if n more slots fit without overwriting an unread one (reads the credit if needed)."""
+    cdef uint64_t c
+    cdef uint32_t unread
+    if t.tail + n - t.head <= t.nslots:
+        return 1
+    c = rs_load_acquire_u64(t.credit)
+    if <uint32_t>(c >> 32) == t.epoch:
+        unread = <uint32_t>t.tail - <uint32_t>c
+        if unread <= t.nslots:
+            t.head = t.tail - unread
+    return t.tail + n - t.head <= t.nslots
+
+
+cdef int rs_tx_put(rs_tx *t, const rs_msg *m, const uint8_t *meta) noexcept nogil:
+    """Write one message at the tail if there is room; never blocks. RS_OK or RS_* < 0."""
+    cdef rs_slot tmp
+    cdef uint64_t pos
+    cdef uint32_t ncont = rs_ncont(m.meta_len)
+    cdef uint32_t i
+    cdef int rc
+    if t.dead:
+        return RS_DEAD
+    if t.closed != NULL and t.closed[0]:
+        return RS_CLOSED
+    if not t.acked:
+        if t.ready == NULL or not t.ready(t):
+            return RS_NOTREADY
+        t.acked = 1
+    if not rs_tx_room(t, 1 + ncont):
+        return RS_NOROOM
+    pos = t.tail
+    # Continuation slots first, the head last: a receiver that sees the head sees them all.
+    for i in range(ncont):
+        rs_fill_cont(&tmp, meta, m.meta_len, i)
+        rs_store_slot(&t.ring[(pos + 1 + i) & t.mask], &tmp,
+                      rs_stamp(t.epoch, pos + 1 + i, t.shift))
+    rs_fill_head(&tmp, m, t.seq)
+    tmp.src = t.src
+    tmp.load = t.load
+    rs_store_slot(&t.ring[pos & t.mask], &tmp, rs_stamp(t.epoch, pos, t.shift))
+    t.tail = pos + 1 + ncont
+    t.seq += 1
+    t.sent += 1
+    t.slots += 1 + ncont
+    if t.commit != NULL:
+        rc = t.commit(t, pos, 1 + ncont)
+        if rc != 0:
+            t.dead = rc
+            return RS_DEAD
+    return RS_OK
+
+
+cdef int rs_tx_wait_room(rs_tx *t, uint32_t n, uint64_t timeout_ns) noexcept nogil:
+    """Wait (spin, then yield, then sleep) until n slots fit and the epoch is accepted."""
+    cdef uint64_t start = rs_now_ns()
+    cdef uint64_t k = 0
+    cdef timespec ts
+    ts.tv_sec = 0
+    ts.tv_nsec = 20000
+    t.full_waits += 1
+    while True:
+        if t.dead:
+            return RS_DEAD
+        if t.closed != NULL and t.closed[0]:
+            return RS_CLOSED
+        if not t.acked and t.ready != NULL and t.ready(t):
+            t.acked = 1
+        if t.acked and rs_tx_room(t, n):
+            return RS_OK
+        k += 1
+        if k < SPIN_BEFORE_YIELD:
+            rs_pause()
+            continue
+        if rs_now_ns() - start >= timeout_ns:
+            return RS_NOTREADY if not t.acked else RS_NOROOM
+        if k < 4 * SPIN_BEFORE_YIELD:
+            sched_yield()
+        else:
+            nanosleep(&ts, NULL)
+
+
+# ---- Python-facing classes ---------------------------------------------------------------------
+
+@cython.final
+cdef class Batch:
+    """A reusable array of decoded messages: `RxLane.drain` fills it, `TxLane.send_batch`
+    sends it. Indexing builds a `Message`; the arrays themselves are plain C."""
+
+    def __cinit__(self, uint32_t capacity=256, uint32_t meta_bytes=0):
+        if capacity == 0:
+            raise ValueError("capacity must be at least 1")
+        self.cap = capacity
+        self.arena_cap = meta_bytes if meta_bytes else max(65536, 2 * META_ROOM)
+        if self.arena_cap < META_ROOM:
+            raise ValueError(f"meta_bytes must be at least {META_ROOM}")
+        self.msgs = <rs_msg *>calloc(capacity, sizeof(rs_msg))
+        self.arena = <uint8_t *>malloc(self.arena_cap)
+        if self.msgs == NULL or self.arena == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.msgs)
+        free(self.arena)
+
+    def __len__(self):
+        return self.count
+
+    @property
+    def capacity(self):
+        return self.cap
+
+    def clear(self):
+        self.count = 0
+        self.arena_used = 0
+
+    def __getitem__(self, Py_ssize_t i):
+        if i < 0:
+            i += self.count
+        if i < 0 or i >= self.count:
+            raise IndexError("batch index out of range")
+        return message_from_c(&self.msgs[i], self.arena)
+
+    def __iter__(self):
+        cdef uint32_t i
+        for i in range(self.count):
+            yield message_from_c(&self.msgs[i], self.arena)
+
+    def append(self, int kind, unsigned long long id=0, unsigned long long job=0,
+               int priority=0, int flags=0, unsigned long long arg0=0,
+               unsigned long long arg1=0, unsigned int arg2=0, int hops=0, meta=None):
+        """Add a message to send; the same arguments as `TxLane.send`."""
+        cdef bytes raw
+        cdef rs_msg *m
+        if self.count >= self.cap:
+            raise BufferError(f"batch is full ({self.cap} messages)")
+        m = &self.msgs[self.count]
+        msg_from_args(m, kind, id, job, priority, flags, arg0, arg1, arg2, hops)
+        if meta is not None:
+            raw = pack_meta(meta)
+            if self.arena_used + len(raw) > self.arena_cap:
+                raise BufferError("batch metadata arena is full")
+            memcpy(self.arena + self.arena_used, PyBytes_AS_STRING(raw), len(raw))
+            m.meta_off = self.arena_used
+            m.meta_len = len(raw)
+            self.arena_used += len(raw)
+        self.count += 1
+
+
+cdef _stats_dict(const rs_rx *r):
+    return {
+        "delivered": r.delivered, "bad_crc": r.bad_crc, "malformed": r.malformed,
+        "stale_epoch": r.stale_epoch, "stale_lap": r.stale_lap, "truncated": r.truncated,
+        "orphans": r.orphans, "gaps": r.gaps, "bad_meta": r.bad_meta, "credits": r.credits,
+        "head": r.head, "epoch": r.epoch, "peer_load": r.peer_load,
+    }
+
+
+cdef class RxLane:
+    """The receiving end of a lane. Made by a transport (e.g. `shm.create_lane`)."""
+
+    def __cinit__(self, *args, **kwargs):
+        self.scratch = <uint8_t *>malloc(META_ROOM)
+        if self.scratch == NULL:
+            raise MemoryError()
+        self.st.dead = RS_CLOSED            # until a transport opens it
+
+    def __dealloc__(self):
+        free(self.scratch)
+
+    def __del__(self):
+        if self._open:
+            warnings.warn(f"lane {self.name!r} (receiver) was not closed", ResourceWarning, 2)
+            self.close()
+
+    cdef int _check_open(self) except -1:
+        if not self._open:
+            raise LaneClosedError(f"lane {self.name!r} is closed")
+        return 0
+
+    cdef object _deliver(self, rs_msg *m, const uint8_t *meta):
+        try:
+            return message_from_c(m, meta)
+        except CorruptSlotError as exc:
+            self.st.bad_meta += 1
+            _log.warning("lane %r: skipped message seq=%d: %s", self.name, m.seq, exc)
+            return None
+
+    def _report(self):
+        cdef uint64_t total = _bad_total(&self.st)
+        if total != self._reported:
+            _log.warning("lane %r: skipped bad slots or messages: %s", self.name,
+                         {k: v for k, v in self.stats().items()
+                          if k not in ("delivered", "credits", "head", "epoch", "peer_load")
+                          and v})
+            self._reported = total
+
+    def poll(self, double timeout_us=0):
+        """The next message, or None if none arrives within `timeout_us` (0: just look).
+
+        Spins without the GIL while it waits. Bad slots are skipped, counted in `stats()`
+        and logged; they never come out of here.
+        """
+        cdef rs_msg m
+        cdef int r
+        cdef uint32_t k
+        cdef uint64_t timeout_ns
+        self._check_open()
+        if timeout_us < 0:
+            raise ValueError("timeout_us must be >= 0")
+        while True:
+            r = rs_rx_poll(&self.st, &m, self.scratch)
+            if r == 0 and timeout_us > 0:
+                # A reply is often a few hundred ns away: look a little longer before paying
+                # for releasing and retaking the GIL.
+                k = 0
+                while r == 0 and k < GIL_SPIN:
+                    rs_pause()
+                    r = rs_rx_poll(&self.st, &m, self.scratch)
+                    k += 1
+            if r == 0 and timeout_us > 0:
+                timeout_ns = <uint64_t>(timeout_us * 1000)
+                with nogil:
+                    r = _spin_poll(&self.st, &m, self.scratch, timeout_ns)
+            if r == 1:
+                msg = self._deliver(&m, self.scratch)
+                if msg is not None:
+                    return msg
+                continue
+            if _bad_total(&self.st) != self._reported:
+                self._report()
+            if self.st.dead and self._open:
+                raise PeerDeadError(f"lane {self.name!r}: transport failed ({self.st.dead})")
+            return None
+
+    def drain(self, Batch batch not None):
+        """Append every message that is ready (up to the batch's room) to `batch`; no GIL."""
+        cdef uint32_t got
+        self._check_open()
+        with nogil:
+            got = _drain_limited(&self.st, batch, 0, batch.cap)
+        if _bad_total(&self.st) != self._reported:
+            self._report()
+        return got
+
+    def scrub(self):
+        """Run the look-ahead check for a lost slot now (the poller does it when idle)."""
+        self._check_open()
+        return bool(rs_rx_scrub(&self.st, rs_now_ns()))
+
+    def stats(self):
+        """Counters: delivered, and every kind of slot that was skipped (PROTOCOL.md)."""
+        return _stats_dict(&self.st)
+
+    @property
+    def nslots(self):
+        return self.st.nslots
+
+    @property
+    def epoch(self):
+        return self.st.epoch
+
+    @property
+    def peer_load(self):
+        """The load hint carried by the last message (the sender's, permille)."""
+        return self.st.peer_load
+
+    @property
+    def closed(self):
+        return not self._open
+
+    cdef void _close_transport(self):
+        pass
+
+    def close(self):
+        """Stop receiving and release the lane's memory. Safe to call twice."""
+        if not self._open:
+            return
+        self._open = False
+        self.st.dead = RS_CLOSED
+        self._close_transport()
+        self.st.ring = NULL
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+cdef class TxLane:
+    """The sending end of a lane. Made by a transport (e.g. `shm.attach_lane`)."""
+
+    def __cinit__(self, *args, **kwargs):
+        self.timeout_ns = DEFAULT_TIMEOUT_US * 1000
+        self.st.dead = RS_CLOSED
+
+    def __del__(self):
+        if self._open:
+            warnings.warn(f"lane {self.name!r} (sender) was not closed", ResourceWarning, 2)
+            self.close()
+
+    def send(self, int kind, unsigned long long id=0, unsigned long long job=0,
+             int priority=0, int flags=0, unsigned long long arg0=0,
+             unsigned long long arg1=0, unsigned int arg2=0, int hops=0, meta=None,
+             timeout_us=None):
+        """Write one message into the peer's lane; returns its message number (seq).
+
+        Blocks while the lane has no credit, up to `timeout_us` (default: the lane's), then
+        raises LaneFullError. On any error nothing was written.
+        """
+        cdef rs_msg m
+        cdef bytes raw
+        cdef const uint8_t *mp = NULL
+        cdef int rc
+        cdef uint32_t n
+        if not self._open:
+            raise LaneClosedError(f"lane {self.name!r} is closed")
+        msg_from_args(&m, kind, id, job, priority, flags, arg0, arg1, arg2, hops)
+        if meta is not None:
+            raw = pack_meta(meta)
+            m.meta_len = len(raw)
+            mp = <const uint8_t *>PyBytes_AS_STRING(raw)
+            n = 1 + rs_ncont(m.meta_len)
+            if n > self.st.nslots // 2:
+                raise MessageTooLargeError(
+                    f"message needs {n} slots; lane {self.name!r} of {self.st.nslots} "
+                    f"takes at most {self.st.nslots // 2}")
+        rc = rs_tx_put(&self.st, &m, mp)
+        if rc != RS_OK:
+            rc = self._send_slow(&m, mp, rc, timeout_us)
+        return self.st.seq - 1
+
+    cdef int _send_slow(self, rs_msg *m, const uint8_t *mp, int rc, timeout_us) except -1:
+        cdef uint64_t timeout_ns = (self.timeout_ns if timeout_us is None
+                                    else <uint64_t>(timeout_us * 1000))
+        cdef uint32_t n = 1 + rs_ncont(m.meta_len)
+        while rc == RS_NOROOM or rc == RS_NOTREADY:
+            with nogil:
+                rc = rs_tx_wait_room(&self.st, n, timeout_ns)
+                if rc == RS_OK:
+                    rc = rs_tx_put(&self.st, m, mp)
+            if rc != RS_OK:
+                return self._fail(rc, n, timeout_ns)
+        if rc != RS_OK:
+            return self._fail(rc, n, timeout_ns)
+        return 0
+
+    cdef int _fail(self, int rc, uint32_t n, uint64_t timeout_ns) except -1:
+        if rc == RS_NOROOM:
+            raise LaneFullError(
+                f"lane {self.name!r} is full: no credit for {n} slot(s) within "
+                f"{timeout_ns / 1e6:g} ms ({self.st.tail - self.st.head} of "
+                f"{self.st.nslots} slots unread by the receiver){self._peer_note()}")
+        if rc == RS_NOTREADY:
+            raise EpochError(
+                f"lane {self.name!r}: the receiver did not accept sender epoch "
+                f"{self.st.epoch} within {timeout_ns / 1e6:g} ms; is it polling?"
+                f"{self._peer_note()}")
+        if rc == RS_CLOSED:
+            raise PeerDeadError(f"lane {self.name!r}: the receiver closed the lane")
+        raise PeerDeadError(f"lane {self.name!r} is dead: transport error {self.st.dead}")
+
+    def _peer_note(self):
+        return ""
+
+    def send_batch(self, Batch batch not None, timeout_us=None):
+        """Send every message of `batch` in order, without the GIL; returns how many.
+
+        If the lane stays full past the timeout, raises LaneFullError saying how many were
+        sent; the rest were not written.
+        """
+        cdef uint64_t timeout_ns = (self.timeout_ns if timeout_us is None
+                                    else <uint64_t>(timeout_us * 1000))
+        cdef uint32_t i = 0, n
+        cdef int rc = RS_OK
+        cdef rs_msg *m
+        if not self._open:
+            raise LaneClosedError(f"lane {self.name!r} is closed")
+        for i in range(batch.count):
+            if 1 + rs_ncont(batch.msgs[i].meta_len) > self.st.nslots // 2:
+                raise MessageTooLargeError(f"batch message {i} does not fit lane {self.name!r}")
+        i = 0
+        with nogil:
+            while i < batch.count:
+                m = &batch.msgs[i]
+                rc = rs_tx_put(&self.st, m, batch.arena + m.meta_off)
+                if rc == RS_NOROOM or rc == RS_NOTREADY:
+                    n = 1 + rs_ncont(m.meta_len)
+                    rc = rs_tx_wait_room(&self.st, n, timeout_ns)
+                    if rc == RS_OK:
+                        continue
+                if rc != RS_OK:
+                    break
+                i += 1
+        if rc != RS_OK:
+            try:
+                self._fail(rc, 1 + rs_ncont(batch.msgs[i].meta_len), timeout_ns)
+            except LaneFullError as exc:
+                raise LaneFullError(f"{exc} (sent {i} of {batch.count})") from None
+        return i
+
+    def stats(self):
+        return {"sent": self.st.sent, "slots": self.st.slots, "full_waits": self.st.full_waits,
+                "wakes": self.st.wakes, "tail": self.st.tail, "head": self.st.head,
+                "epoch": self.st.epoch}
+
+    @property
+    def nslots(self):
+        return self.st.nslots
+
+    @property
+    def epoch(self):
+        return self.st.epoch
+
+    @property
+    def src(self):
+        return self.st.src
+
+    @property
+    def load(self):
+        """The load hint (permille) stamped on every message this lane sends."""
+        return self.st.load
+
+    @load.setter
+    def load(self, int value):
+        if value < 0 or value > 0xFFFF:
+            raise ValueError("load must be 0..65535")
+        self.st.load = <uint16_t>value
+
+    @property
+    def closed(self):
+        return not self._open
+
+    cdef void _close_transport(self):
+        pass
+
+    def close(self):
+        """Stop sending and release the mapping. Safe to call twice."""
+        if not self._open:
+            return
+        self._open = False
+        self.st.dead = RS_CLOSED
+        self._close_transport()
+        self.st.ring = NULL
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+cdef class LaneSet:
+    """Several receiving lanes polled together (a node's inbound lanes).
+
+    `drain` visits every lane round-robin in C without the GIL, up to `quantum` messages per
+    lane per pass, so one busy sender cannot starve the others. Messages carry the index of
+    their lane (`Message.lane`).
+    """
+
+    def __cinit__(self):
+        self._lanes = []
+        self._arr = NULL
+        self._n = 0
+        self._next = 0
+        self._bell = NULL
+        self.scratch = <uint8_t *>malloc(META_ROOM)
+        if self.scratch == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        free(self._arr)
+        free(self.scratch)
+
+    def add(self, RxLane lane not None):
+        """Add a lane; returns its index."""
+        cdef rs_rx **arr = <rs_rx **>realloc(self._arr, (self._n + 1) * sizeof(rs_rx *))
+        if arr == NULL:
+            raise MemoryError()
+        self._arr = arr
+        self._arr[self._n] = &lane.st
+        self._lanes.append(lane)
+        self._n += 1
+        return self._n - 1
+
+    def __len__(self):
+        return self._n
+
+    def __getitem__(self, i):
+        return self._lanes[i]
+
+    def set_doorbell(self, owner, unsigned long long address):
+        """Block on the futex word at `address` (kept alive by `owner`) in `wait`."""
+        self._bell_owner = owner
+        self._bell = <volatile uint32_t *><size_t>address
+
+    def drain(self, Batch batch not None, uint32_t quantum=64):
+        cdef uint32_t got
+        with nogil:
+            got = self._drain(batch, quantum)
+        return got
+
+    cdef uint32_t _drain(self, Batch batch, uint32_t quantum) noexcept nogil:
+        cdef uint32_t total = 0, got, i, k, start = self._next, pass_got
+        cdef uint32_t room
+        if self._n == 0:
+            return 0
+        while True:
+            pass_got = 0
+            for k in range(self._n):
+                i = (start + k) % self._n
+                room = batch.cap - batch.count
+                if room == 0:
+                    break
+                if room > quantum:
+                    room = quantum
+                got = _drain_limited(self._arr[i], batch, i, room)
+                pass_got += got
+            total += pass_got
+            if pass_got == 0 or batch.count >= batch.cap:
+                break
+        self._next = (start + 1) % self._n
+        return total
+
+    def wait(self, Batch batch not None, timeout_us=1000, spin_us=50, uint32_t quantum=64):
+        """Drain; if nothing came, spin up to `spin_us`, then sleep on the doorbell (if any)
+        until a sender rings it or `timeout_us` passes. Returns how many were added."""
+        cdef uint64_t timeout_ns = <uint64_t>(timeout_us * 1000)
+        cdef uint64_t spin_ns = <uint64_t>(spin_us * 1000)
+        cdef uint32_t got
+        with nogil:
+            got = self._wait(batch, timeout_ns, spin_ns, quantum)
+        return got
+
+    cdef uint32_t _wait(self, Batch batch, uint64_t timeout_ns, uint64_t spin_ns,
+                        uint32_t quantum) noexcept nogil:
+        cdef uint64_t start = rs_now_ns(), now
+        cdef uint32_t got, k = 0
+        cdef timespec ts
+        while True:
+            got = self._drain(batch, quantum)
+            if got:
+                return got
+            now = rs_now_ns()
+            if now - start >= timeout_ns:
+                return 0
+            if now - start < spin_ns:
+                rs_pause()
+                continue
+            if self._bell == NULL:
+                ts.tv_sec = 0
+                ts.tv_nsec = 50000
+                nanosleep(&ts, NULL)
+                continue
+            # Doorbell: announce that we sleep, then look once more before sleeping, so a
+            # sender that wrote before seeing the flag is not missed (both sides fence).
+            rs_store_release_u32(self._bell, 1)
+            rs_fence()
+            got = self._drain(batch, quantum)
+            if got:
+                rs_store_release_u32(self._bell, 0)
+                return got
+            rs_futex_wait(self._bell, 1, timeout_ns - (now - start))
+            rs_store_release_u32(self._bell, 0)
+
+    def poll(self, double timeout_us=0):
+        """The next message from any lane, or None (see `RxLane.poll`)."""
+        cdef Batch b = Batch(1, META_ROOM)
+        cdef uint64_t timeout_ns = <uint64_t>(timeout_us * 1000)
+        with nogil:
+            self._wait(b, timeout_ns, timeout_ns, 1)
+        return b[0] if b.count else None
+
+    def stats(self):
+        return [lane.stats() for lane in self._lanes]

@@ -1,0 +1,131 @@
+"""What every benchmark shares: two pinned processes, summary statistics, the table."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import sys
+import traceback
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+Side = Callable[[Any], Any]
+
+
+def pick_cores() -> tuple[int | None, int | None]:
+    """Two distinct CPUs to pin the two sides to, or (None, None) with only one."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None, None
+    return cpus[0], cpus[1]
+
+
+def _child(fn: Side, arg: Any, cpu: int | None, out: Any) -> None:
+    try:
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+        out.send(("ok", fn(arg)))
+    except BaseException as exc:  # report anything, the parent decides
+        out.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        out.close()
+
+
+def run_pair(a: Side, b: Side, arg: Any, timeout_s: float = 120.0) -> tuple[Any, Any]:
+    """Run `a(arg)` and `b(arg)` in two new processes pinned to two cores; their results.
+
+    Both sides must be importable functions. Raises RuntimeError with the child's traceback
+    if either failed, or if either is still running after `timeout_s`.
+    """
+    ctx = mp.get_context("fork")
+    cpu_a, cpu_b = pick_cores()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(2)]
+    procs = [
+        ctx.Process(target=_child, args=(a, arg, cpu_a, pipes[0][1]), daemon=True),
+        ctx.Process(target=_child, args=(b, arg, cpu_b, pipes[1][1]), daemon=True),
+    ]
+    for p in procs:
+        p.start()
+    for _, w in pipes:
+        w.close()
+    results = []
+    try:
+        for (r, _), p in zip(pipes, procs, strict=True):
+            if not r.poll(timeout_s):
+                raise RuntimeError(f"benchmark side {p.name} did not finish in {timeout_s} s")
+            status, value = r.recv()
+            if status != "ok":
+                raise RuntimeError(f"benchmark side failed: {value}")
+            results.append(value)
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return results[0], results[1]
+
+
+@dataclass
+class Row:
+    name: str
+    what: str
+    n: int
+    min_us: float
+    p50_us: float
+    p99_us: float
+    p999_us: float
+    max_us: float
+    msgs_per_s: float
+
+    @classmethod
+    def from_samples(cls, name: str, what: str, samples_ns: Sequence[int],
+                     msgs_per_sample: int = 2) -> Row:
+        s = sorted(samples_ns)
+        n = len(s)
+        if n == 0:
+            raise ValueError(f"{name}: no samples")
+
+        def q(p: float) -> float:
+            return s[min(n - 1, int(p * n))] / 1000.0
+
+        total_s = sum(s) / 1e9
+        return cls(name, what, n, s[0] / 1000.0, q(0.50), q(0.99), q(0.999), s[-1] / 1000.0,
+                   msgs_per_sample * n / total_s if total_s else 0.0)
+
+
+def samples_array(n: int) -> array[int]:
+    return array("Q", bytes(8 * n))
+
+
+def print_table(title: str, rows: list[Row], ratios: dict[str, dict[str, float]],
+                refs: list[str], file: Any = None) -> None:
+    """A fixed-width table; `ratios[row][ref]` is the row's p50 over the reference's."""
+    file = file or sys.stdout
+    print(title, file=file)
+    head = (f"{'name':<20} {'min':>8} {'p50':>8} {'p99':>8} {'p99.9':>8} {'max':>9} "
+            f"{'msgs/s':>11}")
+    widths = [max(10, len(ref) + 5) for ref in refs]
+    for ref, w in zip(refs, widths, strict=True):
+        head += f" {'p50/' + ref:>{w}}"
+    print(head, file=file)
+    for r in rows:
+        line = (f"{r.name:<20} {r.min_us:8.2f} {r.p50_us:8.2f} {r.p99_us:8.2f} {r.p999_us:8.2f} "
+                f"{r.max_us:9.1f} {r.msgs_per_s:11,.0f}")
+        for ref, w in zip(refs, widths, strict=True):
+            value = ratios.get(r.name, {}).get(ref)
+            cell = f"{value:.2f}x" if value is not None else "-"
+            line += f" {cell:>{w}}"
+        print(line, file=file)
+
+
+def dump_json(rows: list[Row], extra: dict[str, Any] | None = None) -> str:
+    results = []
+    for r in rows:
+        d = asdict(r)
+        results.append({k: d[k] for k in ("name", "p50_us", "p99_us", "p999_us", "max_us",
+                                          "msgs_per_s", "min_us", "n", "what")})
+    return json.dumps({"results": results, **(extra or {})}, indent=2)

@@ -1,0 +1,288 @@
+"""`rdmasched bench latency`: round trip of a 64-byte control message between two processes.
+
+Rows, all measured in this run, on this machine, with the two sides pinned to two cores:
+
+- rdmasched-shm      both sides use the public Python API for every message: `send`, then
+                     `poll` returning the decoded `Message`.
+- rdmasched-shm-hot  the pinger uses the Python API; the echo side is the Cython hot path
+                     (a daemon's poll loop): poll and reply in C without the GIL.
+- rdmasched-shm-c    both sides in the hot path: what the lane itself costs over the floor.
+- c-shm-floor        plain C: two flags on two cache lines of shared memory, spin with pause.
+- zmq-ipc            pyzmq REQ/REP over ipc://, 64-byte messages.
+- unix-socket        a Unix stream socketpair, blocking send/recv of 64 bytes.
+
+A sample is one round trip (two messages), timed by the pinger from the previous sample's end,
+so the pinger's own loop is included, as it is for a user.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+import uuid
+from array import array
+from typing import Any
+
+from rdmasched.bench.common import Row, run_pair, samples_array
+
+PING = 1  # Kind.DISPATCH
+ROWS = ("rdmasched-shm", "rdmasched-shm-hot", "rdmasched-shm-c", "c-shm-floor", "zmq-ipc",
+        "unix-socket")
+WHAT = {
+    "rdmasched-shm": "Python API both sides (send, poll -> Message)",
+    "rdmasched-shm-hot": "Python API pinger, Cython hot-path echo",
+    "rdmasched-shm-c": "Cython hot path both sides",
+    "c-shm-floor": "plain C, two cache-line flags (this machine's floor)",
+    "zmq-ipc": "pyzmq REQ/REP over ipc://",
+    "unix-socket": "Unix socketpair, blocking send/recv",
+}
+TIMEOUT_US = 10_000_000
+
+
+# ---- rdmasched lanes ------------------------------------------------------------------------
+def _lanes(cfg: dict[str, Any], me: str, peer: str) -> tuple[Any, Any]:
+    """Create my inbound lane, wait for the peer's, attach to it."""
+    from rdmasched.transport import shm
+
+    rx = shm.create_lane(f"{cfg['prefix']}-{me}", cfg["nslots"])
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            tx = shm.attach_lane(f"{cfg['prefix']}-{peer}", src=1 if me == "a" else 2)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                rx.close()
+                raise
+            time.sleep(0.001)
+    return rx, tx
+
+
+def _sync(rx: Any, tx: Any) -> None:
+    """Exchange one message each way so both lanes are attached before timing starts."""
+    tx.send(PING, 0)
+    if rx.poll(TIMEOUT_US) is None:
+        raise TimeoutError("peer did not answer the start-up message")
+
+
+def py_ping(cfg: dict[str, Any]) -> bytes:
+    rx, tx = _lanes(cfg, "a", "b")
+    with rx, tx:
+        _sync(rx, tx)
+        send, poll, perf = tx.send, rx.poll, time.perf_counter_ns
+        n, warm = cfg["n"], cfg["warmup"]
+        out = samples_array(n)
+        for i in range(warm):
+            send(PING, i)
+            poll(TIMEOUT_US)
+        t_prev = perf()
+        for i in range(n):
+            send(PING, i)
+            if poll(TIMEOUT_US) is None:
+                raise TimeoutError(f"no echo for message {i}")
+            t = perf()
+            out[i] = t - t_prev
+            t_prev = t
+        return out.tobytes()
+
+
+def py_echo(cfg: dict[str, Any]) -> None:
+    rx, tx = _lanes(cfg, "b", "a")
+    with rx, tx:
+        _sync(rx, tx)
+        send, poll = tx.send, rx.poll
+        for _ in range(cfg["n"] + cfg["warmup"]):
+            m = poll(TIMEOUT_US)
+            if m is None:
+                raise TimeoutError("pinger went quiet")
+            send(m.kind, m.id, m.job, m.priority)
+
+
+def hot_echo(cfg: dict[str, Any]) -> None:
+    from rdmasched import _bench
+
+    rx, tx = _lanes(cfg, "b", "a")
+    with rx, tx:
+        _sync(rx, tx)
+        _bench.echo(rx, tx, cfg["n"] + cfg["warmup"])
+
+
+def hot_ping(cfg: dict[str, Any]) -> bytes:
+    from rdmasched import _bench
+
+    rx, tx = _lanes(cfg, "a", "b")
+    with rx, tx:
+        _sync(rx, tx)
+        _bench.ping(rx, tx, cfg["warmup"])
+        return bytes(_bench.ping(rx, tx, cfg["n"]))
+
+
+# ---- plain C floor ---------------------------------------------------------------------------
+def floor_side(cfg: dict[str, Any]) -> bytes | None:
+    from rdmasched import _bench
+    from rdmasched._shm import ShmSegment
+
+    pinger = cfg["role"] == "a"
+    with ShmSegment.open(cfg["segment"]) as seg:
+        total = cfg["n"] + cfg["warmup"]
+        samples = _bench.floor_pingpong(seg.address, pinger, total)
+    return bytes(samples[cfg["warmup"] :]) if pinger else None
+
+
+def _floor_a(cfg: dict[str, Any]) -> bytes | None:
+    return floor_side({**cfg, "role": "a"})
+
+
+def _floor_b(cfg: dict[str, Any]) -> bytes | None:
+    return floor_side({**cfg, "role": "b"})
+
+
+# ---- what users would otherwise pick ---------------------------------------------------------
+def zmq_ping(cfg: dict[str, Any]) -> bytes:
+    import zmq
+
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.REQ)
+    s.connect(cfg["endpoint"])
+    msg = bytes(64)
+    n, warm = cfg["n"], cfg["warmup"]
+    out = samples_array(n)
+    try:
+        for _ in range(warm):
+            s.send(msg)
+            s.recv()
+        perf = time.perf_counter_ns
+        t_prev = perf()
+        for i in range(n):
+            s.send(msg)
+            s.recv()
+            t = perf()
+            out[i] = t - t_prev
+            t_prev = t
+    finally:
+        s.close(linger=0)
+        ctx.term()
+    return out.tobytes()
+
+
+def zmq_echo(cfg: dict[str, Any]) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.REP)
+    s.bind(cfg["endpoint"])
+    try:
+        for _ in range(cfg["n"] + cfg["warmup"]):
+            s.send(s.recv())
+    finally:
+        s.close(linger=0)
+        ctx.term()
+
+
+def _recv_exact(s: socket.socket, buf: memoryview) -> None:
+    got = 0
+    while got < len(buf):
+        k = s.recv_into(buf[got:])
+        if k == 0:
+            raise ConnectionError("peer closed")
+        got += k
+
+
+def unix_ping(cfg: dict[str, Any]) -> bytes:
+    s: socket.socket = cfg["sockets"][0]
+    cfg["sockets"][1].close()
+    msg, buf = bytes(64), memoryview(bytearray(64))
+    n, warm = cfg["n"], cfg["warmup"]
+    out = samples_array(n)
+    for _ in range(warm):
+        s.sendall(msg)
+        _recv_exact(s, buf)
+    perf = time.perf_counter_ns
+    t_prev = perf()
+    for i in range(n):
+        s.sendall(msg)
+        _recv_exact(s, buf)
+        t = perf()
+        out[i] = t - t_prev
+        t_prev = t
+    return out.tobytes()
+
+
+def unix_echo(cfg: dict[str, Any]) -> None:
+    s: socket.socket = cfg["sockets"][1]
+    cfg["sockets"][0].close()
+    buf = memoryview(bytearray(64))
+    for _ in range(cfg["n"] + cfg["warmup"]):
+        _recv_exact(s, buf)
+        s.sendall(buf)
+
+
+# ---- driver ----------------------------------------------------------------------------------
+def _to_row(name: str, raw: bytes) -> Row:
+    samples = array("Q")
+    samples.frombytes(raw)
+    return Row.from_samples(name, WHAT[name], samples)
+
+
+def run_row(name: str, n: int, warmup: int, nslots: int = 256) -> tuple[Row, bytes]:
+    """Measure one row: `n` round trips after `warmup`; the row and its raw samples."""
+    cfg: dict[str, Any] = {"n": n, "warmup": warmup, "nslots": nslots,
+                           "prefix": f"bench-{os.getpid()}-{uuid.uuid4().hex[:8]}"}
+    if name == "rdmasched-shm":
+        a, _ = run_pair(py_ping, py_echo, cfg)
+    elif name == "rdmasched-shm-hot":
+        a, _ = run_pair(py_ping, hot_echo, cfg)
+    elif name == "rdmasched-shm-c":
+        a, _ = run_pair(hot_ping, hot_echo, cfg)
+    elif name == "c-shm-floor":
+        from rdmasched._shm import ShmSegment
+
+        with ShmSegment.create(f"/rdmasched.{cfg['prefix']}-floor", 128) as seg:
+            cfg["segment"] = seg.name
+            a, _ = run_pair(_floor_a, _floor_b, cfg)
+    elif name == "zmq-ipc":
+        with tempfile.TemporaryDirectory(prefix="rdmasched-bench-") as d:
+            cfg["endpoint"] = f"ipc://{d}/zmq.sock"
+            a, _ = run_pair(zmq_ping, zmq_echo, cfg)
+    elif name == "unix-socket":
+        cfg["sockets"] = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            a, _ = run_pair(unix_ping, unix_echo, cfg)
+        finally:
+            for s in cfg["sockets"]:
+                s.close()
+    else:
+        raise ValueError(f"unknown row {name!r}; rows: {', '.join(ROWS)}")
+    return _to_row(name, a), a
+
+
+def run(rows: list[str], n: int, slow_n: int, warmup: int, rounds: int = 5,
+        nslots: int = 256, progress: Any = None) -> tuple[list[Row], list[dict[str, Row]]]:
+    """Measure `rows` in `rounds` interleaved rounds of n/rounds samples each.
+
+    The host may move the two vCPUs between physical cores at any time (the floor here was
+    seen to jump between 0.1 and 0.45 us within a minute). Interleaving gives every row the
+    same mix of placements; ratios are taken within a round. Returns the rows over all
+    samples, and each round's rows.
+    """
+    per_round: list[dict[str, Row]] = []
+    raw: dict[str, list[bytes]] = {name: [] for name in rows}
+    for r in range(rounds):
+        this: dict[str, Row] = {}
+        for name in rows:
+            count = max(1, (slow_n if name in ("zmq-ipc", "unix-socket") else n) // rounds)
+            row, data = run_row(name, count, min(warmup, count), nslots)
+            this[name] = row
+            raw[name].append(data)
+            if progress:
+                progress(r, name, row)
+        per_round.append(this)
+    return [_to_row(name, b"".join(raw[name])) for name in rows], per_round
+
+
+def round_ratios(per_round: list[dict[str, Row]], name: str, ref: str) -> list[float]:
+    """p50(name) / p50(ref) in each round where both were measured."""
+    return [r[name].p50_us / r[ref].p50_us for r in per_round
+            if name in r and ref in r and r[ref].p50_us > 0]

@@ -1,0 +1,277 @@
+"""shm transport: lanes in POSIX shared memory, for processes on one host.
+
+The receiver creates a lane segment (mode 0600) named after the lane; a sender maps it and
+stores slots straight into it, so a write costs the receiver's CPU nothing. The credit word
+is a line of the same segment that only the receiver writes. On shm every byte is equally
+local to both sides, so keeping it there (rather than in a segment of the sender's) changes
+no cache traffic and saves a second mapping; the verbs transport keeps it in the sender's
+memory, as the design says.
+
+Crashes: the header records the receiver's and the sender's pid and process start time. A
+new receiver that finds a segment whose owner is gone removes it and starts afresh; one
+whose owner is alive gets LaneBusyError. A restarted sender takes the next epoch, and the
+receiver accepts it once it has drained the previous one, so nothing already written is
+lost and nothing stale is delivered.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Any
+
+from rdmasched._ring import DEFAULT_GRACE_US, DEFAULT_TIMEOUT_US, check_nslots
+from rdmasched._shm import (
+    HEADER_BYTES,
+    LANE_VERSION,
+    MAGIC,
+    ShmRxLane,
+    ShmSegment,
+    ShmTxLane,
+    read_header,
+    segment_size,
+)
+from rdmasched.errors import LaneBusyError, LaneError, PeerDeadError
+
+__all__ = [
+    "HEADER_BYTES",
+    "Doorbell",
+    "ShmRxLane",
+    "ShmSegment",
+    "ShmTxLane",
+    "attach_lane",
+    "create_lane",
+    "lane_segment_name",
+    "list_segments",
+    "remove_stale",
+]
+
+_log = logging.getLogger("rdmasched.shm")
+PREFIX = "/rdmasched."
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+SHM_DIR = "/dev/shm"
+
+
+def lane_segment_name(name: str) -> str:
+    """The POSIX shm name of lane `name` (letters, digits, '_', '.', '-')."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"lane name must match {_NAME.pattern}, not {name!r}")
+    return f"{PREFIX}{name}"
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of process `pid` (clock ticks after boot), or None if it is gone.
+
+    With the pid it names a process uniquely: a recycled pid has another start time.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses; fields after it are plain.
+    fields = data[data.rindex(b")") + 2 :].split()
+    return int(fields[19])
+
+
+def alive(pid: int, start: int) -> bool:
+    return pid > 0 and process_start(pid) == start
+
+
+def describe_receiver(hdr: dict[str, Any]) -> str:
+    """A note for errors: is the receiver of this lane still running?"""
+    pid = hdr["receiver_pid"]
+    if hdr["closed"]:
+        return f"; the receiver (pid {pid}) closed the lane"
+    if not alive(pid, hdr["receiver_start"]):
+        return f"; the receiver (pid {pid}) is no longer running"
+    return f"; the receiver (pid {pid}) is running but not consuming"
+
+
+class Doorbell:
+    """A futex word in shared memory that a receiver sleeps on and senders ring.
+
+    One per receiving node: every lane created with it names it in its header, and every
+    sender that attaches to such a lane wakes the receiver after writing if it is asleep.
+    """
+
+    def __init__(self, segment: ShmSegment, name: str) -> None:
+        self.segment = segment
+        self.name = name
+
+    @classmethod
+    def create(cls, name: str) -> Doorbell:
+        seg_name = lane_segment_name(name)
+        if len(seg_name) > 31:
+            raise ValueError(f"doorbell name {name!r} is too long (at most 21 characters)")
+        seg = _create_segment(seg_name, 64)
+        return cls(seg, name)
+
+    @property
+    def address(self) -> int:
+        return int(self.segment.address)
+
+    def close(self) -> None:
+        self.segment.close()
+
+    def __enter__(self) -> Doorbell:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _create_segment(seg_name: str, size: int) -> ShmSegment:
+    """Create a segment; if a stale one holds the name (its creator is gone), replace it."""
+    try:
+        return ShmSegment.create(seg_name, size)
+    except FileExistsError:
+        pass
+    owner = _owner_of(seg_name)
+    if owner is not None:
+        raise LaneBusyError(f"{seg_name} is in use by pid {owner}")
+    _log.info("removing stale shared-memory segment %s (its creator is gone)", seg_name)
+    ShmSegment.unlink_name(seg_name)
+    return ShmSegment.create(seg_name, size)
+
+
+def _owner_of(seg_name: str) -> int | None:
+    """The live pid that created a lane segment, or None if it is stale or not a lane."""
+    try:
+        seg = ShmSegment.open(seg_name)
+    except FileNotFoundError:
+        return None
+    with seg:
+        if seg.size < HEADER_BYTES:
+            return _any_user(seg_name)
+        hdr = read_header(seg)
+    if hdr["magic"] != MAGIC:
+        # Not a lane (a doorbell) or a creation that crashed before finishing.
+        return _any_user(seg_name)
+    if alive(hdr["receiver_pid"], hdr["receiver_start"]) and not hdr["closed"]:
+        return int(hdr["receiver_pid"])
+    return None
+
+
+def _any_user(seg_name: str) -> int | None:
+    """A live process (other than us) that maps the segment, found through /proc."""
+    path = SHM_DIR + seg_name
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/maps") as f:
+                if any(line.rstrip().endswith(path) for line in f):
+                    return int(entry)
+        except OSError:
+            continue
+    return None
+
+
+def create_lane(
+    name: str,
+    nslots: int = 256,
+    *,
+    grace_us: int = DEFAULT_GRACE_US,
+    doorbell: Doorbell | None = None,
+) -> ShmRxLane:
+    """Create the receiving end of lane `name` with `nslots` 64-byte slots.
+
+    `grace_us`: how long a slot that looks torn may still be landing before it is skipped
+    as corrupt. `doorbell`: the receiver's doorbell, if it will sleep when idle.
+    """
+    check_nslots(nslots)
+    if grace_us < 0:
+        raise ValueError("grace_us must be >= 0")
+    seg_name = lane_segment_name(name)
+    seg = _create_segment(seg_name, segment_size(nslots))
+    pid = os.getpid()
+    start = process_start(pid)
+    assert start is not None
+    try:
+        return ShmRxLane._create(
+            seg, name, nslots, grace_us * 1000, pid, start,
+            lane_segment_name(doorbell.name) if doorbell else "",
+        )
+    except BaseException:
+        seg.close()
+        raise
+
+
+def attach_lane(
+    name: str, *, src: int = 0, timeout_us: int = DEFAULT_TIMEOUT_US
+) -> ShmTxLane:
+    """Attach as the sender of lane `name` (created by its receiver), as node `src`.
+
+    Takes the lane's next sender epoch. The first sender of a lane can send at once; a later
+    one (a restart) waits on its first send until the receiver has drained the previous
+    epoch, up to `timeout_us`.
+    """
+    seg_name = lane_segment_name(name)
+    try:
+        seg = ShmSegment.open(seg_name)
+    except FileNotFoundError:
+        raise PeerDeadError(f"lane {name!r} does not exist (no {SHM_DIR}{seg_name}): "
+                            "its receiver has not created it, or is gone") from None
+    bell = None
+    try:
+        hdr = _check_header(seg, name)
+        if not alive(hdr["receiver_pid"], hdr["receiver_start"]) or hdr["closed"]:
+            raise PeerDeadError(f"lane {name!r}{describe_receiver(hdr)[1:]}")
+        if hdr["sender_pid"] and hdr["sender_pid"] != os.getpid() and alive(
+            hdr["sender_pid"], hdr["sender_start"]
+        ):
+            raise LaneBusyError(
+                f"lane {name!r} already has a live sender (pid {hdr['sender_pid']}); a lane "
+                "has one sender"
+            )
+        if hdr["bell"]:
+            bell = ShmSegment.open(hdr["bell"])
+        pid = os.getpid()
+        start = process_start(pid)
+        lane = ShmTxLane._attach(seg, name, src, pid, start, bell)
+    except BaseException:
+        seg.close()
+        if bell is not None:
+            bell.close()
+        raise
+    lane.timeout_ns = timeout_us * 1000
+    return lane
+
+
+def _check_header(seg: ShmSegment, name: str) -> dict[str, Any]:
+    if seg.size < HEADER_BYTES:
+        raise LaneError(f"lane {name!r}: segment too small ({seg.size} bytes)")
+    hdr = read_header(seg)
+    if hdr["magic"] != MAGIC:
+        raise LaneError(f"lane {name!r}: not an rdmasched lane (bad magic), or not ready")
+    if hdr["version"] != LANE_VERSION:
+        raise LaneError(f"lane {name!r}: version {hdr['version']}, this is {LANE_VERSION}")
+    nslots = hdr["nslots"]
+    if hdr["slot_size"] != 64 or nslots < 16 or nslots & (nslots - 1):
+        raise LaneError(f"lane {name!r}: bad geometry ({nslots} slots of {hdr['slot_size']})")
+    if seg.size != segment_size(nslots):
+        raise LaneError(f"lane {name!r}: segment is {seg.size} bytes, expected "
+                        f"{segment_size(nslots)}")
+    return hdr
+
+
+def list_segments() -> list[str]:
+    """Names of rdmasched shared-memory segments on this host."""
+    try:
+        entries = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+    return sorted("/" + e for e in entries if ("/" + e).startswith(PREFIX))
+
+
+def remove_stale() -> list[str]:
+    """Remove segments whose creating process is gone; returns their names."""
+    removed = []
+    for seg_name in list_segments():
+        if _owner_of(seg_name) is None:
+            ShmSegment.unlink_name(seg_name)
+            removed.append(seg_name)
+    return removed
