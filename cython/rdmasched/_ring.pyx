@@ -232,8 +232,9 @@ cdef int rs_rx_poll(rs_rx *r, rs_msg *out, uint8_t *meta) noexcept nogil:
         if st != SLOT_OK:
             if not _bad_ripe(r):
                 return 0
+            # The head passed its checksum, so its length is trusted: skip the whole message.
             r.truncated += 1
-            _advance(r, 1 + i)
+            _advance(r, 1 + n)
             continue
         rs_msg_from_head(out, &h)
         out.meta_off = 0

@@ -190,6 +190,8 @@ def encode(int kind, unsigned long long id=0, unsigned long long job=0, int prio
            unsigned int nslots=256) -> bytes:
     """The bytes of one message as it sits in a lane of `nslots` at position `pos`.
 
+    `meta` is a dict (msgpack-encoded here) or, for tests, bytes used as they are.
+
     Returns (1 + continuation slots) * 64 bytes: the head slot first, then the continuation
     slots in position order (in a ring they may wrap; each slot's stamp uses its own position).
     """
@@ -206,7 +208,7 @@ def encode(int kind, unsigned long long id=0, unsigned long long job=0, int prio
     m.src = <uint16_t>src
     m.load = <uint16_t>load
     if meta is not None:
-        raw = pack_meta(meta) if isinstance(meta, dict) else bytes(meta)
+        raw = bytes(meta) if isinstance(meta, (bytes, bytearray)) else pack_meta(meta)
         m.meta_len = len(raw)
     ncont = rs_ncont(m.meta_len)
     if 1 + ncont > nslots // 2:

@@ -1,0 +1,209 @@
+"""The wire format: the Cython codec against the struct mirror written from PROTOCOL.md."""
+
+from __future__ import annotations
+
+import struct
+
+import msgpack
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from rdmasched import _wire, wire
+from rdmasched.errors import CorruptSlotError, MessageError, MessageTooLargeError
+from rdmasched.wire import Fields, Kind, Reject
+
+u64 = st.integers(0, 2**64 - 1)
+u32 = st.integers(0, 2**32 - 1)
+u16 = st.integers(0, 2**16 - 1)
+u8 = st.integers(0, 255)
+metas = st.none() | st.dictionaries(
+    st.text(max_size=8),
+    st.integers(-(2**63), 2**64 - 1) | st.text(max_size=40) | st.binary(max_size=60)
+    | st.lists(st.integers(0, 1000), max_size=20),
+    max_size=12,
+)
+nslots_st = st.sampled_from([16, 64, 256, 4096])
+
+
+@st.composite
+def messages(draw: st.DrawFn) -> Fields:
+    return Fields(
+        kind=draw(st.sampled_from(list(Kind))), id=draw(u64), job=draw(u64),
+        priority=draw(u8), flags=draw(u8), arg0=draw(u64), arg1=draw(u64), arg2=draw(u32),
+        hops=draw(u8), src=draw(u16), load=draw(u16), seq=draw(u32), meta=draw(metas),
+    )
+
+
+def cy_encode(f: Fields, epoch: int, pos: int, nslots: int) -> bytes:
+    return _wire.encode(
+        int(f.kind), f.id, f.job, f.priority, f.flags, f.arg0, f.arg1, f.arg2, f.hops,
+        f.src, f.load, f.seq, f.meta, epoch, pos, nslots,
+    )
+
+
+def fits(f: Fields, nslots: int) -> bool:
+    raw = msgpack.packb(f.meta, use_bin_type=True) if f.meta is not None else b""
+    return len(raw) <= wire.MAX_META and 1 + -(-len(raw) // 51) <= nslots // 2
+
+
+def as_fields(m: _wire.Message) -> Fields:
+    return Fields(kind=m.kind, id=m.id, job=m.job, priority=m.priority, flags=m.flags,
+                  arg0=m.arg0, arg1=m.arg1, arg2=m.arg2, hops=m.hops, src=m.src, load=m.load,
+                  seq=m.seq, meta=m.meta)
+
+
+# ---- the contract ------------------------------------------------------------------------
+def test_layout_matches_protocol_table() -> None:
+    assert _wire.SLOT_OFFSETS == {
+        "kind": 0, "flags": 1, "priority": 2, "ncont": 3, "src": 4, "load": 6, "seq": 8,
+        "meta_len": 12, "hops": 14, "reserved": 15, "id": 16, "job": 24, "arg0": 32,
+        "arg1": 40, "arg2": 48, "crc": 52, "stamp": 56,
+    }
+    assert wire.HEAD.size == _wire.SLOT_BYTES == 64
+
+
+def test_crc32c_check_value() -> None:
+    # The standard check value of CRC-32C (iSCSI), for both implementations.
+    assert wire.crc32c(b"123456789") == 0xE3069283
+    assert _wire.crc32c(b"123456789") == 0xE3069283
+
+
+@given(st.binary(max_size=300))
+def test_crc_implementations_agree(data: bytes) -> None:
+    assert _wire.crc32c(data) == wire.crc32c(data)
+
+
+@settings(max_examples=300)
+@given(messages(), st.integers(1, 2**32 - 1), st.integers(0, 2**40), nslots_st)
+def test_cython_encode_is_byte_identical_to_mirror(f: Fields, epoch: int, pos: int,
+                                                   nslots: int) -> None:
+    assume(fits(f, nslots))
+    assert cy_encode(f, epoch, pos, nslots) == b"".join(
+        wire.encode(f, epoch=epoch, pos=pos, nslots=nslots))
+
+
+@settings(max_examples=300)
+@given(messages(), st.integers(1, 2**32 - 1), st.integers(0, 2**40), nslots_st)
+def test_round_trip(f: Fields, epoch: int, pos: int, nslots: int) -> None:
+    assume(fits(f, nslots))
+    data = cy_encode(f, epoch, pos, nslots)
+    assert as_fields(_wire.decode(data, epoch, pos, nslots)) == f
+    slots = [data[i : i + 64] for i in range(0, len(data), 64)]
+    assert wire.decode(slots, epoch=epoch, pos=pos, nslots=nslots) == f
+
+
+# ---- what must never be delivered --------------------------------------------------------
+@settings(max_examples=300)
+@given(messages(), st.integers(1, 2**32 - 1), st.integers(0, 2**40), st.data())
+def test_any_flipped_byte_is_rejected(f: Fields, epoch: int, pos: int, data: st.DataObject
+                                      ) -> None:
+    nslots = 256
+    assume(fits(f, nslots))
+    raw = bytearray(cy_encode(f, epoch, pos, nslots))
+    i = data.draw(st.integers(0, len(raw) - 1), label="byte")
+    bit = data.draw(st.integers(0, 7), label="bit")
+    raw[i] ^= 1 << bit
+    with pytest.raises(CorruptSlotError) as exc:
+        _wire.decode(bytes(raw), epoch, pos, nslots)
+    # a flipped stamp makes the slot look unwritten; anything else fails the checksum
+    assert exc.value.reason in ("empty", "bad-crc")
+    slots = [bytes(raw[k : k + 64]) for k in range(0, len(raw), 64)]
+    with pytest.raises(Reject):
+        wire.decode(slots, epoch=epoch, pos=pos, nslots=nslots)
+
+
+@given(messages(), st.integers(2, 2**32 - 1), st.integers(0, 2**30))
+def test_wrong_epoch_is_rejected(f: Fields, epoch: int, pos: int) -> None:
+    assume(fits(f, 256))
+    data = cy_encode(f, epoch - 1, pos, 256)
+    with pytest.raises(CorruptSlotError, match="empty"):
+        _wire.decode(data, epoch, pos, 256)
+
+
+@given(messages(), st.integers(1, 2**32 - 1), st.integers(256, 2**30))
+def test_earlier_lap_is_rejected(f: Fields, epoch: int, pos: int) -> None:
+    assume(fits(f, 256))
+    data = cy_encode(f, epoch, pos - 256, 256)      # same slot index, one lap earlier
+    with pytest.raises(CorruptSlotError, match="empty"):
+        _wire.decode(data, epoch, pos, 256)
+
+
+@given(st.dictionaries(st.text(max_size=5), st.binary(min_size=60, max_size=200),
+                       min_size=1, max_size=5), st.data())
+def test_truncated_continuation_is_rejected(meta: dict[str, bytes], data: st.DataObject
+                                            ) -> None:
+    f = Fields(kind=Kind.DISPATCH, id=1, meta=meta)
+    raw = cy_encode(f, 3, 10, 256)
+    nslots_in_msg = len(raw) // 64
+    keep = data.draw(st.integers(1, nslots_in_msg - 1))
+    with pytest.raises(CorruptSlotError, match="truncated"):
+        _wire.decode(raw[: 64 * keep], 3, 10, 256)
+
+
+def test_stamp_encodes_epoch_and_lap() -> None:
+    raw = _wire.encode(1, 5, epoch=9, pos=3 * 64 + 5, nslots=64)
+    (stamp,) = struct.unpack_from("<Q", raw, 56)
+    assert stamp == (9 << 32) | 3
+    assert wire.stamp(9, 3 * 64 + 5, 64) == stamp
+
+
+def test_malformed_fields_with_good_checksum_are_rejected() -> None:
+    good = wire.encode(Fields(kind=Kind.DISPATCH, id=1), epoch=1, pos=0, nslots=64)[0]
+    for offset, value in [(0, 0), (0, 99), (15, 1), (3, 2)]:   # kind 0, kind 99, reserved, ncont
+        body = bytearray(good[:52])
+        body[offset] = value
+        slot = wire.seal(bytes(body), wire.stamp(1, 0, 64))
+        with pytest.raises(CorruptSlotError, match="malformed|truncated"):
+            _wire.decode(slot, 1, 0, 64)
+
+
+def test_metadata_that_is_not_a_map_is_rejected() -> None:
+    raw = msgpack.packb([1, 2, 3])
+    with pytest.raises(CorruptSlotError, match="bad-meta"):
+        _wire.decode(_wire.encode(1, 1, meta=raw), 1, 0, 256)
+
+
+# ---- encoding errors: clear, and nothing produced ----------------------------------------
+def test_meta_over_the_bound_is_refused() -> None:
+    meta = {"blob": b"x" * wire.MAX_META}
+    with pytest.raises(MessageTooLargeError, match="bound is 4096"):
+        _wire.encode(1, 1, meta=meta)
+
+
+def test_meta_bound_exactly() -> None:
+    # map header (1) + key "b" (2) + bin16 header (3): exactly at the bound, then one over
+    meta = {"b": b"x" * (wire.MAX_META - 6)}
+    assert len(msgpack.packb(meta)) == wire.MAX_META
+    data = _wire.encode(1, 1, meta=meta, nslots=256)
+    assert _wire.decode(data, 1, 0, 256).meta == meta
+    with pytest.raises(MessageTooLargeError):
+        _wire.encode(1, 1, meta={"b": b"x" * (wire.MAX_META - 5)}, nslots=256)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "err"),
+    [
+        ({"kind": 0}, "unknown message kind"),
+        ({"kind": 6}, "unknown message kind"),
+        ({"kind": 1, "priority": 256}, "priority"),
+        ({"kind": 1, "flags": -1}, "flags"),
+        ({"kind": 1, "hops": 300}, "hops"),
+        ({"kind": 1, "meta": ["not", "a", "dict"]}, "meta must be a dict"),
+        ({"kind": 1, "meta": {"x": object()}}, "cannot be encoded"),
+        ({"kind": 1, "epoch": 0}, "epoch 0"),
+    ],
+)
+def test_bad_fields_are_clear_errors(kwargs: dict[str, object], err: str) -> None:
+    with pytest.raises(MessageError, match=err):
+        _wire.encode(**kwargs)  # type: ignore[arg-type]
+
+
+def test_message_too_large_for_small_lane() -> None:
+    with pytest.raises(MessageTooLargeError, match="takes at most 8"):
+        _wire.encode(1, 1, meta={"b": b"x" * 500}, nslots=16)
+
+
+def test_negative_id_is_refused() -> None:
+    with pytest.raises(OverflowError):
+        _wire.encode(1, -1)
