@@ -1,3 +1,4 @@
+# cython: language_level=3, annotation_typing=False, boundscheck=False, wraparound=False
 """The per-node scheduler: pure decision logic on a clock, no I/O.
 
 Rules (docs/SCHEDULER.md states them with their reasons):
@@ -13,6 +14,11 @@ Rules (docs/SCHEDULER.md states them with their reasons):
 * A victim is off its slot as soon as the daemon has run the preempt handler; ``yielded()``
   then requeues it with its progress (keeping its place), or drops it if cancelled.
 
+This file is also compiled by Cython (pure-Python mode: ``core.pxd`` beside it declares
+the attribute and internal-method types; the directives are on the first line).  The
+compiled module has the same behaviour and takes precedence on import when it is built;
+``IMPLEMENTATION`` says which one is loaded.
+
 Hot-path notes: the queue is a heap of tuples ``(key, -priority, enqueued_ns, id, task)``
 with lazy deletion (an entry is live iff ``task.qentry is entry``); the starvation check
 reads the head of a FIFO of the same entries; running tasks sit in a second heap keyed
@@ -27,7 +33,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from heapq import heapify, heappop, heappush
-from typing import Any, ClassVar, NoReturn
+from typing import Any, NoReturn
 
 from rdmasched.scheduler.actions import Action, Cancel, Forward, Preempt, Start
 from rdmasched.scheduler.errors import (
@@ -56,6 +62,9 @@ from rdmasched.scheduler.task import (
     TaskState,
 )
 
+#: "compiled" when this module was built by Cython, else "python"
+IMPLEMENTATION = "python" if __file__.endswith(".py") else "compiled"
+
 QEntry = tuple[int, int, int, int, Task]
 REntry = tuple[int, int, int, Task]
 StepTask = Callable[[int, int], Task]
@@ -73,6 +82,7 @@ _STRICT_LEVEL = 1 << 64
 _new = tuple.__new__
 
 _QUEUED = TaskState.QUEUED
+_DONE = TaskState.DONE
 _RUNNING = TaskState.RUNNING
 _PREEMPTING = TaskState.PREEMPTING
 _CANCELLING = TaskState.CANCELLING
@@ -81,6 +91,25 @@ _START = Decision.START
 _QUEUE = Decision.QUEUE
 _PREEMPT = Decision.PREEMPT
 _COMPLETE = Decision.COMPLETE
+
+#: counters kept as plain int attributes ``_n_<name>`` (cheaper than a dict on the hot path)
+_COUNTERS = (
+    "starts",
+    "queued",
+    "preemptions",
+    "peer_preemptions",
+    "requeues",
+    "cancels",
+    "keeps",
+    "completions",
+    "sync_releases",
+    "sync_reports",
+    "forwards",
+    "redispatches",
+    "starved_starts",
+)
+_NOT_DECISIONS = frozenset({"completions", "sync_reports", "starved_starts"})
+_NEVER = 1 << 127
 
 R_FREE = "free slot"
 R_HEAD = "head of queue"
@@ -200,8 +229,19 @@ class Scheduler:
         "_groups",
         "_heap",
         "_max_hops",
-        "_n",
-        "_nevents",
+        "_n_cancels",
+        "_n_completions",
+        "_n_forwards",
+        "_n_keeps",
+        "_n_peer_preemptions",
+        "_n_preemptions",
+        "_n_queued",
+        "_n_redispatches",
+        "_n_requeues",
+        "_n_starts",
+        "_n_starved_starts",
+        "_n_sync_releases",
+        "_n_sync_reports",
         "_nqueued",
         "_offset",
         "_peers",
@@ -210,30 +250,15 @@ class Scheduler:
         "_ring_max",
         "_rng",
         "_run",
+        "_run_cap",
         "_seq",
         "_slots",
+        "_starve_at",
         "_tasks",
         "aging_ns",
         "node_id",
         "nslots",
         "starvation_ns",
-    )
-
-    # counters kept in one list (index by name) so that stats() stays in step with them
-    _COUNTERS: ClassVar[tuple[str, ...]] = (
-        "starts",
-        "queued",
-        "preemptions",
-        "peer_preemptions",
-        "requeues",
-        "cancels",
-        "keeps",
-        "completions",
-        "sync_releases",
-        "sync_reports",
-        "forwards",
-        "redispatches",
-        "starved_starts",
     )
 
     def __init__(
@@ -285,13 +310,27 @@ class Scheduler:
         self._seq = 0
         self._ring: deque[RawEvent] = deque(maxlen=events)
         self._ring_max = events
-        self._nevents = 0
         self._groups: dict[int, _Group] = {}
         self._peers = peers
         self._domain = domain
         self._max_hops = max_hops
         self._rng = rng if rng is not None else random.Random()
-        self._n = dict.fromkeys(self._COUNTERS, 0)
+        self._n_starts = 0
+        self._n_queued = 0
+        self._n_preemptions = 0
+        self._n_peer_preemptions = 0
+        self._n_requeues = 0
+        self._n_cancels = 0
+        self._n_keeps = 0
+        self._n_completions = 0
+        self._n_sync_releases = 0
+        self._n_sync_reports = 0
+        self._n_forwards = 0
+        self._n_redispatches = 0
+        self._n_starved_starts = 0
+        #: no queued task can be starved before this instant (a lower bound, see _enqueue)
+        self._starve_at = _NEVER
+        self._run_cap = 2 * nslots + 16
         self._rejected: dict[str, int] = {}
 
     # --- inputs ---------------------------------------------------------------------------
@@ -299,45 +338,52 @@ class Scheduler:
     def dispatch(self, task: Task) -> list[Action]:
         """DISPATCH: take ``task`` here; start it, preempt for it, or queue it."""
         now = self._clock()
-        self._admit(task, now, sync=False)
-        return self._place(task, now)
+        self._admit(task, now, False)
+        free = self._free
+        if free:  # the common case, inlined: start at once
+            slot = free.pop()
+            self._run_on(task, slot, now)
+            self._ring.append((now, _START, task.id, R_FREE, ()))
+            return [_new(Start, (task, slot))]
+        return self._place_busy(task, now)
 
     def complete(self, task_id: int) -> list[Action]:
         """COMPLETE: ``task_id`` finished; its slot goes to the head of the queue."""
         now = self._clock()
         task = self._tasks.get(task_id)
-        if task is None:
-            self._reject(UnknownTaskError(f"unknown task {task_id}"), task_id, now)
-        state = task.state
-        if state is not _RUNNING:
-            if state is _PREEMPTING or state is _CANCELLING:
-                # it finished while the preempt handler ran; its slot is already reused
-                del self._tasks[task_id]
-                task.state = TaskState.DONE
-                self._n["completions"] += 1
-                self._event(
-                    now, _COMPLETE, task_id, "completed while being preempted", ()
-                )
-                return []
-            self._reject(
-                TaskStateError(
-                    f"complete of task {task_id} that is {state.name.lower()}"
-                ),
-                task_id,
-                now,
-            )
+        if task is None or task.state is not _RUNNING:
+            return self._complete_other(task_id, task, now)
         del self._tasks[task_id]
         slot: int = task.slot  # type: ignore[assignment]  # a running task has a slot
-        task.state = TaskState.DONE
+        task.state = _DONE
         task.slot = None
         task.rentry = None
         self._slots[slot] = None
-        self._n["completions"] += 1
-        self._nevents += 1
+        self._n_completions += 1
         self._ring.append((now, _COMPLETE, task_id, R_DONE, ()))
         out: list[Action] = []
         self._fill(slot, now, out)
         return out
+
+    def _complete_other(
+        self, task_id: int, task: Task | None, now: int
+    ) -> list[Action]:
+        """``complete`` of a task that is not running: a race, or bad input."""
+        if task is None:
+            self._reject(UnknownTaskError(f"unknown task {task_id}"), task_id, now)
+        state = task.state
+        if state is _PREEMPTING or state is _CANCELLING:
+            # it finished while the preempt handler ran; its slot is already reused
+            del self._tasks[task_id]
+            task.state = _DONE
+            self._n_completions += 1
+            self._event(now, _COMPLETE, task_id, "completed while being preempted", ())
+            return []
+        self._reject(
+            TaskStateError(f"complete of task {task_id} that is {state.name.lower()}"),
+            task_id,
+            now,
+        )
 
     def yielded(self, task_id: int, progress_ns: int) -> list[Action]:
         """The preempt handler of ``task_id`` returned: record its progress, requeue it.
@@ -358,7 +404,7 @@ class Scheduler:
             task.progress_ns = progress_ns
             del self._tasks[task_id]
             task.state = TaskState.CANCELLED
-            self._n["cancels"] += 1
+            self._n_cancels += 1
             self._event(now, Decision.CANCEL, task_id, R_PEER_CANCEL, ())
             return []
         if state is not _PREEMPTING:
@@ -372,7 +418,7 @@ class Scheduler:
         task.progress_ns = progress_ns
         out: list[Action] = []
         if self._free:  # the queue is empty whenever a slot is free
-            self._n["requeues"] += 1
+            self._n_requeues += 1
             self._event(now, Decision.REQUEUE, task_id, R_YIELDED, ())
             slot = self._free.pop()
             self._run_on(task, slot, now)
@@ -380,7 +426,7 @@ class Scheduler:
             out.append(_new(Start, (task, slot)))
             return out
         self._enqueue(task, now)
-        self._n["requeues"] += 1
+        self._n_requeues += 1
         self._event(now, Decision.REQUEUE, task_id, R_YIELDED, ())
         return out
 
@@ -419,11 +465,11 @@ class Scheduler:
                     self._unqueue(t)
                     del self._tasks[t.id]
                     t.state = TaskState.CANCELLED
-                    self._n["cancels"] += 1
+                    self._n_cancels += 1
                     self._event(now, Decision.CANCEL, t.id, reason, ())
                     out.append(_new(Cancel, (t,)))
                 else:
-                    self._n["keeps"] += 1
+                    self._n_keeps += 1
                     self._event(
                         now, Decision.KEEP, t.id, "PREEMPT of a queued task", ()
                     )
@@ -431,7 +477,7 @@ class Scheduler:
                 t.state = _CANCELLING  # dropped instead of requeued when it yields
                 self._event(now, _PREEMPT, t.id, reason, ())
             elif t.state is _PREEMPTING or t.state is _CANCELLING:
-                self._n["keeps"] += 1
+                self._n_keeps += 1
                 self._event(now, Decision.KEEP, t.id, "already being preempted", ())
         for t in targets:
             if t.state is _RUNNING:
@@ -439,7 +485,7 @@ class Scheduler:
                 self._off_slot(t, slot)
                 t.state = _CANCELLING if cancel else _PREEMPTING
                 t.enqueued_ns = now  # a requeue goes behind the tasks of its priority
-                self._n["peer_preemptions"] += 1
+                self._n_peer_preemptions += 1
                 self._event(now, _PREEMPT, t.id, reason, ())
                 out.append(_new(Preempt, (t, slot, None, cancel)))
                 freed.append(slot)
@@ -494,18 +540,17 @@ class Scheduler:
         if reported is None:
             reported = g.pending[step] = set()
         reported.add(member)
-        self._n["sync_reports"] += 1
+        self._n_sync_reports += 1
         if len(reported) < len(g.members):
             return []
         task = g.step_task(group, step)
         task.priority = SYNC_PRIORITY
         task.group = group
-        self._admit(
-            task, now, sync=True
-        )  # may raise (duplicate id): nothing released then
+        # may raise (a duplicate id): then nothing is released
+        self._admit(task, now, True)
         g.pending = {s: m for s, m in g.pending.items() if s > step}
         g.released = step
-        self._n["sync_releases"] += 1
+        self._n_sync_releases += 1
         self._event(
             now, Decision.RELEASE, task.id, f"group {group} step {step} complete", ()
         )
@@ -546,7 +591,7 @@ class Scheduler:
         task.hops += 1
         task.state = TaskState.FORWARDED
         peers.hold(peer, task)
-        self._n["forwards"] += 1
+        self._n_forwards += 1
         self._event(
             now,
             Decision.FORWARD,
@@ -565,7 +610,7 @@ class Scheduler:
             for t in tasks:
                 now = self._clock()
                 t.state = TaskState.NEW
-                self._n["redispatches"] += 1
+                self._n_redispatches += 1
                 self._event(now, Decision.REDISPATCH, t.id, f"peer {peer} is dead", ())
                 try:
                     out.extend(self.submit(t))
@@ -583,7 +628,7 @@ class Scheduler:
                 task_id,
                 now,
             )
-        self._n["completions"] += 1
+        self._n_completions += 1
         self._event(now, _COMPLETE, task_id, f"completed on peer {peer}", ())
 
     # --- views ----------------------------------------------------------------------------
@@ -643,15 +688,16 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         """A snapshot of the counters (see ``SchedulerStats.describe()``)."""
-        n = self._n
+        n = {name: getattr(self, f"_n_{name}") for name in _COUNTERS}
         rejections = sum(self._rejected.values())
         decisions = rejections + sum(v for k, v in n.items() if k not in _NOT_DECISIONS)
+        recorded = decisions + n["completions"]  # every event is one of these
         return SchedulerStats(
             decisions=decisions,
             rejections=rejections,
             rejected=dict(self._rejected),
-            events_recorded=self._nevents,
-            events_dropped=max(0, self._nevents - self._ring_max),
+            events_recorded=recorded,
+            events_dropped=max(0, recorded - self._ring_max),
             running=self.nslots - len(self._free),
             queue_len=self._nqueued,
             free_slots=len(self._free),
@@ -673,7 +719,6 @@ class Scheduler:
         reason: str,
         beaten: tuple[int, ...],
     ) -> None:
-        self._nevents += 1
         self._ring.append((now, decision, task_id, reason, beaten))
 
     def _reject(self, exc: SchedulerError, task_id: int, now: int) -> NoReturn:
@@ -701,12 +746,19 @@ class Scheduler:
         if tid in self._tasks:
             self._reject(DuplicateTaskError(f"task {tid} is already here"), tid, now)
 
-    def _admit(self, task: Task, now: int, *, sync: bool) -> None:
-        self._check_task(task, now, sync=sync)
+    def _admit(self, task: Task, now: int, sync: bool) -> None:
+        tid = task.id
+        p = task.priority
+        if (
+            tid in self._tasks
+            or not 0 <= tid <= U64_MAX
+            or not (0 <= p <= COMPUTE_PRIORITY_MAX or (sync and p == SYNC_PRIORITY))
+            or task.cost_ns < 0
+            or task.progress_ns < 0
+        ):
+            self._check_task(task, now, sync=sync)  # raises the precise error
         task.enqueued_ns = now
-        task.qentry = None
-        task.rentry = None
-        self._tasks[task.id] = task
+        self._tasks[tid] = task
 
     def _place(self, task: Task, now: int) -> list[Action]:
         """Start ``task`` (just admitted), preempt for it, or queue it."""
@@ -714,10 +766,18 @@ class Scheduler:
         if free:
             slot = free.pop()
             self._run_on(task, slot, now)
-            self._nevents += 1
             self._ring.append((now, _START, task.id, R_FREE, ()))
             return [_new(Start, (task, slot))]
-        victim = self._lowest_running()
+        return self._place_busy(task, now)
+
+    def _place_busy(self, task: Task, now: int) -> list[Action]:
+        """No free slot: preempt for ``task`` if it outranks the victim and heads the
+        queue, else queue it."""
+        run = self._run  # the victim candidate: lowest priority, most recently started
+        victim = run[0]
+        while victim[3].rentry is not victim:  # (some task runs: no slot is free)
+            heappop(run)
+            victim = run[0]
         if task.priority > victim[0]:
             if self._heads_queue(task, now):
                 return self._preempt_for(task, victim, now)
@@ -725,8 +785,7 @@ class Scheduler:
         else:
             reason = R_NO_SLOT
         self._enqueue(task, now)
-        self._n["queued"] += 1
-        self._nevents += 1
+        self._n_queued += 1
         self._ring.append((now, _QUEUE, task.id, reason, ()))
         return []
 
@@ -735,7 +794,7 @@ class Scheduler:
         slot = victim_entry[2]
         self._off_slot(victim, slot)
         victim.state = _PREEMPTING
-        self._n["preemptions"] += 1
+        self._n_preemptions += 1
         self._event(now, _PREEMPT, victim.id, R_VICTIM, ())
         self._run_on(task, slot, now)
         self._event(now, _START, task.id, R_OUTRANKS, (victim.id,))
@@ -745,16 +804,16 @@ class Scheduler:
         task.state = _RUNNING
         task.slot = slot
         task.started_ns = now
-        self._seq += 1
-        e = (task.priority, -self._seq, slot, task)
+        seq = self._seq = self._seq + 1
+        e = (task.priority, -seq, slot, task)
         task.rentry = e
         self._slots[slot] = task
         run = self._run
         heappush(run, e)
-        if len(run) > 2 * self.nslots + 16:  # drop entries of tasks no longer running
+        if len(run) > self._run_cap:  # drop entries of tasks no longer running
             self._run = [t.rentry for t in self._slots if t is not None and t.rentry]
             heapify(self._run)
-        self._n["starts"] += 1
+        self._n_starts += 1
 
     def _off_slot(self, task: Task, slot: int) -> None:
         """Take a running task off its slot (the slot is left empty, not freed)."""
@@ -783,23 +842,28 @@ class Scheduler:
         task.waiting_since_ns = now
         heap = self._heap
         heappush(heap, e)
+        nq = self._nqueued = self._nqueued + 1
         if p != SYNC_PRIORITY:
-            self._fifo.append(e)
-        self._nqueued += 1
-        if (
-            len(heap) > 2 * self._nqueued + 64
-            or len(self._fifo) > 2 * self._nqueued + 64
-        ):
-            self._compact()
+            fifo = self._fifo
+            if not fifo:
+                self._starve_at = now + self.starvation_ns
+            fifo.append(e)  # appended at ``now``: the FIFO is in order of waiting_since
+            if len(fifo) > 2 * nq + 64:
+                self._compact_fifo()
+        if len(heap) > 2 * nq + 64:
+            self._heap = [e for e in heap if e[4].qentry is e]
+            heapify(self._heap)
 
     def _unqueue(self, task: Task) -> None:
         task.qentry = None  # lazily deleted from the heap and the FIFO
         self._nqueued -= 1
 
-    def _compact(self) -> None:
-        self._heap = [e for e in self._heap if e[4].qentry is e]
-        heapify(self._heap)
-        self._fifo = deque(e for e in self._fifo if e[4].qentry is e)
+    def _compact_fifo(self) -> None:
+        fifo = self._fifo
+        while fifo and fifo[0][4].qentry is not fifo[0]:
+            fifo.popleft()
+        if len(fifo) > 2 * self._nqueued + 64:
+            self._fifo = deque(e for e in fifo if e[4].qentry is e)
 
     def _head(self) -> QEntry | None:
         """The live entry at the top of the heap, or None (drops stale ones)."""
@@ -812,7 +876,12 @@ class Scheduler:
         return None
 
     def _oldest_starved(self, now: int) -> QEntry | None:
-        """The compute task that has waited longest, if it has waited starvation_ns."""
+        """The compute task that has waited longest, if it has waited starvation_ns.
+
+        Also moves ``_starve_at`` up to the wait start of the FIFO's head plus the cap:
+        the FIFO is in order of wait start, so no task can be starved before then."""
+        if now < self._starve_at:
+            return None
         fifo = self._fifo
         while fifo:
             e = fifo[0]
@@ -820,9 +889,9 @@ class Scheduler:
             if t.qentry is not e:
                 fifo.popleft()
                 continue
-            if now - t.waiting_since_ns >= self.starvation_ns:
-                return e
-            return None
+            self._starve_at = t.waiting_since_ns + self.starvation_ns
+            return e if now >= self._starve_at else None
+        self._starve_at = _NEVER
         return None
 
     def _heads_queue(self, task: Task, now: int) -> bool:
@@ -838,32 +907,38 @@ class Scheduler:
 
     def _fill(self, slot: int, now: int, out: list[Action]) -> None:
         """Give the free ``slot`` to the head of the queue, or mark it free."""
-        head = self._head()
-        if head is None:
+        heap = self._heap
+        while heap:  # the head, dropping stale entries (inlined _head)
+            head = heap[0]
+            if head[4].qentry is head:
+                break
+            heappop(heap)
+        else:
             self._free.append(slot)
             return
         pick = head
         reason = R_HEAD
-        if head[0] >= 0:  # a compute head: has an older task waited past the cap?
+        if now >= self._starve_at and head[0] >= 0:  # a compute head; anyone starved?
             starved = self._oldest_starved(now)
             if starved is not None and starved is not head:
                 self._fifo.popleft()
                 pick = starved
                 reason = R_STARVED
-                self._n["starved_starts"] += 1
+                self._n_starved_starts += 1
         if pick is head:
-            heappop(self._heap)
-            runner_up = self._head()
+            heappop(heap)
+            beaten: tuple[int, ...] = ()
+            while heap:  # the runner-up
+                nxt = heap[0]
+                if nxt[4].qentry is nxt:
+                    beaten = (nxt[3],)
+                    break
+                heappop(heap)
         else:
-            runner_up = head
+            beaten = (head[3],)
         task = pick[4]
         task.qentry = None
         self._nqueued -= 1
         self._run_on(task, slot, now)
-        self._nevents += 1
-        beaten = () if runner_up is None else (runner_up[3],)
         self._ring.append((now, _START, task.id, reason, beaten))
         out.append(_new(Start, (task, slot)))
-
-
-_NOT_DECISIONS = frozenset({"completions", "sync_reports", "starved_starts"})
