@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from rdmasched.scheduler import (
+    Action,
     Cancel,
     Decision,
     FakeClock,
@@ -38,6 +39,16 @@ def T(tid: int, prio: int = 100, job: int = 0, cost_ns: int = 1000) -> Task:
     return Task(id=tid, job=job, priority=prio, cost_ns=cost_ns)
 
 
+A = TypeVar("A", Start, Preempt, Cancel)
+
+
+def first(actions: list[Action], kind: type[A]) -> A:
+    """The first action, checked to be a ``kind``."""
+    a = actions[0]
+    assert isinstance(a, kind), a
+    return a
+
+
 def started(actions: list[Any]) -> list[tuple[int, int]]:
     return [(a.task.id, a.slot) for a in actions if isinstance(a, Start)]
 
@@ -55,7 +66,7 @@ def fill(s: Scheduler, clock: FakeClock, prios: list[int], first_id: int = 1) ->
 def test_dispatch_starts_at_once_on_a_free_slot() -> None:
     s, _ = make(2)
     a = s.dispatch(T(1))
-    assert a == [Start(a[0].task, 0)] and isinstance(a[0], Start)
+    assert a == [Start(first(a, Start).task, 0)]
     assert started(s.dispatch(T(2))) == [(2, 1)]
     assert s.free_slots() == 0
     assert [t.id for t in s.running()] == [1, 2]
@@ -213,10 +224,10 @@ def test_victim_tie_goes_to_the_most_recently_started() -> None:
     s, clock = make(3)
     fill(s, clock, [20, 20, 20])  # started in order 1, 2, 3
     a = s.dispatch(T(9, 21))
-    assert a[0].victim.id == 3
+    assert first(a, Preempt).victim.id == 3
     s.yielded(3, 0)
     a = s.dispatch(T(10, 21))
-    assert a[0].victim.id == 2
+    assert first(a, Preempt).victim.id == 2
 
 
 def test_lower_or_equal_priority_does_not_preempt() -> None:
@@ -253,7 +264,7 @@ def test_preempted_victim_is_requeued_with_its_progress_and_resumes_first() -> N
     assert t1.state is TaskState.QUEUED and t1.progress_ns == 4321
     assert [t.id for t in s.queued()] == [1, 2]  # keeps its place: enqueued before 2
     a = s.complete(3)
-    assert started(a) == [(1, 0)] and a[0].task.progress_ns == 4321
+    assert started(a) == [(1, 0)] and first(a, Start).task.progress_ns == 4321
     assert [e.decision for e in s.explain(1) if e.task_id == 1] == [
         Decision.START,
         Decision.PREEMPT,
@@ -307,7 +318,7 @@ def test_peer_preempt_with_cancel_drops_the_task_after_it_yields() -> None:
     s, _ = make(1)
     s.dispatch(T(1))
     a = s.preempt(1, cancel=True)
-    assert a[0].cancel is True and s.get(1).state is TaskState.CANCELLING
+    assert first(a, Preempt).cancel is True and s.get(1).state is TaskState.CANCELLING
     assert s.free_slots() == 1
     assert s.yielded(1, 5) == []
     with pytest.raises(UnknownTaskError):

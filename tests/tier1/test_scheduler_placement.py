@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import random
+from typing import TypeVar
 
 import pytest
 
 from rdmasched.scheduler import (
+    Action,
     Decision,
     FakeClock,
     Forward,
@@ -18,6 +20,15 @@ from rdmasched.scheduler import (
 )
 from rdmasched.scheduler.errors import UnknownTaskError
 from rdmasched.scheduler.placement import can_spill, choose_peer
+
+A = TypeVar("A", Start, Forward)
+
+
+def first(actions: list[Action], kind: type[A]) -> A:
+    """The first action, checked to be a ``kind``."""
+    a = actions[0]
+    assert isinstance(a, kind), a
+    return a
 
 
 def T(tid: int, prio: int = 100, hops: int = 0) -> Task:
@@ -143,9 +154,10 @@ def test_submit_forwards_to_a_lighter_peer_when_full() -> None:
     pt.seen(3, 0)  # lighter, but another domain
     s.submit(T(1))
     a = s.submit(T(2))
-    assert a == [Forward(a[0].task, 2)] and isinstance(a[0], Forward)
-    assert a[0].task.hops == 1 and a[0].task.state is TaskState.FORWARDED
-    assert pt.held(2) == [a[0].task]
+    fwd = first(a, Forward)
+    assert a == [Forward(fwd.task, 2)]
+    assert fwd.task.hops == 1 and fwd.task.state is TaskState.FORWARDED
+    assert pt.held(2) == [fwd.task]
     ev = s.events()[-1]
     assert ev.decision is Decision.FORWARD and ev.task_id == 2
     with pytest.raises(UnknownTaskError):
@@ -176,13 +188,13 @@ def test_a_dead_peers_tasks_are_dispatched_again() -> None:
     pt.seen(1, 0)
     s.submit(T(1))  # runs here
     fwd = s.submit(T(2))
-    assert fwd[0].peer == 1
+    assert first(fwd, Forward).peer == 1
     clock.advance_us(500)
     assert s.check_peers() == []  # nobody is dead yet
     clock.advance_us(501)  # peer 1 silent for 1001 us
     s.complete(1)  # our slot is free now
     a = s.check_peers()
-    assert a == [Start(a[0].task, 0)] and a[0].task.id == 2
+    assert a == [Start(first(a, Start).task, 0)] and first(a, Start).task.id == 2
     assert [e.decision for e in s.explain(2)][-2:] == [
         Decision.REDISPATCH,
         Decision.START,
