@@ -55,6 +55,7 @@ cdef class Scheduler:
     cdef _off_slot(self, task, Py_ssize_t slot)
     @cython.locals(e=tuple, heap=list, nq=Py_ssize_t)
     cdef _enqueue(self, task, now)
+    @cython.locals(nq=Py_ssize_t)
     cdef _unqueue(self, task)
     cdef _compact_fifo(self)
     cdef _head(self)

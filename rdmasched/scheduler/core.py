@@ -856,7 +856,14 @@ class Scheduler:
 
     def _unqueue(self, task: Task) -> None:
         task.qentry = None  # lazily deleted from the heap and the FIFO
-        self._nqueued -= 1
+        nq = self._nqueued = self._nqueued - 1
+        if (
+            len(self._heap) > 2 * nq + 64
+        ):  # e.g. after a job's queued tasks were cancelled
+            self._heap = [e for e in self._heap if e[4].qentry is e]
+            heapify(self._heap)
+        if len(self._fifo) > 2 * nq + 64:
+            self._compact_fifo()
 
     def _compact_fifo(self) -> None:
         fifo = self._fifo
