@@ -338,12 +338,12 @@ class Scheduler:
     def dispatch(self, task: Task) -> list[Action]:
         """DISPATCH: take ``task`` here; start it, preempt for it, or queue it."""
         now = self._clock()
-        self._admit(task, now, False)
+        tid = self._admit(task, now, False)
         free = self._free
         if free:  # the common case, inlined: start at once
             slot = free.pop()
             self._run_on(task, slot, now)
-            self._ring.append((now, _START, task.id, R_FREE, ()))
+            self._ring.append((now, _START, tid, R_FREE, ()))
             return [_new(Start, (task, slot))]
         return self._place_busy(task, now)
 
@@ -746,7 +746,8 @@ class Scheduler:
         if tid in self._tasks:
             self._reject(DuplicateTaskError(f"task {tid} is already here"), tid, now)
 
-    def _admit(self, task: Task, now: int, sync: bool) -> None:
+    def _admit(self, task: Task, now: int, sync: bool) -> int:
+        """Check ``task`` and take it in (it is neither queued nor running yet); its id."""
         tid = task.id
         p = task.priority
         if (
@@ -759,6 +760,7 @@ class Scheduler:
             self._check_task(task, now, sync=sync)  # raises the precise error
         task.enqueued_ns = now
         self._tasks[tid] = task
+        return tid
 
     def _place(self, task: Task, now: int) -> list[Action]:
         """Start ``task`` (just admitted), preempt for it, or queue it."""
@@ -784,9 +786,9 @@ class Scheduler:
             reason = R_BEHIND
         else:
             reason = R_NO_SLOT
-        self._enqueue(task, now)
+        e = self._enqueue(task, now)
         self._n_queued += 1
-        self._ring.append((now, _QUEUE, task.id, reason, ()))
+        self._ring.append((now, _QUEUE, e[3], reason, ()))
         return []
 
     def _preempt_for(self, task: Task, victim_entry: REntry, now: int) -> list[Action]:
@@ -832,8 +834,10 @@ class Scheduler:
             e = run[0]
         return e
 
-    def _enqueue(self, task: Task, now: int) -> None:
-        """Put ``task`` in the queue (keeps ``task.enqueued_ns``; the wait starts now)."""
+    def _enqueue(self, task: Task, now: int) -> QEntry:
+        """Put ``task`` in the queue (keeps ``task.enqueued_ns``; the wait starts now).
+
+        Returns its queue entry ``(key, -priority, enqueued_ns, id, task)``."""
         p = task.priority
         enq = task.enqueued_ns
         e = (self._offset[p] + enq, -p, enq, task.id, task)
@@ -851,8 +855,9 @@ class Scheduler:
             if len(fifo) > 2 * nq + 64:
                 self._compact_fifo()
         if len(heap) > 2 * nq + 64:
-            self._heap = [e for e in heap if e[4].qentry is e]
+            self._heap = [x for x in heap if x[4].qentry is x]
             heapify(self._heap)
+        return e
 
     def _unqueue(self, task: Task) -> None:
         task.qentry = None  # lazily deleted from the heap and the FIFO
@@ -947,5 +952,5 @@ class Scheduler:
         task.qentry = None
         self._nqueued -= 1
         self._run_on(task, slot, now)
-        self._ring.append((now, _START, task.id, reason, beaten))
+        self._ring.append((now, _START, pick[3], reason, beaten))
         out.append(_new(Start, (task, slot)))
