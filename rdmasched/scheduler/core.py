@@ -148,7 +148,10 @@ class SchedulerStats:
         metadata=_help("running tasks preempted by a higher-priority task")
     )
     peer_preemptions: int = field(
-        metadata=_help("running tasks stopped by a PREEMPT from a peer")
+        metadata=_help(
+            "PREEMPTs from a peer that stopped a running task, or turned a pending "
+            "requeue into a cancel"
+        )
     )
     requeues: int = field(
         metadata=_help("preempted tasks put back in the queue after they yielded")
@@ -299,9 +302,8 @@ class Scheduler:
         offs.append(_SYNC_OFFSET)
         self._offset: tuple[int, ...] = tuple(offs)
         self._slots: list[Task | None] = [None] * nslots
-        self._free: list[int] = list(
-            range(nslots - 1, -1, -1)
-        )  # pop() gives slot 0 first
+        # free slots as a stack: slot 0 first at start-up, then the most recently freed
+        self._free: list[int] = list(range(nslots - 1, -1, -1))
         self._heap: list[QEntry] = []
         self._fifo: deque[QEntry] = deque()
         self._run: list[REntry] = []
@@ -475,6 +477,7 @@ class Scheduler:
                     )
             elif t.state is _PREEMPTING and cancel:
                 t.state = _CANCELLING  # dropped instead of requeued when it yields
+                self._n_peer_preemptions += 1
                 self._event(now, _PREEMPT, t.id, reason, ())
             elif t.state is _PREEMPTING or t.state is _CANCELLING:
                 self._n_keeps += 1
@@ -616,7 +619,6 @@ class Scheduler:
                     out.extend(self.submit(t))
                 except SchedulerError:
                     continue  # counted and recorded as a rejection; place the others
-
         return out
 
     def remote_complete(self, peer: int, task_id: int) -> None:

@@ -228,10 +228,9 @@ def drive(
             if cancelled:
                 held.remove(tid)
         elif kind == "preempt":
-            cand = [t for t in held if t not in pending]
-            if not cand:
+            if not held:
                 continue
-            tid = cand[o[1] % len(cand)]
+            tid = held[o[1] % len(held)]  # queued, running or being preempted
             got = summary(sched.preempt(tid, cancel=o[2]))
             want = None if model is None else model.preempt(tid, o[2], now)
             if any(a[0] == "cancel" for a in got):
@@ -250,6 +249,12 @@ def drive(
         # invariants, model or not
         assert sched.free_slots() + len(sched.running()) == sched.nslots
         assert sched.free_slots() == 0 or not sched.queued()
+    st = sched.stats()
+    if st.events_dropped == 0:  # every event is counted once: decisions + completions
+        assert st.events_recorded == len(sched.events())
+        assert st.decisions == sum(
+            1 for e in sched.events() if e.decision != "complete"
+        )
     return log
 
 
