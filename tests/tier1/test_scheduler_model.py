@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import os
 import sys
 from dataclasses import dataclass
 from types import ModuleType
@@ -297,3 +298,16 @@ def test_compiled_and_pure_python_take_identical_decisions(
         log = drive(s, clock, ops, None)
         runs.append((log, s.events(), s.stats().as_dict()))
     assert runs[0] == runs[1]
+
+
+@pytest.mark.skipif(core.IMPLEMENTATION != "compiled", reason="compiled core not built")
+def test_compiled_core_is_not_older_than_its_source() -> None:
+    """A stale build shadows core.py on import: every test would run the old code."""
+    assert core.__file__ is not None
+    here = os.path.dirname(core.__file__)
+    built = os.path.getmtime(core.__file__)
+    for src in ("core.py", "core.pxd"):
+        assert os.path.getmtime(os.path.join(here, src)) <= built, (
+            f"{src} changed after {os.path.basename(core.__file__)} was built: "
+            "rebuild it (cythonize -i rdmasched/scheduler/core.py) or delete it"
+        )
