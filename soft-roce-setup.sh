@@ -222,7 +222,7 @@ cmd_up() {
     if [[ -z $netdev ]]; then
         netdev=$DUMMY
         if [[ ! -e /sys/class/net/$netdev ]]; then
-            modprobe dummy 2>/dev/null || true
+            modprobe dummy numdummies=0 2>/dev/null || true
             ip link add "$netdev" type dummy || die "$EXIT_FAIL" "cannot create the dummy interface $netdev"
             record "dummy=$netdev"
             say "created dummy interface $netdev"

@@ -81,6 +81,8 @@ if [[ -n ${RS_NETDEV:-} ]]; then
     say "wire: $RS_NETDEV $RS_SELF_IP/24, peer $RS_PEER_IP"
 fi
 
+# The checkout is read-only: Hypothesis keeps its example database in /tmp instead.
+export HYPOTHESIS_STORAGE_DIRECTORY=${HYPOTHESIS_STORAGE_DIRECTORY:-/tmp/hypothesis}
 export RDMASCHED_IN_VM=1 RDMASCHED_VM_HOSTS=$RS_HOSTS RDMASCHED_RESULTS=$RS_RESULTS
 if [[ -n ${RS_ROLE:-} ]]; then
     export RDMASCHED_VM_ROLE=$RS_ROLE RDMASCHED_PEER_IP=$RS_PEER_IP

@@ -129,10 +129,15 @@ cleanup() {
     done
     rm -rf -- "$run_dir"
 }
+# shellcheck disable=SC2317  # called by the signal traps
+interrupted() {
+    vm_log "interrupted (signal $1): stopping the VM(s)"
+    exit $((128 + $1))
+}
 trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-trap 'exit 129' HUP
+trap 'interrupted 2' INT
+trap 'interrupted 15' TERM
+trap 'interrupted 1' HUP
 
 # free_udp_ports N: N distinct UDP ports free on 127.0.0.1 now.
 free_udp_ports() {
@@ -213,7 +218,8 @@ start_vm() {
         -virtfs "local,path=$ctl,mount_tag=rsctl,security_model=none"
         "${console[@]}" "${net[@]}")
     if ((shell)); then
-        "${qemu[@]}" &
+        # An explicit stdin: a background job would get /dev/null.
+        "${qemu[@]}" 0<&0 &
     else
         "${qemu[@]}" </dev/null >"$run_dir/qemu-$name.out" 2>&1 &
     fi
@@ -313,9 +319,9 @@ for role in "${roles[@]}"; do
     fi
     if [[ -n $problem ]]; then
         vm_log "$label: ERROR: $problem"
-        if [[ -s $run_dir/qemu-$name.out ]]; then
+        if grep -qv 'terminating on signal' "$run_dir/qemu-$name.out" 2>/dev/null; then
             vm_log "$label: qemu said:"
-            sed 's/^/    /' "$run_dir/qemu-$name.out" >&2
+            grep -v 'terminating on signal' "$run_dir/qemu-$name.out" | sed 's/^/    /' >&2 || true
         fi
         if ((quiet)) || [[ $stage == none ]]; then
             vm_log "$label: last lines of the console ($log):"
