@@ -52,17 +52,31 @@ key=$(cat "$here/build-image.sh" "$here/lib.sh" "$here/guest-packages.txt" |
 cache=$(vm_cache_dir)
 image="$cache/images/$SUITE-$ARCH-$key"
 
+mkdir -p "$cache/images" "$cache/debs" "$cache/tmp" ||
+    vm_die "$VM_EXIT_HOST" "cannot create the cache directory $cache (set RDMASCHED_VM_CACHE)"
+
+# Whoever holds the lock is the only builder, so anything in tmp/ is from an interrupted
+# build (killed hard, it may still have /proc and /sys mounted inside): clear it.
+clean_stale() {
+    local stale
+    for stale in "$cache"/tmp/*; do
+        [[ -e $stale ]] || continue
+        vm_log "removing an interrupted build: $stale"
+        vm_umount_under "$stale"
+        rm -rf --one-file-system -- "$stale"
+    done
+}
+
+# One builder at a time; whoever waited finds the image that the other one built.
+exec {lock_fd}>"$cache/.lock"
 if ((!force)) && [[ -f $image/ok ]]; then
+    if flock -n "$lock_fd"; then
+        clean_stale
+    fi
     vm_log "image cached: $image"
     printf '%s\n' "$image"
     exit 0
 fi
-
-mkdir -p "$cache/images" "$cache/debs" "$cache/tmp" ||
-    vm_die "$VM_EXIT_HOST" "cannot create the cache directory $cache (set RDMASCHED_VM_CACHE)"
-
-# One builder at a time; whoever waited finds the image that the other one built.
-exec {lock_fd}>"$cache/.lock"
 if ! flock -n "$lock_fd"; then
     vm_log "another build holds $cache/.lock; waiting for it"
     flock "$lock_fd"
@@ -72,14 +86,7 @@ if ((!force)) && [[ -f $image/ok ]]; then
     printf '%s\n' "$image"
     exit 0
 fi
-
-# We hold the lock, so anything left in tmp/ is from an interrupted build: clear it.
-for stale in "$cache"/tmp/*; do
-    [[ -e $stale ]] || continue
-    vm_log "removing an interrupted build: $stale"
-    vm_umount_under "$stale"
-    rm -rf --one-file-system -- "$stale"
-done
+clean_stale
 
 vm_ensure_host_packages debootstrap:debootstrap mkfs.ext4:e2fsprogs chroot:coreutils
 
@@ -126,6 +133,8 @@ first_stage() {
     return 1
 }
 run_logged "debootstrap: download and unpack" first_stage
+# the .debs this build uses: the others in the cache are pruned once the image is built
+awk '{n = $2; sub(/.*\//, "", n); print n}' "$root/debootstrap/debpaths" >"$work/debs.used"
 
 # Before the second stage configures the packages: no fsync per file (a throwaway root),
 # and the small initrd, so the kernel's postinst builds it once and quickly.
@@ -241,6 +250,11 @@ touch "$work/image/ok"
 
 rm -rf -- "$image"
 mv "$work/image" "$image"
+
+for deb in "$cache"/debs/*.deb; do
+    [[ -e $deb ]] || continue
+    grep -qxF "${deb##*/}" "$work/debs.used" || rm -f -- "$deb"
+done
 
 # Keep the two newest images: the one just built and its predecessor (another branch).
 find "$cache/images" -mindepth 1 -maxdepth 1 -type d -printf '%T@ %p\n' | sort -rn |
