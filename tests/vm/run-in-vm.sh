@@ -22,14 +22,16 @@
 #   RDMASCHED_VM_HOSTS=1|2, and with --hosts 2 RDMASCHED_VM_ROLE=a|b, RDMASCHED_PEER_IP;
 #   PYTHONPATH=<checkout>, PYTHONDONTWRITEBYTECODE=1, `ulimit -l unlimited`.
 #
-# Exit code: COMMAND's (two hosts: a's if non-zero, else b's), or
+# Exit code: COMMAND's (two hosts: the first harness failure below, else a's COMMAND if
+# non-zero, else b's), or
 #   2 usage, 120 host preparation failed (packages, image), 121 a VM did not boot or stopped
 #   before COMMAND finished, 122 Soft-RoCE set-up (or the two-host barrier) failed in the
 #   guest, 124 timeout (qemu killed).
 #
 # Environment: RDMASCHED_VM_CACHE (image cache, default /var/cache/rdmasched-vm),
 #   RDMASCHED_VM_MIRROR (Debian mirror for the image), RDMASCHED_VM_BOOT_TIMEOUT (seconds
-#   until the guest must have started its init, default 300).
+#   until the guest must have started its init, default 300), RDMASCHED_VM_CPUS and
+#   RDMASCHED_VM_MEM (per VM; defaults 2 and 2G for one host, 1 and 1G each for two).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
@@ -181,9 +183,9 @@ start_vm() {
             -device "virtio-net-pci,netdev=wire,mac=$mac,romfile=")
         netdev=eth0 self_ip=198.51.100.$octet peer_ip=198.51.100.$peer_octet
         hostname=rdmasched-$role
-        cpus=1 mem=1G
+        cpus=${RDMASCHED_VM_CPUS:-1} mem=${RDMASCHED_VM_MEM:-1G}
     else
-        cpus=2 mem=2G
+        cpus=${RDMASCHED_VM_CPUS:-2} mem=${RDMASCHED_VM_MEM:-2G}
     fi
 
     {
