@@ -5,9 +5,10 @@
 The driver plays the daemon: it keeps the node busy with about ``nslots + queue_depth``
 tasks in the system, so that every dispatch either starts a task or queues it and every
 completion starts the next one.  96% of dispatches are ordinary compute (priority 100) and
-4% urgent (priority 200): those preempt a running task; the driver then calls ``yielded()`` as the daemon would after the
-preempt handler.  Every 64th operation is a SYNC_READY report to a 4-member group, so a
-sync task is released (and preempts compute) every 256 operations.
+4% urgent (priority 200): those preempt a running task; the driver then calls
+``yielded()`` as the daemon would after the preempt handler.  Every 64th operation is a
+SYNC_READY report to a 4-member group, so a sync task is released (and preempts compute)
+every 256 operations.
 
 A *decision* is one decision event (start, queue, preempt, requeue, release, ...);
 completions and SYNC_READY reports that release nothing are calls but not decisions.  The
@@ -70,9 +71,7 @@ def run(
     ``impl`` picks the build: "auto", "compiled" or "python" (see ``scheduler_class``).
     """
     cls = scheduler_class(impl)
-    implementation = (
-        "python" if cls.__module__ != core.__name__ else core.IMPLEMENTATION
-    )
+    implementation = "python" if cls.__module__ != core.__name__ else core.IMPLEMENTATION
     depth = 2 * nslots if queue_depth is None else queue_depth
     rng = random.Random(seed)
     # a fake clock that moves 250 ns per read: a C-level callable, like time.monotonic_ns
@@ -90,8 +89,7 @@ def run(
         lambda g, step: Task(id=(1 << 62) + step, job=-1, priority=0, cost_ns=0),
     )
     pool = [
-        Task(id=0, job=i % 16, priority=100, cost_ns=1_000_000)
-        for i in range(nslots + depth + 64)
+        Task(id=0, job=i % 16, priority=100, cost_ns=1_000_000) for i in range(nslots + depth + 64)
     ]
     occupant: list[Task | None] = [None] * nslots
     target = nslots + depth
@@ -130,9 +128,7 @@ def run(
                 else:
                     slot = picks[i & mask]
                     t = occupant[slot]  # type: ignore[assignment]
-                    if (
-                        t.group is not None
-                    ):  # a sync task: it completes too, not counted
+                    if t.group is not None:  # a sync task: it completes too, not counted
                         occupant[slot] = None
                     acts = complete(t.id)
                     if t.group is None:
@@ -194,9 +190,7 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument(
-        "--n", type=int, default=1_000_000, help="decisions to take (at least)"
-    )
+    ap.add_argument("--n", type=int, default=1_000_000, help="decisions to take (at least)")
     ap.add_argument("--nslots", type=int, default=8, help="execution slots (GPUs)")
     ap.add_argument(
         "--queue-depth",

@@ -140,13 +140,9 @@ class SchedulerStats:
     )
     starts: int = field(metadata=_help("tasks started on a slot"))
     queued: int = field(
-        metadata=_help(
-            "tasks that entered the queue on arrival (no slot, no preemption)"
-        )
+        metadata=_help("tasks that entered the queue on arrival (no slot, no preemption)")
     )
-    preemptions: int = field(
-        metadata=_help("running tasks preempted by a higher-priority task")
-    )
+    preemptions: int = field(metadata=_help("running tasks preempted by a higher-priority task"))
     peer_preemptions: int = field(
         metadata=_help(
             "PREEMPTs from a peer that stopped a running task, or turned a pending "
@@ -158,42 +154,28 @@ class SchedulerStats:
     )
     cancels: int = field(metadata=_help("tasks cancelled by a PREEMPT(cancel)"))
     keeps: int = field(
-        metadata=_help(
-            "PREEMPT (requeue) of a task that was not running: left as it was"
-        )
+        metadata=_help("PREEMPT (requeue) of a task that was not running: left as it was")
     )
     completions: int = field(
         metadata=_help("tasks completed here (or reported complete by a peer)")
     )
-    sync_releases: int = field(
-        metadata=_help("sync steps released (every member reported)")
-    )
+    sync_releases: int = field(metadata=_help("sync steps released (every member reported)"))
     sync_reports: int = field(metadata=_help("SYNC_READY reports accepted"))
     forwards: int = field(metadata=_help("tasks submit() forwarded to a peer"))
-    redispatches: int = field(
-        metadata=_help("tasks taken back from a dead peer for dispatch")
-    )
+    redispatches: int = field(metadata=_help("tasks taken back from a dead peer for dispatch"))
     starved_starts: int = field(
         metadata=_help("starts that jumped the priority order by the starvation cap")
     )
-    rejections: int = field(
-        metadata=_help("calls refused as bad input (sum of `rejected`)")
-    )
-    rejected: dict[str, int] = field(
-        metadata=_help("rejections by reason (see errors.py)")
-    )
+    rejections: int = field(metadata=_help("calls refused as bad input (sum of `rejected`)"))
+    rejected: dict[str, int] = field(metadata=_help("rejections by reason (see errors.py)"))
     events_recorded: int = field(
         metadata=_help("events recorded since start (decisions + completions)")
     )
-    events_dropped: int = field(
-        metadata=_help("events overwritten in the bounded ring")
-    )
+    events_dropped: int = field(metadata=_help("events overwritten in the bounded ring"))
     running: int = field(metadata=_help("tasks running now"))
     queue_len: int = field(metadata=_help("tasks queued now"))
     free_slots: int = field(metadata=_help("slots idle now"))
-    load_hint: int = field(
-        metadata=_help("the load hint sent to peers now (see load_hint())")
-    )
+    load_hint: int = field(metadata=_help("the load hint sent to peers now (see load_hint())"))
 
     @classmethod
     def describe(cls) -> dict[str, str]:
@@ -283,9 +265,7 @@ class Scheduler:
         if starvation_us <= 0:
             raise ValueError(f"starvation_us must be > 0, not {starvation_us}")
         if aging_us is not None and aging_us <= 0:
-            raise ValueError(
-                f"aging_us must be > 0 (or None for no aging), not {aging_us}"
-            )
+            raise ValueError(f"aging_us must be > 0 (or None for no aging), not {aging_us}")
         if events < 1:
             raise ValueError(f"events must be >= 1, not {events}")
         if max_hops < 0:
@@ -296,9 +276,7 @@ class Scheduler:
         self.aging_ns = None if aging_us is None else aging_us * 1000
         self._clock = clock
         level = _STRICT_LEVEL if self.aging_ns is None else self.aging_ns
-        offs = [
-            (COMPUTE_PRIORITY_MAX - p) * level for p in range(COMPUTE_PRIORITY_MAX + 1)
-        ]
+        offs = [(COMPUTE_PRIORITY_MAX - p) * level for p in range(COMPUTE_PRIORITY_MAX + 1)]
         offs.append(_SYNC_OFFSET)
         self._offset: tuple[int, ...] = tuple(offs)
         self._slots: list[Task | None] = [None] * nslots
@@ -367,9 +345,7 @@ class Scheduler:
         self._fill(slot, now, out)
         return out
 
-    def _complete_other(
-        self, task_id: int, task: Task | None, now: int
-    ) -> list[Action]:
+    def _complete_other(self, task_id: int, task: Task | None, now: int) -> list[Action]:
         """``complete`` of a task that is not running: a race, or bad input."""
         if task is None:
             self._reject(UnknownTaskError(f"unknown task {task_id}"), task_id, now)
@@ -398,9 +374,7 @@ class Scheduler:
         if task is None:
             self._reject(UnknownTaskError(f"unknown task {task_id}"), task_id, now)
         if progress_ns < 0:
-            self._reject(
-                InvalidTaskError(f"negative progress {progress_ns}"), task_id, now
-            )
+            self._reject(InvalidTaskError(f"negative progress {progress_ns}"), task_id, now)
         state = task.state
         if state is _CANCELLING:
             task.progress_ns = progress_ns
@@ -411,9 +385,7 @@ class Scheduler:
             return []
         if state is not _PREEMPTING:
             self._reject(
-                TaskStateError(
-                    f"yielded for task {task_id} that is {state.name.lower()}"
-                ),
+                TaskStateError(f"yielded for task {task_id} that is {state.name.lower()}"),
                 task_id,
                 now,
             )
@@ -472,9 +444,7 @@ class Scheduler:
                     out.append(_new(Cancel, (t,)))
                 else:
                     self._n_keeps += 1
-                    self._event(
-                        now, Decision.KEEP, t.id, "PREEMPT of a queued task", ()
-                    )
+                    self._event(now, Decision.KEEP, t.id, "PREEMPT of a queued task", ())
             elif t.state is _PREEMPTING and cancel:
                 t.state = _CANCELLING  # dropped instead of requeued when it yields
                 self._n_peer_preemptions += 1
@@ -496,9 +466,7 @@ class Scheduler:
             self._fill(slot, now, out)
         return out
 
-    def define_group(
-        self, group: int, members: Iterable[int], step_task: StepTask
-    ) -> None:
+    def define_group(self, group: int, members: Iterable[int], step_task: StepTask) -> None:
         """Declare sync group ``group``: ``step_task(group, step)`` makes its sync task.
 
         The task it returns is given priority 255 and ``group``; its id must be unique.
@@ -533,9 +501,7 @@ class Scheduler:
             )
         if step <= g.released:
             self._reject(
-                StaleStepError(
-                    f"group {group} step {step}: step {g.released} released"
-                ),
+                StaleStepError(f"group {group} step {step}: step {g.released} released"),
                 NO_TASK,
                 now,
             )
@@ -554,9 +520,7 @@ class Scheduler:
         g.pending = {s: m for s, m in g.pending.items() if s > step}
         g.released = step
         self._n_sync_releases += 1
-        self._event(
-            now, Decision.RELEASE, task.id, f"group {group} step {step} complete", ()
-        )
+        self._event(now, Decision.RELEASE, task.id, f"group {group} step {step} complete", ())
         return self._place(task, now)
 
     def pending_sync(self, group: int) -> dict[int, frozenset[int]]:
@@ -622,9 +586,13 @@ class Scheduler:
         return out
 
     def remote_complete(self, peer: int, task_id: int) -> None:
-        """A task this node forwarded to ``peer`` completed there."""
+        """A task this node forwarded completed on ``peer`` (the peer it was forwarded to,
+        or one that peer spilled it on to)."""
         now = self._clock()
-        if self._peers is None or self._peers.release(peer, task_id) is None:
+        peers = self._peers
+        if peers is None or (
+            peers.release(peer, task_id) is None and peers.release_any(task_id) is None
+        ):
             self._reject(
                 UnknownTaskError(f"task {task_id} is not held by peer {peer}"),
                 task_id,
@@ -654,9 +622,7 @@ class Scheduler:
         starved = [
             e
             for e in self._fifo
-            if e[4].qentry is e
-            and e[0] >= 0
-            and now - e[4].waiting_since_ns >= self.starvation_ns
+            if e[4].qentry is e and e[0] >= 0 and now - e[4].waiting_since_ns >= self.starvation_ns
         ]
         seen = {id(e) for e in starved}
         rest = sorted(e for e in live if e[0] >= 0 and id(e) not in seen)
@@ -684,9 +650,7 @@ class Scheduler:
 
     def explain(self, task_id: int) -> list[Event]:
         """Events that name ``task_id``, as subject or among the tasks it beat, oldest first."""
-        return [
-            Event._make(r) for r in self._ring if r[2] == task_id or task_id in r[4]
-        ]
+        return [Event._make(r) for r in self._ring if r[2] == task_id or task_id in r[4]]
 
     def stats(self) -> SchedulerStats:
         """A snapshot of the counters (see ``SchedulerStats.describe()``)."""
@@ -742,9 +706,7 @@ class Scheduler:
                 msg = f"task {tid}: priority {p} is not in 0..{COMPUTE_PRIORITY_MAX}"
             self._reject(InvalidTaskError(msg), tid, now)
         if task.cost_ns < 0 or task.progress_ns < 0:
-            self._reject(
-                InvalidTaskError(f"task {tid}: negative cost or progress"), tid, now
-            )
+            self._reject(InvalidTaskError(f"task {tid}: negative cost or progress"), tid, now)
         if tid in self._tasks:
             self._reject(DuplicateTaskError(f"task {tid} is already here"), tid, now)
 
@@ -864,9 +826,7 @@ class Scheduler:
     def _unqueue(self, task: Task) -> None:
         task.qentry = None  # lazily deleted from the heap and the FIFO
         nq = self._nqueued = self._nqueued - 1
-        if (
-            len(self._heap) > 2 * nq + 64
-        ):  # e.g. after a job's queued tasks were cancelled
+        if len(self._heap) > 2 * nq + 64:  # e.g. after a job's queued tasks were cancelled
             self._heap = [e for e in self._heap if e[4].qentry is e]
             heapify(self._heap)
         if len(self._fifo) > 2 * nq + 64:

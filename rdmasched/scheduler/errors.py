@@ -2,7 +2,7 @@
 
 Every error is also a builtin the caller would expect (an unknown id is a ``KeyError``, a
 malformed task a ``ValueError``), so a daemon can catch either.  ``SchedulerError`` is the
-common base for now; the project's common error base will be put under it later.
+common base, itself an ``rdmasched.errors.RdmaschedError``.
 
 Every rejection is counted in ``Scheduler.stats().rejected`` under its ``reason`` and
 recorded as a ``reject`` event before it is raised; the scheduler's state is unchanged by a
@@ -11,8 +11,10 @@ rejected call, so the daemon can log the error and carry on.
 
 from __future__ import annotations
 
+from rdmasched.errors import RdmaschedError
 
-class SchedulerError(Exception):
+
+class SchedulerError(RdmaschedError):
     """Base class of every scheduler error."""
 
     #: short, stable key under which the rejection is counted in ``stats().rejected``

@@ -41,11 +41,7 @@ def choose_peer(
     same: list[int] = []
     other: list[int] = []
     for peer, load in loads.items():
-        if (
-            peer == self_id
-            or peer in dead
-            or (max_load is not None and load >= max_load)
-        ):
+        if peer == self_id or peer in dead or (max_load is not None and load >= max_load):
             continue
         (same if domains.get(peer) == my_domain else other).append(peer)
     pool = same or other
@@ -149,6 +145,15 @@ class PeerTable:
         """``peer`` reported ``task_id`` complete: forget it (None if it did not hold it)."""
         p = self._peers.get(peer)
         return None if p is None else p.held.pop(task_id, None)
+
+    def release_any(self, task_id: int) -> tuple[int, Task] | None:
+        """Forget ``task_id`` whichever peer holds it: a task that a peer spilled on to a
+        third node completes there, not on the peer it was forwarded to."""
+        for k, p in self._peers.items():
+            t = p.held.pop(task_id, None)
+            if t is not None:
+                return k, t
+        return None
 
     def held(self, peer: int) -> list[Task]:
         """Tasks this node forwarded to ``peer`` that it has not completed."""

@@ -46,9 +46,7 @@ class Task:
     group: int | None = None  #: the sync group, for sync tasks
 
     state: TaskState = field(default=TaskState.NEW, init=False)
-    slot: int | None = field(
-        default=None, init=False
-    )  #: the slot it runs on, if running
+    slot: int | None = field(default=None, init=False)  #: the slot it runs on, if running
     #: when it entered this scheduler; orders tasks of equal priority (kept on a requeue
     #: after a priority preemption, reset by a PREEMPT from a peer)
     enqueued_ns: int = field(default=0, init=False)
@@ -56,12 +54,8 @@ class Task:
     waiting_since_ns: int = field(default=0, init=False)
     started_ns: int = field(default=0, init=False)  #: when it last started on a slot
     # the scheduler's live heap entries for this task (identity marks an entry live)
-    qentry: tuple[int, int, int, int, Task] | None = field(
-        default=None, init=False, repr=False
-    )
-    rentry: tuple[int, int, int, Task] | None = field(
-        default=None, init=False, repr=False
-    )
+    qentry: tuple[int, int, int, int, Task] | None = field(default=None, init=False, repr=False)
+    rentry: tuple[int, int, int, Task] | None = field(default=None, init=False, repr=False)
 
     @property
     def is_sync(self) -> bool:

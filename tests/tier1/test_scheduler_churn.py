@@ -70,9 +70,7 @@ def test_an_old_low_priority_task_under_heavy_traffic(cls: Any) -> None:
         assert running != 2
     got = sizes(s)
     if got is not None:
-        assert (
-            got[1] <= 2 * 2 + 64 + 1
-        )  # compacted: two live entries (2 and the newest)
+        assert got[1] <= 2 * 2 + 64 + 1  # compacted: two live entries (2 and the newest)
         assert got[2] <= 2 * 1 + 16 + 1
     clock.advance_us(1000)
     s.dispatch(T(nid, 254))

@@ -144,9 +144,7 @@ def test_starvation_cap_lets_an_old_low_priority_task_go_first() -> None:
     s.dispatch(T(nid, 254))  # even the highest compute priority queues behind it
     assert [x for x, _ in started(s.complete(s.running()[0].id))] == [2]
     ev = s.explain(2)[-1]
-    assert (
-        ev.decision is Decision.START and "starv" in ev.reason and ev.beaten == (nid,)
-    )
+    assert ev.decision is Decision.START and "starv" in ev.reason and ev.beaten == (nid,)
 
 
 def test_not_starved_one_ns_before_the_cap() -> None:
@@ -163,9 +161,7 @@ def test_sync_tasks_still_go_before_a_starved_task() -> None:
     s.dispatch(T(1, 255 - 1))
     s.dispatch(T(2, 0))
     clock.advance_us(STARVE_US * 2)
-    s.define_group(
-        7, {0}, lambda g, step: Task(id=1000 + step, job=0, priority=0, cost_ns=1)
-    )
+    s.define_group(7, {0}, lambda g, step: Task(id=1000 + step, job=0, priority=0, cost_ns=1))
     # the sync task preempts the running compute task right away
     a = s.sync_ready(7, 0, member=0)
     assert isinstance(a[0], Preempt) and a[0].victim.id == 1

@@ -64,9 +64,7 @@ class Model:
         q = self.queued()
         syncs = sorted((t for t in q if t.prio == 255), key=self.key)
         starved = self.starved(now)
-        rest = sorted(
-            (t for t in q if t.prio != 255 and t not in starved), key=self.key
-        )
+        rest = sorted((t for t in q if t.prio != 255 and t not in starved), key=self.key)
         return [t.id for t in syncs + starved + rest]
 
     def run(self, t: M, slot: int) -> None:
@@ -166,9 +164,7 @@ def summary(actions: list[Any]) -> list[Any]:
     return out
 
 
-_dispatch = st.tuples(
-    st.just("dispatch"), st.sampled_from([0, 10, 100, 100, 101, 200, 254])
-)
+_dispatch = st.tuples(st.just("dispatch"), st.sampled_from([0, 10, 100, 100, 101, 200, 254]))
 _complete = st.tuples(st.just("complete"), st.integers(0, 15))
 op = st.one_of(
     # weighted by repetition: mostly arrivals and completions, as on a real node
@@ -185,16 +181,12 @@ op = st.one_of(
 )
 
 
-def drive(
-    sched: Any, clock: FakeClock, ops: list[Any], model: Model | None
-) -> list[Any]:
+def drive(sched: Any, clock: FakeClock, ops: list[Any], model: Model | None) -> list[Any]:
     """Apply ``ops``; check against ``model`` if given; return every action summary."""
     log: list[Any] = []
     next_id = itertools.count(1)
     step = itertools.count(0)
-    sched.define_group(
-        1, {0}, lambda g, s: Task(id=10_000 + s, job=0, priority=0, cost_ns=0)
-    )
+    sched.define_group(1, {0}, lambda g, s: Task(id=10_000 + s, job=0, priority=0, cost_ns=0))
     held: list[int] = []  # ids dispatched and not finished (in order)
     pending: list[int] = []  # preempted, not yet yielded
     for o in ops:
@@ -253,18 +245,14 @@ def drive(
     st = sched.stats()
     if st.events_dropped == 0:  # every event is counted once: decisions + completions
         assert st.events_recorded == len(sched.events())
-        assert st.decisions == sum(
-            1 for e in sched.events() if e.decision != "complete"
-        )
+        assert st.decisions == sum(1 for e in sched.events() if e.decision != "complete")
     return log
 
 
 @pytest.mark.parametrize("aging", [False, True])
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(op, min_size=10, max_size=150), nslots=st.integers(1, 3))
-def test_scheduler_matches_the_reference_model(
-    aging: bool, ops: list[Any], nslots: int
-) -> None:
+def test_scheduler_matches_the_reference_model(aging: bool, ops: list[Any], nslots: int) -> None:
     clock = FakeClock(0)
     kw: dict[str, Any] = {"aging_us": AGING_NS // 1000} if aging else {}
     s = Scheduler(nslots, clock=clock, starvation_us=STARVE_NS // 1000, **kw)
@@ -286,9 +274,7 @@ def _pure_core() -> ModuleType:
 @pytest.mark.skipif(core.IMPLEMENTATION != "compiled", reason="compiled core not built")
 @settings(max_examples=200, deadline=None)
 @given(ops=st.lists(op, max_size=120), nslots=st.integers(1, 4))
-def test_compiled_and_pure_python_take_identical_decisions(
-    ops: list[Any], nslots: int
-) -> None:
+def test_compiled_and_pure_python_take_identical_decisions(ops: list[Any], nslots: int) -> None:
     pure = _pure_core()
     assert pure.IMPLEMENTATION == "python"
     runs = []

@@ -214,6 +214,18 @@ def test_remote_complete_releases_a_forwarded_task() -> None:
         s.remote_complete(1, 2)
 
 
+def test_remote_complete_from_the_node_a_peer_spilled_to() -> None:
+    # Forwarded to peer 1, which spilled it on to peer 2: peer 2 reports the completion.
+    s, pt, _ = cluster()
+    pt.seen(1, 0)
+    s.submit(T(1))
+    s.submit(T(2))
+    assert [t.id for t in pt.held(1)] == [2]
+    s.remote_complete(2, 2)
+    assert pt.held(1) == []
+    assert s.explain(2)[-1].decision is Decision.COMPLETE
+
+
 def test_submit_without_a_peer_table_is_a_local_dispatch() -> None:
     s = Scheduler(1, clock=FakeClock(0), starvation_us=10)
     s.submit(T(1))
