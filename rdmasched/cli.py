@@ -83,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pre.add_argument("--json", action="store_true")
 
+    idle = bsub.add_parser("idle", help="CPU an idle node daemon costs")
+    idle.add_argument("--nodes", type=_positive, default=4)
+    idle.add_argument("--seconds", type=float, default=5.0)
+    idle.add_argument("--spin-us", type=int, default=200)
+    idle.add_argument("--json", action="store_true")
+
     tput = bsub.add_parser("throughput", help="one lane's messages/s, per message and batched")
     tput.add_argument("--messages", type=_positive, default=2_000_000)
     tput.add_argument("--batch", type=_positive, default=256, help="batch size for the batch API")
@@ -247,6 +253,22 @@ def cmd_bench_preempt(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_idle(args: argparse.Namespace) -> int:
+    from rdmasched.bench import idle
+
+    r = idle.run(args.nodes, args.seconds, args.spin_us)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(
+        f"rdmasched bench idle: {r['nodes']} idle node daemons for {r['seconds']:g} s "
+        f"(heartbeats only, spin {r['spin_us']} us, then sleep on the doorbell)"
+    )
+    cells = ", ".join(f"{p:.2f}%" for p in r["cpu_pct_per_node"])
+    print(f"  CPU per node, % of one core: {cells} (max {r['max_cpu_pct']:.2f}%)")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from rdmasched.demo.runner import DemoConfig, print_report, run
     from rdmasched.demo.workload import WorkloadConfig
@@ -291,6 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "throughput": cmd_bench_throughput,
             "scheduler": cmd_bench_scheduler,
             "preempt": cmd_bench_preempt,
+            "idle": cmd_bench_idle,
         }[args.bench](args)
     if args.command == "demo":
         return cmd_demo(args)
