@@ -64,7 +64,7 @@ def test_demo_json_and_trace(tmp_path: Path) -> None:
         timeout=60,
     )
     events = [json.loads(line) for line in tr.stdout.splitlines()]
-    assert events and all(e["t_ns"] <= f["t_ns"] for e, f in zip(events, events[1:], strict=False))
+    assert events and all(e["t_ns"] <= f["t_ns"] for e, f in itertools.pairwise(events))
     assert {"start", "preempt", "release"} <= {e["decision"] for e in events}
     some = next(e["task_id"] for e in events if e["decision"] == "preempt")
     one = subprocess.run(
