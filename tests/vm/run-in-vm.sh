@@ -1,0 +1,344 @@
+#!/usr/bin/env bash
+# tests/vm/run-in-vm.sh: run a command inside qemu VM(s) that have a real Soft-RoCE device.
+#
+# Usage: tests/vm/run-in-vm.sh [OPTIONS] -- COMMAND...
+#   --hosts 1|2        one VM (2 vCPU, 2 GiB; rxe on a dummy netdev) or two VMs (1 vCPU, 1 GiB
+#                      each; rxe on eth0, joined by a virtual wire 198.51.100.0/24)  [1]
+#   --timeout SECONDS  hard limit for the whole VM run, boot included; then qemu is killed [900]
+#   --results DIR      host directory shared writable with the guest as $RDMASCHED_RESULTS
+#                      (two hosts: DIR/a and DIR/b); the console logs land in DIR too.
+#                      Default: a temporary directory, removed at the end.
+#   --env NAME=VALUE   export NAME=VALUE inside the guest (repeatable); CI is passed on if set
+#   --no-setup         skip `soft-roce-setup.sh up` inside (for debugging the setup itself)
+#   --shell            after COMMAND (COMMAND optional), an interactive root shell on the
+#                      console (one host only; needs a terminal)
+#   --quiet            do not stream the guest console; print its tail on failure
+#
+# COMMAND runs with bash in the checkout, which the guest mounts read-only at the same absolute
+# path as on the host. One word is a shell snippet (bash -c WORD); several are an argv.
+# Inside, COMMAND sees:
+#   RDMASCHED_DEVICE RDMASCHED_GID_INDEX RDMASCHED_IP RDMASCHED_NETDEV  (from soft-roce-setup.sh)
+#   RDMASCHED_SELF_IP (= RDMASCHED_IP), RDMASCHED_RESULTS, RDMASCHED_IN_VM=1,
+#   RDMASCHED_VM_HOSTS=1|2, and with --hosts 2 RDMASCHED_VM_ROLE=a|b, RDMASCHED_PEER_IP;
+#   PYTHONPATH=<checkout>, PYTHONDONTWRITEBYTECODE=1, `ulimit -l unlimited`.
+#
+# Exit code: COMMAND's (two hosts: a's if non-zero, else b's), or
+#   2 usage, 120 host preparation failed (packages, image), 121 a VM did not boot or stopped
+#   before COMMAND finished, 122 Soft-RoCE set-up (or the two-host barrier) failed in the
+#   guest, 124 timeout (qemu killed).
+#
+# Environment: RDMASCHED_VM_CACHE (image cache, default /var/cache/rdmasched-vm),
+#   RDMASCHED_VM_MIRROR (Debian mirror for the image), RDMASCHED_VM_BOOT_TIMEOUT (seconds
+#   until the guest must have started its init, default 300).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$here/lib.sh"
+
+usage() {
+    sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
+}
+
+hosts=1 timeout=900 results='' setup=1 shell=0 quiet=0
+env_pass=()
+while (($#)); do
+    case $1 in
+    --hosts) hosts=${2-}; shift ;;
+    --hosts=*) hosts=${1#*=} ;;
+    --timeout) timeout=${2-}; shift ;;
+    --timeout=*) timeout=${1#*=} ;;
+    --results) results=${2-}; shift ;;
+    --results=*) results=${1#*=} ;;
+    --env) env_pass+=("${2-}"); shift ;;
+    --env=*) env_pass+=("${1#*=}") ;;
+    --no-setup) setup=0 ;;
+    --shell) shell=1 ;;
+    --quiet) quiet=1 ;;
+    -h | --help) usage; exit 0 ;;
+    --) shift; break ;;
+    *) usage >&2; vm_die "$VM_EXIT_USAGE" "unknown argument: $1 (COMMAND goes after --)" ;;
+    esac
+    shift
+done
+cmd=("$@")
+
+[[ $hosts == 1 || $hosts == 2 ]] || vm_die "$VM_EXIT_USAGE" "--hosts must be 1 or 2"
+[[ $timeout =~ ^[1-9][0-9]*$ ]] || vm_die "$VM_EXIT_USAGE" "--timeout needs a whole number of seconds"
+((${#cmd[@]} || shell)) || vm_die "$VM_EXIT_USAGE" "no COMMAND (usage: run-in-vm.sh [OPTIONS] -- COMMAND...)"
+if ((shell)); then
+    ((hosts == 1)) || vm_die "$VM_EXIT_USAGE" "--shell works with one host only"
+    [[ -t 0 && -t 1 ]] || vm_die "$VM_EXIT_USAGE" "--shell needs a terminal"
+    quiet=0
+fi
+for e in "${env_pass[@]}"; do
+    [[ $e =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || vm_die "$VM_EXIT_USAGE" "--env wants NAME=VALUE, got: $e"
+done
+[[ -n ${CI:-} ]] && env_pass+=("CI=$CI")
+boot_timeout=${RDMASCHED_VM_BOOT_TIMEOUT:-300}
+((EUID == 0)) || vm_die "$VM_EXIT_HOST" "run-in-vm.sh needs root (it installs host packages and builds the image)"
+
+checkout=$(cd "$here/../.." && pwd -P)
+[[ -f $checkout/soft-roce-setup.sh ]] || vm_die "$VM_EXIT_HOST" "no soft-roce-setup.sh in $checkout"
+
+# ---- host preparation ----------------------------------------------------------------------
+vm_ensure_host_packages qemu-system-x86_64:qemu-system-x86 debootstrap:debootstrap \
+    mkfs.ext4:e2fsprogs flock:util-linux
+image=$("$here/build-image.sh") || exit "$VM_EXIT_HOST"
+for f in root.ext4 vmlinuz initrd.img; do
+    [[ -f $image/$f ]] || vm_die "$VM_EXIT_HOST" "image $image lacks $f"
+done
+
+run_dir=$(mktemp -d "${TMPDIR:-/tmp}/rdmasched-vm.XXXXXX")
+keep_results=1
+if [[ -z $results ]]; then
+    results=$run_dir/results
+    keep_results=0
+fi
+mkdir -p "$results"
+results=$(cd "$results" && pwd -P)
+
+# The guest mounts the shares at the host's paths, unless that path would hide the guest's own
+# system directories.
+guest_path() {
+    case $1 in
+    / | /bin | /bin/* | /boot | /boot/* | /dev | /dev/* | /etc | /etc/* | /lib* | /proc | /proc/* | \
+        /run | /run/* | /sbin | /sbin/* | /sys | /sys/* | /usr | /usr/*)
+        printf '/mnt/rdmasched-%s\n' "$2" ;;
+    *) printf '%s\n' "$1" ;;
+    esac
+}
+
+# ---- VM processes --------------------------------------------------------------------------
+qemu_pids=()
+tail_pids=()
+# shellcheck disable=SC2317  # called by the EXIT trap
+cleanup() {
+    local pid
+    for pid in "${qemu_pids[@]}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in "${qemu_pids[@]}"; do
+        for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$pid" 2>/dev/null || break; sleep 0.3; done
+        kill -KILL "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    for pid in "${tail_pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf -- "$run_dir"
+}
+# shellcheck disable=SC2317  # called by the signal traps
+interrupted() {
+    vm_log "interrupted (signal $1): stopping the VM(s)"
+    exit $((128 + $1))
+}
+trap cleanup EXIT
+trap 'interrupted 2' INT
+trap 'interrupted 15' TERM
+trap 'interrupted 1' HUP
+
+# free_udp_ports N: N distinct UDP ports free on 127.0.0.1 now.
+free_udp_ports() {
+    if command -v python3 >/dev/null; then
+        python3 - "$1" <<'EOF'
+import socket, sys
+socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(int(sys.argv[1]))]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+    else
+        local ports=() p
+        while ((${#ports[@]} < $1)); do
+            p=$((20000 + RANDOM % 40000))
+            [[ " ${ports[*]} " == *" $p "* ]] && continue
+            ss -Hlun "sport = :$p" 2>/dev/null | grep -q . || ports+=("$p")
+        done
+        echo "${ports[*]}"
+    fi
+}
+
+# start_vm ROLE: writes the job for the VM of ROLE ('' for one host) and starts qemu.
+start_vm() {
+    local role=$1 name=${1:-vm} ctl res cpus mem
+    ctl=$run_dir/ctl-$name
+    mkdir -p "$ctl"
+    cp "$here/guest-init.sh" "$here/guest-barrier.py" "$ctl/"
+    res=$results
+    [[ -n $role ]] && res=$results/$role
+    mkdir -p "$res"
+
+    local -a net=(-nic none)
+    local netdev='' self_ip='' peer_ip='' hostname=rdmasched-vm
+    if [[ -n $role ]]; then
+        local mine=${udp_ports[0]} theirs=${udp_ports[1]} octet=1 peer_octet=2 mac=52:54:00:72:64:0a
+        if [[ $role == b ]]; then
+            mine=${udp_ports[1]} theirs=${udp_ports[0]} octet=2 peer_octet=1 mac=52:54:00:72:64:0b
+        fi
+        net=(-netdev "socket,id=wire,udp=127.0.0.1:$theirs,localaddr=127.0.0.1:$mine"
+            -device "virtio-net-pci,netdev=wire,mac=$mac,romfile=")
+        netdev=eth0 self_ip=198.51.100.$octet peer_ip=198.51.100.$peer_octet
+        hostname=rdmasched-$role
+        cpus=1 mem=1G
+    else
+        cpus=2 mem=2G
+    fi
+
+    {
+        printf 'RS_ROLE=%q\nRS_HOSTS=%q\nRS_HOSTNAME=%q\n' "$role" "$hosts" "$hostname"
+        printf 'RS_CHECKOUT=%q\nRS_RESULTS=%q\n' "$(guest_path "$checkout" checkout)" \
+            "$(guest_path "$res" results)"
+        printf 'RS_NETDEV=%q\nRS_SELF_IP=%q\nRS_PEER_IP=%q\n' "$netdev" "$self_ip" "$peer_ip"
+        printf 'RS_SETUP=%q\nRS_SHELL=%q\nRS_TERM=%q\n' "$setup" "$shell" "${TERM:-linux}"
+        printf 'RS_CMD=('
+        ((${#cmd[@]})) && printf ' %q' "${cmd[@]}"
+        printf ' )\nRS_ENV=('
+        ((${#env_pass[@]})) && printf ' %q' "${env_pass[@]}"
+        printf ' )\n'
+    } >"$ctl/job.env"
+
+    local log=$results/vm-console.log
+    [[ -n $role ]] && log=$results/vm-console-$role.log
+    : >"$log"
+    local -a console=(-serial "file:$log")
+    ((shell)) && console=(-serial mon:stdio)
+
+    # shellcheck disable=SC2054  # commas inside qemu option values
+    local -a qemu=(qemu-system-x86_64 -name "rdmasched-$name" -nodefaults -no-user-config
+        -accel tcg,thread=multi -cpu max -smp "$cpus" -m "$mem"
+        -display none -no-reboot
+        -kernel "$image/vmlinuz" -initrd "$image/initrd.img"
+        -append "root=/dev/vda rw console=ttyS0 init=/sbin/rdmasched-init panic=-1 quiet loglevel=4 mitigations=off"
+        -drive "file=$image/root.ext4,format=raw,if=virtio,cache=unsafe"
+        -snapshot
+        -virtfs "local,path=$checkout,mount_tag=rsrepo,security_model=none,readonly=on"
+        -virtfs "local,path=$res,mount_tag=rsres,security_model=none"
+        -virtfs "local,path=$ctl,mount_tag=rsctl,security_model=none"
+        "${console[@]}" "${net[@]}")
+    if ((shell)); then
+        # An explicit stdin: a background job would get /dev/null.
+        "${qemu[@]}" 0<&0 &
+    else
+        "${qemu[@]}" </dev/null >"$run_dir/qemu-$name.out" 2>&1 &
+    fi
+    qemu_pids+=($!)
+    vm_log "started VM ${role:-(one host)}: qemu pid $!, console $log"
+
+    if ((!quiet)); then
+        local prefix=''
+        [[ -n $role ]] && prefix="$role| "
+        tail -n +1 -F --pid="$!" "$log" 2>/dev/null | sed -u "s/^/$prefix/" &
+        tail_pids+=($!)
+    fi
+}
+
+roles=('')
+if ((hosts == 2)); then
+    roles=(a b)
+    read -r -a udp_ports <<<"$(free_udp_ports 2)"
+    vm_log "two hosts: wire on UDP 127.0.0.1:${udp_ports[0]} <-> 127.0.0.1:${udp_ports[1]}"
+fi
+vm_log "checkout $checkout (read-only), results $results"
+t_boot=$SECONDS
+for role in "${roles[@]}"; do
+    start_vm "$role"
+done
+
+# ---- watch: timeout, boot timeout, all VMs gone --------------------------------------------
+status=''
+while :; do
+    alive=0
+    for pid in "${qemu_pids[@]}"; do
+        kill -0 "$pid" 2>/dev/null && alive=$((alive + 1))
+    done
+    ((alive == 0)) && break
+    elapsed=$((SECONDS - t_boot))
+    if ((elapsed >= timeout)); then
+        status=timeout
+        break
+    fi
+    if ((elapsed >= boot_timeout)); then
+        for role in "${roles[@]}"; do
+            if [[ ! -e $run_dir/ctl-${role:-vm}/stage ]]; then
+                status=boot-timeout
+            fi
+        done
+        [[ -n $status ]] && break
+    fi
+    sleep 1
+done
+for pid in "${qemu_pids[@]}"; do
+    if [[ -n $status ]]; then
+        kill -TERM "$pid" 2>/dev/null || true
+    fi
+done
+sleep 0.5
+for pid in "${qemu_pids[@]}"; do
+    if [[ -n $status ]]; then
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    wait "$pid" 2>/dev/null || true
+done
+for pid in "${tail_pids[@]}"; do
+    wait "$pid" 2>/dev/null || true
+done
+tail_pids=()
+qemu_pids=()
+
+# ---- verdict -------------------------------------------------------------------------------
+harness_code='' command_code=''
+for role in "${roles[@]}"; do
+    name=${role:-vm}
+    ctl=$run_dir/ctl-$name
+    label="VM${role:+ $role}"
+    log=$results/vm-console${role:+-$role}.log
+    stage=$(cat "$ctl/stage" 2>/dev/null || echo none)
+    rc=''
+    [[ -f $ctl/rc ]] && rc=$(<"$ctl/rc")
+    problem=''
+    if [[ $status == timeout && -z $rc ]]; then
+        code=$VM_EXIT_TIMEOUT
+        problem="timed out after $timeout s (guest stage: $stage); qemu killed"
+    elif [[ $status == boot-timeout && $stage == none ]]; then
+        code=$VM_EXIT_BOOT
+        problem="did not boot within $boot_timeout s (RDMASCHED_VM_BOOT_TIMEOUT); qemu killed"
+    elif [[ -z $rc ]]; then
+        code=$VM_EXIT_BOOT
+        if [[ $stage == none ]]; then
+            problem="did not boot: qemu exited before the guest's init started"
+        else
+            problem="stopped before COMMAND finished (guest stage: $stage): crash or power-off"
+        fi
+    elif [[ $stage == setup-failed ]]; then
+        code=$VM_EXIT_SETUP
+        problem="Soft-RoCE set-up failed in the guest (see the console above)"
+    else
+        code=$rc
+    fi
+    if [[ -n $problem ]]; then
+        vm_log "$label: ERROR: $problem"
+        if grep -qv 'terminating on signal' "$run_dir/qemu-$name.out" 2>/dev/null; then
+            vm_log "$label: qemu said:"
+            grep -v 'terminating on signal' "$run_dir/qemu-$name.out" | sed 's/^/    /' >&2 || true
+        fi
+        if ((quiet)) || [[ $stage == none ]]; then
+            vm_log "$label: last lines of the console ($log):"
+            tail -n 40 "$log" | sed 's/^/    /' >&2
+        fi
+    else
+        vm_log "$label: COMMAND exited with $code"
+    fi
+    if [[ -n $problem && -z $harness_code ]]; then
+        harness_code=$code
+    elif [[ -z $problem && $code != 0 && -z $command_code ]]; then
+        command_code=$code
+    fi
+done
+final=${harness_code:-${command_code:-0}}
+vm_log "done in $((SECONDS - t_boot)) s of VM time (whole run $SECONDS s)"
+if ((keep_results)); then
+    vm_log "results and console logs in $results"
+fi
+exit "$final"
