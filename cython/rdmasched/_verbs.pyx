@@ -369,12 +369,14 @@ cdef struct vb_ctl:
     uint32_t gone            # 12  1: the peer closed the whole connection
     uint64_t src_credit      # 16  local: source of credit writes where inline is unavailable
     uint32_t src_one         # 24  local: the value 1, source of the closing writes
-    uint8_t pad[36]
+    uint32_t probe           # 28  written by the peer's idle sender to find out if we live
+    uint8_t pad[32]
 
 CTL_BYTES = sizeof(vb_ctl)
 CTL_CREDIT = 0
 CTL_RX_CLOSED = 8
 CTL_GONE = 12
+CTL_PROBE = 28
 assert CTL_BYTES == 64
 
 cdef enum:
@@ -416,10 +418,13 @@ cdef struct vb_conn:
     int wc_status            # the first error completion's status
     int post_errno
     uint64_t cq_timeout_ns
+    uint64_t keepalive_ns    # an idle side writes to the peer this often (finds a dead peer)
     vb_ctl *ctl              # my control block
     uint32_t ctl_lkey
     ibv_send_wr cwr          # the credit WRITE, prepared once
     ibv_sge csge
+    ibv_send_wr pwr          # the probe WRITE (4 bytes into the peer's control block)
+    ibv_sge psge
     # counters
     uint64_t signalled
     uint64_t cq_polls
@@ -535,6 +540,16 @@ cdef int _post_credit(vb_conn *c, uint64_t credit) noexcept nogil:
     return _post(c, &c.cwr, 1)
 
 
+cdef int _post_probe(vb_conn *c) noexcept nogil:
+    """WRITE 4 bytes into the peer's probe word: if the peer is gone, this fails the QP
+    (retries exhausted) and the error completion says so."""
+    c.psge.addr = <uint64_t><size_t>&c.ctl.src_one
+    c.pwr.send_flags = IBV_SEND_INLINE if c.max_inline >= 4 else 0
+    c.pwr.next = NULL
+    c.keepalives += 1
+    return _post(c, &c.pwr, 1)
+
+
 cdef void _poll_once(vb_conn *c) noexcept nogil:
     _lock(c)
     _reap(c)
@@ -555,7 +570,7 @@ cdef class QueuePair:
 
     def __cinit__(self, ProtectionDomain pd not None, MemoryRegion ctl_mr not None, int port,
                   uint32_t sq_depth=512, uint32_t signal_every=64, uint32_t max_inline=256,
-                  uint64_t cq_timeout_ns=10_000_000_000):
+                  uint64_t cq_timeout_ns=10_000_000_000, uint64_t keepalive_ns=100_000_000):
         cdef ibv_qp_init_attr ia
         cdef ibv_context *ctx
         cdef ibv_pd *p = pd.pd
@@ -615,6 +630,12 @@ cdef class QueuePair:
         self.c.cwr.num_sge = 1
         self.c.csge.length = 8
         self.c.csge.lkey = self.c.ctl_lkey
+        self.c.pwr.opcode = IBV_WR_RDMA_WRITE
+        self.c.pwr.sg_list = &self.c.psge
+        self.c.pwr.num_sge = 1
+        self.c.psge.length = 4
+        self.c.psge.lkey = self.c.ctl_lkey
+        self.c.keepalive_ns = keepalive_ns
 
     cdef void _free(self):
         if self.c == NULL:
@@ -695,12 +716,17 @@ cdef class QueuePair:
                              | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC
                              | IBV_QP_MIN_RNR_TIMER)
 
-    def modify_rts(self, uint32_t sq_psn, int timeout=14, int retry_cnt=7):
+    def modify_rts(self, uint32_t sq_psn, int timeout=14, int retry_cnt=6):
         """Ready to send. A WRITE that is not acknowledged within about
-        4.096 us * 2**timeout is resent, retry_cnt times, then fails the QP."""
+        4.096 us * 2**timeout is resent, retry_cnt times, then fails the QP.
+
+        retry_cnt 7 is refused: rdma_rxe treats it as "retry for ever", so a dead peer would
+        never surface."""
         cdef ibv_qp_attr a
         cdef int rc
         self._check()
+        if not 0 <= retry_cnt <= 6 or not 1 <= timeout <= 31:
+            raise ValueError("retry_cnt must be 0..6 and timeout 1..31")
         memset(&a, 0, sizeof(a))
         a.qp_state = IBV_QPS_RTS
         a.sq_psn = sq_psn & 0xFFFFFF
@@ -737,6 +763,7 @@ cdef class QueuePair:
     def set_peer_ctl(self, uint64_t addr, uint32_t rkey):
         """Where the peer's control block is: credits and closing flags go there."""
         rs_wr_set_rdma(&self.c.cwr, addr + CTL_CREDIT, rkey)
+        rs_wr_set_rdma(&self.c.pwr, addr + CTL_PROBE, rkey)
 
     def poll(self):
         """Poll the send CQ once; returns the completions seen."""
@@ -856,7 +883,6 @@ cdef struct vb_rx:
     vb_conn *conn            # where the credits go
     vb_conn *next            # the next connection (a reconnected sender), with `pending`
     uint32_t pending         # epoch to begin once drained; 0: none (release-stored last)
-    uint64_t keepalive_ns    # while idle, re-send the credit this often (finds a dead peer)
     uint64_t last_pub_ns
     uint64_t switches
 
@@ -893,7 +919,7 @@ cdef int _rx_idle(rs_rx *r) noexcept nogil:
         r.dead = DEAD_FAILED
         return 0
     now = rs_now_ns()
-    if now - x.last_pub_ns >= x.keepalive_ns:
+    if now - x.last_pub_ns >= c.keepalive_ns:
         x.last_pub_ns = now
         c.keepalives += 1
         _post_credit(c, (<uint64_t>r.epoch << 32) | (r.credited & 0xFFFFFFFFu))
@@ -915,8 +941,7 @@ cdef class VerbsRxLane(RxLane):
     cdef public object _on_close
 
     @staticmethod
-    def _create(str name, mr, uint32_t nslots, uint32_t epoch, uint64_t grace_ns,
-                uint64_t keepalive_ns):
+    def _create(str name, mr, uint32_t nslots, uint32_t epoch, uint64_t grace_ns):
         cdef VerbsRxLane lane = VerbsRxLane.__new__(VerbsRxLane)
         cdef rs_slot *ring = <rs_slot *><size_t>mr.buf
         if mr.length < nslots * sizeof(rs_slot):
@@ -925,7 +950,6 @@ cdef class VerbsRxLane(RxLane):
         lane.name = name
         lane._mr = mr
         rs_rx_init(&lane.st, ring, nslots, epoch, grace_ns)
-        lane.x.keepalive_ns = keepalive_ns
         lane.x.last_pub_ns = rs_now_ns()
         lane.st.publish = _publish
         lane.st.idle_hook = _rx_idle
@@ -1017,6 +1041,7 @@ cdef class VerbsRxLane(RxLane):
 # ---- sender -----------------------------------------------------------------------------------
 cdef struct vb_tx:
     vb_conn *conn
+    uint64_t last_probe_ns   # while it waits for credit, the sender probes the peer
     rs_slot *shadow          # the registered local copy of the ring the slots are encoded in
     uint64_t raddr           # the peer's ring
     uint32_t nslots
@@ -1071,6 +1096,16 @@ cdef int _tx_ready(rs_tx *t) noexcept nogil:
     """Accepted once the receiver's credit carries our epoch. Polls the send CQ, so a failed
     connection marks the lane dead during a wait."""
     cdef vb_tx *x = <vb_tx *>t.ctx
+    cdef uint64_t now
+    if t.acked:
+        # Waiting for credit: all our writes may have completed long ago, so a peer that
+        # died since would never show. Probe it now and then.
+        now = rs_now_ns()
+        if x.last_probe_ns == 0:
+            x.last_probe_ns = now
+        elif now - x.last_probe_ns >= x.conn.keepalive_ns:
+            x.last_probe_ns = now
+            _post_probe(x.conn)
     _poll_once(x.conn)
     if x.conn.failed:
         t.dead = x.conn.failed

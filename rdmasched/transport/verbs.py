@@ -209,12 +209,19 @@ def list_devices() -> list[str]:
         return []
 
 
+_VERBS: Any = None
+
+
 def _verbs_module() -> Any:
+    global _VERBS
+    if _VERBS is not None:
+        return _VERBS
     try:
         from rdmasched import _verbs
     except ImportError as exc:
         raise DeviceError(f"the verbs extension rdmasched._verbs is not built ({exc}): install "
                           "libibverbs-dev and run `python setup.py build_ext --inplace`") from exc
+    _VERBS = _verbs
     return _verbs
 
 
@@ -417,14 +424,14 @@ class Connection:
         self.ctl_mr = ep._register(v.CTL_BYTES, remote_w, "the control block")
         self.qp = v.QueuePair(ep.pd, self.ctl_mr, ep.device.port,
                               ep.sq_depth, ep.signal_every, ep.max_inline,
-                              int(ep.cq_timeout_s * 1e9))
+                              int(ep.cq_timeout_s * 1e9), ep.keepalive_ms * 1_000_000)
         self.qp.modify_init()
         if rx is None:
             mr = ep._register(nslots * 64, remote_w, f"the {nslots}-slot lane from node "
                               f"{self.peer_node}")
             try:
                 rx = v.VerbsRxLane._create(f"{ep.name}<-node{self.peer_node}", mr, nslots,
-                                           epoch, ep.grace_us * 1000, ep.keepalive_ms * 1_000_000)
+                                           epoch, ep.grace_us * 1000)
             except BaseException:
                 mr.close()
                 raise
@@ -634,7 +641,7 @@ class Endpoint:
                  gid_index: int | None = None, sq_depth: int = 512, signal_every: int = 64,
                  max_inline: int = 256, grace_us: int = DEFAULT_GRACE_US,
                  timeout_us: int = 1_000_000, keepalive_ms: int = DEFAULT_KEEPALIVE_MS,
-                 qp_timeout: int = 14, retry_cnt: int = 7, cq_timeout_s: float = 10.0,
+                 qp_timeout: int = 14, retry_cnt: int = 6, cq_timeout_s: float = 10.0,
                  bootstrap_timeout_s: float = bootstrap.DEFAULT_TIMEOUT_S) -> None:
         from rdmasched._ring import check_nslots
 
@@ -767,9 +774,12 @@ class Endpoint:
             conn._go(prior)
             self._conns[peer] = conn
             if prior is not None:
+                # The old incarnation's connection: its QP stops (ERR), its lane to the peer
+                # stays open but dead (sends raise PeerDeadError saying why) until closed;
+                # the QP, CQ and memory go once the inbound lane has switched.
                 if not prior._retired:
                     prior._retire()
-                prior.close()
+                self._retire_later(prior)
             return conn
 
     # ---- bookkeeping --------------------------------------------------------------------------
@@ -826,8 +836,11 @@ class Endpoint:
         for c in conns:
             c.close()
         for c in retired + [c for c in self._retired if c not in retired]:
-            if c.qp is not None and not c.qp.destroyed:
-                c._teardown(release_ring=False)
+            c._closed = True
+            if c.tx is not None and not c.tx.closed:
+                c.tx._on_close = None
+                c.tx.close()
+            c._teardown(release_ring=False)
         self._retired = []
         if self._listener is not None:
             self._listener.close()
