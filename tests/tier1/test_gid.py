@@ -57,3 +57,20 @@ def test_gid_text_forms() -> None:
     assert gid_from_text("0000:0000:0000:0000:0000:ffff:c000:0201") == V4.gid
     assert gid_from_text("::ffff:192.0.2.1") == V4.gid
     assert V4.text == "::ffff:192.0.2.1" and V4.ipv4 == "192.0.2.1"
+
+
+def test_ib_write_lat_table_is_parsed() -> None:
+    from rdmasched.bench.verbs_latency import parse_ib_write_lat, perftest_row
+
+    out = """
+---------------------------------------------------------------------------------------
+ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]
+ 64     1000          3.10           40.00        4.20               4.50            1.00            9.00                   30.00
+---------------------------------------------------------------------------------------
+"""
+    st = parse_ib_write_lat(out)
+    assert st["t_typical"] == 4.20 and st["p999"] == 30.00 and st["iterations"] == 1000
+    row = perftest_row([st])
+    assert (row.p50_us, row.p99_us, row.min_us) == (8.40, 18.00, 6.20)   # round trip = 2x
+    with pytest.raises(ValueError):
+        parse_ib_write_lat("Couldn't connect to 192.0.2.1:18515")
