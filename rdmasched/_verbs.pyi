@@ -42,7 +42,12 @@ class QueuePair:
     def signal_every(self) -> int: ...
     def modify_init(self) -> None: ...
     def modify_rtr(
-        self, dest_qpn: int, rq_psn: int, dgid: bytes, sgid_index: int, mtu: int,
+        self,
+        dest_qpn: int,
+        rq_psn: int,
+        dgid: bytes,
+        sgid_index: int,
+        mtu: int,
         hop_limit: int = 64,
     ) -> int: ...
     def modify_rts(self, sq_psn: int, timeout: int = 14, retry_cnt: int = 6) -> None: ...
@@ -65,9 +70,7 @@ class VerbsRxLane(RxLane):
     _explain: Callable[[int], str] | None
     _on_close: Callable[[VerbsRxLane], None] | None
     @staticmethod
-    def _create(
-        name: str, mr: Any, nslots: int, epoch: int, grace_ns: int
-    ) -> VerbsRxLane: ...
+    def _create(name: str, mr: Any, nslots: int, epoch: int, grace_ns: int) -> VerbsRxLane: ...
     def attach(self, qp: QueuePair) -> None: ...
     def publish(self) -> None: ...
     def reconnect(self, qp: QueuePair, epoch: int) -> None: ...
@@ -88,8 +91,14 @@ class VerbsTxLane(TxLane):
     _on_close: Callable[[VerbsTxLane], None] | None
     @staticmethod
     def _create(
-        name: str, qp: QueuePair, shadow_mr: Any, nslots: int, epoch: int, raddr: int,
-        rkey: int, src: int,
+        name: str,
+        qp: QueuePair,
+        shadow_mr: Any,
+        nslots: int,
+        epoch: int,
+        raddr: int,
+        rkey: int,
+        src: int,
     ) -> VerbsTxLane: ...
     @property
     def acked(self) -> bool: ...

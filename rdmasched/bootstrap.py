@@ -65,8 +65,10 @@ def _mac(token: bytes, role: bytes, cnonce: bytes, snonce: bytes) -> bytes:
 def _token_bytes(token: str | bytes) -> bytes:
     raw = token.encode() if isinstance(token, str) else bytes(token)
     if len(raw) < 8:
-        raise ConfigError("the bootstrap token must be at least 8 bytes (set it in the cluster "
-                          "config or RDMASCHED_TOKEN)")
+        raise ConfigError(
+            "the bootstrap token must be at least 8 bytes (set it in the cluster "
+            "config or RDMASCHED_TOKEN)"
+        )
     return raw
 
 
@@ -96,7 +98,7 @@ class Channel:
 
     def __init__(self, sock: socket.socket, peer: str, timeout_s: float) -> None:
         self.sock = sock
-        self.peer = peer            # "host:port", for messages
+        self.peer = peer  # "host:port", for messages
         self.peer_node = -1
         self.timeout_s = timeout_s
 
@@ -104,8 +106,10 @@ class Channel:
     def send(self, msg: dict[str, Any]) -> None:
         body = msgpack.packb(msg, use_bin_type=True)
         if len(body) > MAX_FRAME:
-            raise BootstrapError(f"bootstrap message {msg.get('t')!r} is {len(body)} bytes, "
-                                 f"over the {MAX_FRAME}-byte frame limit")
+            raise BootstrapError(
+                f"bootstrap message {msg.get('t')!r} is {len(body)} bytes, "
+                f"over the {MAX_FRAME}-byte frame limit"
+            )
         try:
             self.sock.settimeout(self.timeout_s)
             self.sock.sendall(_LEN.pack(len(body)) + body)
@@ -117,8 +121,9 @@ class Channel:
         while len(buf) < n:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise BootstrapError(f"bootstrap peer {self.peer} sent no {what} within "
-                                     f"{self.timeout_s:g} s")
+                raise BootstrapError(
+                    f"bootstrap peer {self.peer} sent no {what} within {self.timeout_s:g} s"
+                )
             self.sock.settimeout(left)
             try:
                 chunk = self.sock.recv(n - len(buf))
@@ -127,8 +132,9 @@ class Channel:
             except OSError as exc:
                 raise BootstrapError(f"bootstrap peer {self.peer}: {exc}") from exc
             if not chunk:
-                raise BootstrapError(f"bootstrap peer {self.peer} closed the connection "
-                                     f"(waiting for {what})")
+                raise BootstrapError(
+                    f"bootstrap peer {self.peer} closed the connection (waiting for {what})"
+                )
             buf += chunk
         return bytes(buf)
 
@@ -139,22 +145,28 @@ class Channel:
         what = f"{expect!r} message" if expect else "message"
         (n,) = _LEN.unpack(self._recv_exact(4, deadline, what))
         if n > MAX_FRAME:
-            raise BootstrapError(f"bootstrap peer {self.peer} sent a {n}-byte frame (limit "
-                                 f"{MAX_FRAME}): not an rdmasched bootstrap peer?")
+            raise BootstrapError(
+                f"bootstrap peer {self.peer} sent a {n}-byte frame (limit "
+                f"{MAX_FRAME}): not an rdmasched bootstrap peer?"
+            )
         body = self._recv_exact(n, deadline, what)
         try:
             msg = msgpack.unpackb(body, raw=False, strict_map_key=True)
         except Exception as exc:
-            raise BootstrapError(f"bootstrap peer {self.peer} sent a frame that is not "
-                                 f"msgpack ({exc}): not an rdmasched bootstrap peer?") from None
+            raise BootstrapError(
+                f"bootstrap peer {self.peer} sent a frame that is not "
+                f"msgpack ({exc}): not an rdmasched bootstrap peer?"
+            ) from None
         if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
             raise BootstrapError(f"bootstrap peer {self.peer} sent a malformed message")
         if msg["t"] == "error":
-            raise BootstrapError(f"bootstrap peer {self.peer} refused: "
-                                 f"{msg.get('msg') or msg.get('code')}")
+            raise BootstrapError(
+                f"bootstrap peer {self.peer} refused: {msg.get('msg') or msg.get('code')}"
+            )
         if expect is not None and msg["t"] != expect:
-            raise BootstrapError(f"bootstrap peer {self.peer} sent {msg['t']!r} where "
-                                 f"{expect!r} was due")
+            raise BootstrapError(
+                f"bootstrap peer {self.peer} sent {msg['t']!r} where {expect!r} was due"
+            )
         return msg
 
     def fail(self, code: str, text: str) -> None:
@@ -176,24 +188,33 @@ class Channel:
     # ---- the handshake ---------------------------------------------------------------------
     def _client_handshake(self, token: bytes, node: int, version: int) -> None:
         cnonce = os.urandom(NONCE_BYTES)
-        self.send({"t": "hello", "proto": PROTOCOL, "v": version, "node": node,
-                   "nonce": cnonce})
+        self.send({"t": "hello", "proto": PROTOCOL, "v": version, "node": node, "nonce": cnonce})
         msg = self.recv()
         if msg["t"] != "challenge":
-            raise BootstrapError(f"bootstrap peer {self.peer} sent {msg['t']!r} instead of a "
-                                 "challenge: not an rdmasched bootstrap peer?")
+            raise BootstrapError(
+                f"bootstrap peer {self.peer} sent {msg['t']!r} instead of a "
+                "challenge: not an rdmasched bootstrap peer?"
+            )
         if msg.get("v") != version:
-            raise BootstrapError(f"bootstrap peer {self.peer} speaks protocol version "
-                                 f"{msg.get('v')}, this node {version}: run the same rdmasched "
-                                 "version on both nodes")
+            raise BootstrapError(
+                f"bootstrap peer {self.peer} speaks protocol version "
+                f"{msg.get('v')}, this node {version}: run the same rdmasched "
+                "version on both nodes"
+            )
         snonce, mac = msg.get("nonce"), msg.get("mac")
-        if not (isinstance(snonce, bytes) and len(snonce) == NONCE_BYTES
-                and isinstance(mac, bytes) and isinstance(msg.get("node"), int)):
+        if not (
+            isinstance(snonce, bytes)
+            and len(snonce) == NONCE_BYTES
+            and isinstance(mac, bytes)
+            and isinstance(msg.get("node"), int)
+        ):
             raise BootstrapError(f"bootstrap peer {self.peer} sent a malformed challenge")
         if not hmac.compare_digest(mac, _mac(token, b"rdmasched-server", cnonce, snonce)):
             self.fail("auth", "the server's proof does not match our token")
-            raise BootstrapError(f"bootstrap peer {self.peer} does not hold our token: wrong "
-                                 "token on one side (the cluster config's token must match)")
+            raise BootstrapError(
+                f"bootstrap peer {self.peer} does not hold our token: wrong "
+                "token on one side (the cluster config's token must match)"
+            )
         self.send({"t": "auth", "mac": _mac(token, b"rdmasched-client", cnonce, snonce)})
         self.recv("ok")
         self.peer_node = int(msg["node"])
@@ -202,41 +223,66 @@ class Channel:
         msg = self.recv()
         if msg["t"] != "hello" or msg.get("proto") != PROTOCOL:
             self.fail("proto", f"expected a {PROTOCOL} hello")
-            raise BootstrapError(f"bootstrap client {self.peer} is not an rdmasched peer "
-                                 f"(sent {msg['t']!r})")
+            raise BootstrapError(
+                f"bootstrap client {self.peer} is not an rdmasched peer (sent {msg['t']!r})"
+            )
         if msg.get("v") != version:
-            text = (f"protocol version mismatch: client {msg.get('v')}, server {version}; run "
-                    "the same rdmasched version on both nodes")
+            text = (
+                f"protocol version mismatch: client {msg.get('v')}, server {version}; run "
+                "the same rdmasched version on both nodes"
+            )
             try:
                 self.send({"t": "error", "code": "version", "v": version, "msg": text})
             finally:
                 self.close()
             raise BootstrapError(f"bootstrap client {self.peer}: {text}")
         cnonce = msg.get("nonce")
-        if not (isinstance(cnonce, bytes) and len(cnonce) == NONCE_BYTES
-                and isinstance(msg.get("node"), int)):
+        if not (
+            isinstance(cnonce, bytes)
+            and len(cnonce) == NONCE_BYTES
+            and isinstance(msg.get("node"), int)
+        ):
             self.fail("proto", "malformed hello")
             raise BootstrapError(f"bootstrap client {self.peer} sent a malformed hello")
         snonce = os.urandom(NONCE_BYTES)
-        self.send({"t": "challenge", "v": version, "node": node, "nonce": snonce,
-                   "mac": _mac(token, b"rdmasched-server", cnonce, snonce)})
+        self.send(
+            {
+                "t": "challenge",
+                "v": version,
+                "node": node,
+                "nonce": snonce,
+                "mac": _mac(token, b"rdmasched-server", cnonce, snonce),
+            }
+        )
         auth = self.recv("auth")
         mac = auth.get("mac")
         if not isinstance(mac, bytes) or not hmac.compare_digest(
-                mac, _mac(token, b"rdmasched-client", cnonce, snonce)):
-            self.fail("auth", "wrong token: the client's proof does not match the server's "
-                              "token (the cluster config's token must match)")
-            raise BootstrapError(f"bootstrap client {self.peer} does not hold our token: wrong "
-                                 "token on one side")
+            mac, _mac(token, b"rdmasched-client", cnonce, snonce)
+        ):
+            self.fail(
+                "auth",
+                "wrong token: the client's proof does not match the server's "
+                "token (the cluster config's token must match)",
+            )
+            raise BootstrapError(
+                f"bootstrap client {self.peer} does not hold our token: wrong token on one side"
+            )
         self.send({"t": "ok"})
         self.peer_node = int(msg["node"])
 
 
-def dial(host: str, port: int, *, token: str | bytes, node: int,
-         timeout_s: float = DEFAULT_TIMEOUT_S,
-         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-         attempts: int = 5, retry_delay_s: float = 0.2,
-         version: int = VERSION) -> Channel:
+def dial(
+    host: str,
+    port: int,
+    *,
+    token: str | bytes,
+    node: int,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    attempts: int = 5,
+    retry_delay_s: float = 0.2,
+    version: int = VERSION,
+) -> Channel:
     """Connect to a bootstrap server and authenticate; an open `Channel`.
 
     A peer that refuses or does not answer is retried `attempts` times, each connect
@@ -255,14 +301,19 @@ def dial(host: str, port: int, *, token: str | bytes, node: int,
         except OSError as exc:
             last = exc
             if isinstance(exc, socket.gaierror):
-                raise BootstrapError(f"bootstrap peer {where}: cannot resolve {host!r}: "
-                                     f"{exc}") from exc
+                raise BootstrapError(
+                    f"bootstrap peer {where}: cannot resolve {host!r}: {exc}"
+                ) from exc
             if i + 1 < attempts:
                 time.sleep(retry_delay_s)
     if sock is None:
-        reason = ("timed out" if isinstance(last, TimeoutError)
-                  else os.strerror(last.errno) if last is not None and last.errno
-                  else str(last))
+        reason = (
+            "timed out"
+            if isinstance(last, TimeoutError)
+            else os.strerror(last.errno)
+            if last is not None and last.errno
+            else str(last)
+        )
         raise BootstrapError(
             f"bootstrap peer {where} is unreachable: {reason} ({attempts} attempt(s), "
             f"{connect_timeout_s:g} s each); is its node running and listening there?"
@@ -280,9 +331,16 @@ def dial(host: str, port: int, *, token: str | bytes, node: int,
 class Listener:
     """A bootstrap server socket. `accept()` returns one authenticated `Channel`."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, token: str | bytes,
-                 node: int, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 version: int = VERSION) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        token: str | bytes,
+        node: int,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        version: int = VERSION,
+    ) -> None:
         self._token = _token_bytes(token)
         self.node = node
         self.timeout_s = timeout_s
@@ -307,8 +365,9 @@ class Listener:
         try:
             sock, addr = self.sock.accept()
         except TimeoutError:
-            raise BootstrapError(f"no bootstrap client connected to {self.address} within "
-                                 f"{limit:g} s") from None
+            raise BootstrapError(
+                f"no bootstrap client connected to {self.address} within {limit:g} s"
+            ) from None
         except OSError as exc:
             raise BootstrapError(f"bootstrap listener {self.address}: {exc}") from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -23,8 +23,10 @@ def _kernel_rxe(release: str, sys_module: str, modules_root: str) -> tuple[str, 
         return "loaded", "rdma_rxe is loaded"
     mdir = os.path.join(modules_root, release)
     if not os.path.isdir(mdir):
-        return "missing", (f"this kernel ({release}) has no modules directory ({mdir}): "
-                           "rdma_rxe cannot be loaded here")
+        return "missing", (
+            f"this kernel ({release}) has no modules directory ({mdir}): "
+            "rdma_rxe cannot be loaded here"
+        )
     for name in ("modules.builtin", "modules.dep"):
         try:
             with open(os.path.join(mdir, name)) as f:
@@ -36,25 +38,38 @@ def _kernel_rxe(release: str, sys_module: str, modules_root: str) -> tuple[str, 
     return "missing", f"this kernel ({release}) has no rdma_rxe module (not in {mdir})"
 
 
-def diagnose(sysfs_ib: str = SYSFS_IB, sys_module: str = "/sys/module",
-             modules_root: str = "/lib/modules", release: str | None = None) -> dict[str, Any]:
+def diagnose(
+    sysfs_ib: str = SYSFS_IB,
+    sys_module: str = "/sys/module",
+    modules_root: str = "/lib/modules",
+    release: str | None = None,
+) -> dict[str, Any]:
     """Everything `rdmasched doctor` prints, as a dict (its --json)."""
     from rdmasched.transport import verbs
 
     rel = release or os.uname().release
-    rep: dict[str, Any] = {"kernel": rel, "devices": [], "problems": [], "usable": False,
-                           "usable_port": None}
+    rep: dict[str, Any] = {
+        "kernel": rel,
+        "devices": [],
+        "problems": [],
+        "usable": False,
+        "usable_port": None,
+    }
     problems: list[str] = rep["problems"]
 
     try:
         from rdmasched import _verbs  # noqa: F401
+
         rep["verbs_extension"] = {"built": True}
     except ImportError as exc:
         rep["verbs_extension"] = {"built": False, "why": str(exc)}
-        problems.append(f"the verbs extension rdmasched._verbs is not built ({exc}): install "
-                        "libibverbs-dev, then `python setup.py build_ext --inplace`")
+        problems.append(
+            f"the verbs extension rdmasched._verbs is not built ({exc}): install "
+            "libibverbs-dev, then `python setup.py build_ext --inplace`"
+        )
     try:
         import pyverbs  # noqa: F401
+
         rep["pyverbs"] = True
     except ImportError:
         rep["pyverbs"] = False
@@ -65,14 +80,18 @@ def diagnose(sysfs_ib: str = SYSFS_IB, sys_module: str = "/sys/module",
     rep["memlock"] = verbs.memlock_note()
     rep["sysfs"] = os.path.isdir(sysfs_ib)
     if not rep["sysfs"]:
-        problems.append(f"no {sysfs_ib}: this kernel has no RDMA support loaded (no RDMA "
-                        "device, no rdma_rxe)")
+        problems.append(
+            f"no {sysfs_ib}: this kernel has no RDMA support loaded (no RDMA device, no rdma_rxe)"
+        )
         if rxe == "missing":
             problems.append(rxe_note)
         elif rxe == "available":
             problems.append("load it and create a device: soft-roce-setup.sh up")
-    uverbs = sorted(e for e in os.listdir("/dev/infiniband") if e.startswith("uverbs")) \
-        if os.path.isdir("/dev/infiniband") else []
+    uverbs = (
+        sorted(e for e in os.listdir("/dev/infiniband") if e.startswith("uverbs"))
+        if os.path.isdir("/dev/infiniband")
+        else []
+    )
     rep["uverbs"] = uverbs
 
     if rep["sysfs"] and rep["pyverbs"]:
@@ -84,8 +103,10 @@ def diagnose(sysfs_ib: str = SYSFS_IB, sys_module: str = "/sys/module",
         if names and not uverbs:
             problems.append("no /dev/infiniband/uverbs*: user-space verbs cannot open the device")
     if rep["usable_port"] is None and rep["devices"]:
-        problems.append("no ACTIVE port with a routable GID (see the ports above); "
-                        "`soft-roce-setup.sh status` tells more")
+        problems.append(
+            "no ACTIVE port with a routable GID (see the ports above); "
+            "`soft-roce-setup.sh status` tells more"
+        )
     rep["usable"] = rep["usable_port"] is not None and rep["verbs_extension"]["built"]
     if not rep["usable"]:
         problems.append("to run the verbs tier here anyway, use the VM: tests/vm/run-in-vm.sh")
@@ -93,10 +114,10 @@ def diagnose(sysfs_ib: str = SYSFS_IB, sys_module: str = "/sys/module",
 
 
 def _device(name: str, rep: dict[str, Any]) -> dict[str, Any]:
+    import pyverbs.device as pd  # deferred: only where pyverbs exists
+
     from rdmasched.errors import RdmaschedError
     from rdmasched.transport import verbs
-
-    import pyverbs.device as pd  # deferred: only where pyverbs exists
 
     out: dict[str, Any] = {"name": name, "ports": []}
     try:
@@ -115,21 +136,38 @@ def _device(name: str, rep: dict[str, Any]) -> dict[str, Any]:
             link = "InfiniBand" if int(pa.link_layer) == 1 else "Ethernet"
             gids = verbs.read_gids(ctx, port, int(pa.gid_tbl_len), nports)
             p: dict[str, Any] = {
-                "port": port, "state": state, "link_layer": link,
+                "port": port,
+                "state": state,
+                "link_layer": link,
                 "active_mtu": verbs.MTU_BYTES.get(int(pa.active_mtu), 0),
-                "gids": [{"index": g.index, "gid": g.text, "type": g.type, "ipv4": g.ipv4,
-                          "netdev": g.netdev} for g in gids],
+                "gids": [
+                    {
+                        "index": g.index,
+                        "gid": g.text,
+                        "type": g.type,
+                        "ipv4": g.ipv4,
+                        "netdev": g.netdev,
+                    }
+                    for g in gids
+                ],
                 "default_gid_index": None,
             }
             try:
-                p["default_gid_index"] = verbs.choose_gid(gids, None, device=name, port=port,
-                                                          link_layer=link).index
+                p["default_gid_index"] = verbs.choose_gid(
+                    gids, None, device=name, port=port, link_layer=link
+                ).index
             except RdmaschedError as exc:
                 p["gid_problem"] = str(exc)
-            if state == "ACTIVE" and p["default_gid_index"] is not None \
-                    and rep["usable_port"] is None:
-                rep["usable_port"] = {"device": name, "port": port,
-                                      "gid_index": p["default_gid_index"]}
+            if (
+                state == "ACTIVE"
+                and p["default_gid_index"] is not None
+                and rep["usable_port"] is None
+            ):
+                rep["usable_port"] = {
+                    "device": name,
+                    "port": port,
+                    "gid_index": p["default_gid_index"],
+                }
             out["ports"].append(p)
     finally:
         ctx.close()
@@ -153,8 +191,10 @@ def render(rep: dict[str, Any]) -> str:
     for d in rep["devices"]:
         lines.append(f"  device {d['name']}" + (f": {d['error']}" if "error" in d else ""))
         for p in d["ports"]:
-            lines.append(f"    port {p['port']}: {p['state']}, {p['link_layer']}, "
-                         f"active MTU {p['active_mtu']}")
+            lines.append(
+                f"    port {p['port']}: {p['state']}, {p['link_layer']}, "
+                f"active MTU {p['active_mtu']}"
+            )
             for g in p["gids"]:
                 mark = "   <- default" if g["index"] == p["default_gid_index"] else ""
                 dev = f" on {g['netdev']}" if g["netdev"] else ""
@@ -163,8 +203,7 @@ def render(rep: dict[str, Any]) -> str:
                 lines.append(f"      {p['gid_problem']}")
     if rep["usable"]:
         u = rep["usable_port"]
-        lines.append(f"  usable: yes: {u['device']} port {u['port']}, GID index "
-                     f"{u['gid_index']}")
+        lines.append(f"  usable: yes: {u['device']} port {u['port']}, GID index {u['gid_index']}")
     else:
         lines.append("  usable: NO, because:")
         lines += [f"    - {p}" for p in rep["problems"]]

@@ -46,15 +46,20 @@ WHAT = {
 def _connect(cfg: dict[str, Any], me: str) -> tuple[Any, Any]:
     from rdmasched.transport import verbs
 
-    ep = verbs.Endpoint(cfg["device"], 1 if me == "a" else 2, token=TOKEN,
-                        gid_index=cfg["gid_index"], nslots=cfg["nslots"])
+    ep = verbs.Endpoint(
+        cfg["device"],
+        1 if me == "a" else 2,
+        token=TOKEN,
+        gid_index=cfg["gid_index"],
+        nslots=cfg["nslots"],
+    )
     try:
         if me == "a":
             ep.listen("127.0.0.1", cfg["port"])
             conn = ep.accept(30)
         else:
             conn = ep.connect("127.0.0.1", cfg["port"], attempts=100, connect_timeout_s=1)
-        conn.tx.send(PING, 0)                      # both lanes up before timing starts
+        conn.tx.send(PING, 0)  # both lanes up before timing starts
         if conn.rx.poll(TIMEOUT_US) is None:
             raise TimeoutError("peer did not answer the start-up message")
     except BaseException:
@@ -114,8 +119,7 @@ def hot_echo(cfg: dict[str, Any]) -> None:
 
 
 # ---- perftest --------------------------------------------------------------------------------
-_COLS = ("bytes", "iterations", "t_min", "t_max", "t_typical", "t_avg", "t_stdev", "p99",
-         "p999")
+_COLS = ("bytes", "iterations", "t_min", "t_max", "t_typical", "t_avg", "t_stdev", "p99", "p999")
 
 
 def parse_ib_write_lat(text: str) -> dict[str, float]:
@@ -132,11 +136,24 @@ def parse_ib_write_lat(text: str) -> dict[str, float]:
     raise ValueError("no result table in ib_write_lat's output:\n" + text[-2000:])
 
 
-def run_ib_write_lat(device: str, gid_index: int, ip: str, iters: int,
-                     timeout_s: float = 300) -> dict[str, float]:
+def run_ib_write_lat(
+    device: str, gid_index: int, ip: str, iters: int, timeout_s: float = 300
+) -> dict[str, float]:
     port = _free_port()
-    base = ["ib_write_lat", "-d", device, "-x", str(gid_index), "-F", "-s", "64",
-            "-n", str(iters), "-p", str(port)]
+    base = [
+        "ib_write_lat",
+        "-d",
+        device,
+        "-x",
+        str(gid_index),
+        "-F",
+        "-s",
+        "64",
+        "-n",
+        str(iters),
+        "-p",
+        str(port),
+    ]
     server = subprocess.Popen(base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out = ""
@@ -168,9 +185,17 @@ def perftest_row(stats: list[dict[str, float]]) -> Row:
         return 2 * statistics.median(s[k] for s in stats)
 
     avg = statistics.median(s["t_avg"] for s in stats)
-    return Row("ib_write_lat", WHAT["ib_write_lat"], int(sum(s["iterations"] for s in stats)),
-               med("t_min"), med("t_typical"), med("p99"), med("p999"), med("t_max"),
-               1e6 / avg if avg else 0.0)
+    return Row(
+        "ib_write_lat",
+        WHAT["ib_write_lat"],
+        int(sum(s["iterations"] for s in stats)),
+        med("t_min"),
+        med("t_typical"),
+        med("p99"),
+        med("p999"),
+        med("t_max"),
+        1e6 / avg if avg else 0.0,
+    )
 
 
 # ---- driver ------------------------------------------------------------------------------------
@@ -186,20 +211,25 @@ def main(args: argparse.Namespace) -> int:
 
     dev_name = args.device or os.environ.get("RDMASCHED_DEVICE") or None
     gid_env = os.environ.get("RDMASCHED_GID_INDEX")
-    gid_index = args.gid_index if args.gid_index is not None else (
-        int(gid_env) if gid_env else None)
+    gid_index = (
+        args.gid_index if args.gid_index is not None else (int(gid_env) if gid_env else None)
+    )
     try:
         dev = verbs.Device(dev_name, gid_index=gid_index)
     except RdmaschedError as exc:
-        print(f"rdmasched bench latency --transport verbs: {exc}\nRun it inside the Soft-RoCE "
-              "VM: tests/vm/bench-verbs.sh", file=sys.stderr)
+        print(
+            f"rdmasched bench latency --transport verbs: {exc}\nRun it inside the Soft-RoCE "
+            "VM: tests/vm/bench-verbs.sh",
+            file=sys.stderr,
+        )
         return 2
     name, gidx, ip = dev.name, dev.gid.index, dev.gid.ipv4
     dev.close()
     ip = os.environ.get("RDMASCHED_IP") or ip
     if ip is None:
-        print("no IPv4 address for the device's GID: ib_write_lat's client needs one",
-              file=sys.stderr)
+        print(
+            "no IPv4 address for the device's GID: ib_write_lat's client needs one", file=sys.stderr
+        )
         return 2
     per_round_n = max(1, args.iterations // args.rounds)
     warm = min(args.warmup, per_round_n)
@@ -209,8 +239,13 @@ def main(args: argparse.Namespace) -> int:
     ratios: list[float] = []
     ratios_c: list[float] = []
     for r in range(args.rounds):
-        cfg = {"device": name, "gid_index": gidx, "nslots": args.slots, "n": per_round_n,
-               "warmup": warm}
+        cfg = {
+            "device": name,
+            "gid_index": gidx,
+            "nslots": args.slots,
+            "n": per_round_n,
+            "warmup": warm,
+        }
         a, _ = run_pair(py_ping, py_echo, {**cfg, "port": _free_port()}, timeout_s=600)
         raw["rdmasched-verbs"].append(a)
         c, _ = run_pair(hot_ping, hot_echo, {**cfg, "port": _free_port()}, timeout_s=600)
@@ -222,28 +257,49 @@ def main(args: argparse.Namespace) -> int:
         ratios.append(py.p50_us / (2 * st["t_typical"]))
         ratios_c.append(hot.p50_us / (2 * st["t_typical"]))
         if not args.json:
-            print(f"  round {r + 1}/{args.rounds}: rdmasched-verbs p50 {py.p50_us:8.2f} us, "
-                  f"-c {hot.p50_us:8.2f} us, ib_write_lat t_typical {st['t_typical']:.2f} us "
-                  f"one-way (x2 = {2 * st['t_typical']:.2f} us)", file=sys.stderr)
+            print(
+                f"  round {r + 1}/{args.rounds}: rdmasched-verbs p50 {py.p50_us:8.2f} us, "
+                f"-c {hot.p50_us:8.2f} us, ib_write_lat t_typical {st['t_typical']:.2f} us "
+                f"one-way (x2 = {2 * st['t_typical']:.2f} us)",
+                file=sys.stderr,
+            )
     rows = [_row(k, b"".join(v)) for k, v in raw.items()] + [perftest_row(ptest)]
-    table = {"rdmasched-verbs": {"ib_write_lat": statistics.median(ratios)},
-             "rdmasched-verbs-c": {"ib_write_lat": statistics.median(ratios_c)}}
+    table = {
+        "rdmasched-verbs": {"ib_write_lat": statistics.median(ratios)},
+        "rdmasched-verbs-c": {"ib_write_lat": statistics.median(ratios_c)},
+    }
     if args.json:
-        print(dump_json(rows, {"ratios_p50_median_of_rounds": table, "rounds": args.rounds,
-                               "device": name, "gid_index": gidx, "cores": list(pick_cores()),
-                               "ib_write_lat_one_way_us": ptest,
-                               "compare": "round trip: rdmasched p50 vs 2 x ib_write_lat "
-                                          "t_typical (ib_write_lat reports one-way)"}))
+        print(
+            dump_json(
+                rows,
+                {
+                    "ratios_p50_median_of_rounds": table,
+                    "rounds": args.rounds,
+                    "device": name,
+                    "gid_index": gidx,
+                    "cores": list(pick_cores()),
+                    "ib_write_lat_one_way_us": ptest,
+                    "compare": "round trip: rdmasched p50 vs 2 x ib_write_lat "
+                    "t_typical (ib_write_lat reports one-way)",
+                },
+            )
+        )
         return 0
     print_table(
         f"rdmasched bench latency --transport verbs: round trip (us) of a 64-byte message each "
         f"way on {name} (GID index {gidx}), two processes, {args.rounds} interleaved rounds\n"
         "ib_write_lat reports one-way latency (half the round trip): its row is 2 x its figures,"
         " so every row is a round trip;\nratio = rdmasched p50 / (2 x ib_write_lat t_typical) "
-        "within a round, median of rounds", rows, table, ["ib_write_lat"])
+        "within a round, median of rounds",
+        rows,
+        table,
+        ["ib_write_lat"],
+    )
     one_way = statistics.median(s["t_typical"] for s in ptest)
     py_p50 = rows[0].p50_us
-    print(f"\none-way view: rdmasched-verbs p50/2 = {py_p50 / 2:.2f} us vs ib_write_lat "
-          f"t_typical {one_way:.2f} us: {statistics.median(ratios):.2f}x (target <= 1.2x)")
+    print(
+        f"\none-way view: rdmasched-verbs p50/2 = {py_p50 / 2:.2f} us vs ib_write_lat "
+        f"t_typical {one_way:.2f} us: {statistics.median(ratios):.2f}x (target <= 1.2x)"
+    )
     print(json.dumps({"ib_write_lat_one_way_us_per_round": ptest}))
     return 0

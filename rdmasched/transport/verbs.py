@@ -74,8 +74,8 @@ class GidEntry:
     """One entry of a port's GID table."""
 
     index: int
-    gid: bytes           # 16 bytes, network order
-    type: str            # "IB", "RoCE v1", "RoCE v2"
+    gid: bytes  # 16 bytes, network order
+    type: str  # "IB", "RoCE v1", "RoCE v2"
     port: int = 1
     netdev: str | None = None
 
@@ -104,8 +104,14 @@ def gid_from_text(text: str) -> bytes:
     return ipaddress.IPv6Address(t).packed
 
 
-def choose_gid(entries: list[GidEntry], index: int | None = None, *, device: str = "?",
-               port: int = 1, link_layer: str = "Ethernet") -> GidEntry:
+def choose_gid(
+    entries: list[GidEntry],
+    index: int | None = None,
+    *,
+    device: str = "?",
+    port: int = 1,
+    link_layer: str = "Ethernet",
+) -> GidEntry:
     """The GID to route by: `index` if given, else the port's RoCE v2 IPv4 GID (Ethernet) or
     index 0 (InfiniBand). ConfigError, listing what the port has, when there is none."""
     table = "; ".join(e.describe() for e in entries) or "none"
@@ -115,9 +121,11 @@ def choose_gid(entries: list[GidEntry], index: int | None = None, *, device: str
                 if e.gid == bytes(16):
                     break
                 return e
-        raise ConfigError(f"GID index {index} of {device} port {port} is empty or does not "
-                          f"exist (the port's GIDs: {table}); pick another with --gid-index "
-                          "or RDMASCHED_GID_INDEX")
+        raise ConfigError(
+            f"GID index {index} of {device} port {port} is empty or does not "
+            f"exist (the port's GIDs: {table}); pick another with --gid-index "
+            "or RDMASCHED_GID_INDEX"
+        )
     if link_layer == "InfiniBand":
         for e in entries:
             if e.index == 0 and e.gid != bytes(16):
@@ -125,30 +133,38 @@ def choose_gid(entries: list[GidEntry], index: int | None = None, *, device: str
     for e in entries:
         if e.type == "RoCE v2" and e.ipv4 is not None:
             return e
-    raise ConfigError(f"{device} port {port} has no RoCE v2 GID with an IPv4 address (its "
-                      f"GIDs: {table}): give its netdev an IPv4 address (soft-roce-setup.sh up "
-                      "does), or name a GID index with --gid-index / RDMASCHED_GID_INDEX")
+    raise ConfigError(
+        f"{device} port {port} has no RoCE v2 GID with an IPv4 address (its "
+        f"GIDs: {table}): give its netdev an IPv4 address (soft-roce-setup.sh up "
+        "does), or name a GID index with --gid-index / RDMASCHED_GID_INDEX"
+    )
 
 
 def check_route(local: GidEntry, remote_gid: bytes, *, device: str = "?") -> None:
     """ConfigError if `local` cannot reach `remote_gid` (RoCE: the address families differ,
     or the peer sent no GID)."""
     if len(remote_gid) != 16 or remote_gid == bytes(16):
-        raise ConfigError(f"the peer sent an empty GID: it cannot be routed to from "
-                          f"{device} GID {local.describe()}")
+        raise ConfigError(
+            f"the peer sent an empty GID: it cannot be routed to from "
+            f"{device} GID {local.describe()}"
+        )
     remote = ipaddress.IPv6Address(remote_gid)
     if local.type == "IB":
         return
     if (local.ipv4 is None) != (remote.ipv4_mapped is None):
         mine = "IPv4" if local.ipv4 else "IPv6"
         theirs = "IPv4" if remote.ipv4_mapped else "IPv6"
-        raise ConfigError(f"GID {local.describe()} of {device} ({mine}) cannot route to the "
-                          f"peer's GID {remote} ({theirs}): use GIDs of the same family on "
-                          "both nodes (RDMASCHED_GID_INDEX)")
+        raise ConfigError(
+            f"GID {local.describe()} of {device} ({mine}) cannot route to the "
+            f"peer's GID {remote} ({theirs}): use GIDs of the same family on "
+            "both nodes (RDMASCHED_GID_INDEX)"
+        )
     local_ll = ipaddress.IPv6Address(local.gid).is_link_local
     if local.ipv4 is None and remote.is_link_local != local_ll:
-        raise ConfigError(f"GID {local.describe()} of {device} cannot route to the peer's "
-                          f"GID {remote}: one is link-local, the other is not")
+        raise ConfigError(
+            f"GID {local.describe()} of {device} cannot route to the peer's "
+            f"GID {remote}: one is link-local, the other is not"
+        )
 
 
 def memlock_note() -> str:
@@ -160,7 +176,7 @@ def memlock_note() -> str:
 
     cap = _has_cap_ipc_lock()
     capnote = " (this process has CAP_IPC_LOCK, so the kernel does not enforce it)" if cap else ""
-    return (f"RLIMIT_MEMLOCK (`ulimit -l`) is {fmt(soft)} soft, {fmt(hard)} hard{capnote}")
+    return f"RLIMIT_MEMLOCK (`ulimit -l`) is {fmt(soft)} soft, {fmt(hard)} hard{capnote}"
 
 
 def _has_cap_ipc_lock() -> bool:
@@ -181,8 +197,10 @@ def _pyverbs() -> Any:
         import pyverbs.enums as enums
         from pyverbs.pyverbs_error import PyverbsError, PyverbsRDMAError
     except ImportError as exc:
-        raise DeviceError(f"pyverbs is not installed ({exc}): apt-get install python3-pyverbs "
-                          "(it comes with the distribution's rdma-core)") from exc
+        raise DeviceError(
+            f"pyverbs is not installed ({exc}): apt-get install python3-pyverbs "
+            "(it comes with the distribution's rdma-core)"
+        ) from exc
 
     class _NS:
         pass
@@ -219,8 +237,10 @@ def _verbs_module() -> Any:
     try:
         from rdmasched import _verbs
     except ImportError as exc:
-        raise DeviceError(f"the verbs extension rdmasched._verbs is not built ({exc}): install "
-                          "libibverbs-dev and run `python setup.py build_ext --inplace`") from exc
+        raise DeviceError(
+            f"the verbs extension rdmasched._verbs is not built ({exc}): install "
+            "libibverbs-dev and run `python setup.py build_ext --inplace`"
+        ) from exc
     _VERBS = _verbs
     return _verbs
 
@@ -228,27 +248,33 @@ def _verbs_module() -> Any:
 class Device:
     """An open RDMA device port: the pyverbs Context, the port's state, the chosen GID."""
 
-    def __init__(self, name: str | None = None, port: int = 1,
-                 gid_index: int | None = None) -> None:
+    def __init__(
+        self, name: str | None = None, port: int = 1, gid_index: int | None = None
+    ) -> None:
         pv = _pyverbs()
         names = list_devices()
         if not names:
-            why = ("there is no /sys/class/infiniband (this kernel has no RDMA support loaded)"
-                   if not os.path.isdir("/sys/class/infiniband") else "libibverbs lists none")
+            why = (
+                "there is no /sys/class/infiniband (this kernel has no RDMA support loaded)"
+                if not os.path.isdir("/sys/class/infiniband")
+                else "libibverbs lists none"
+            )
             raise DeviceError(f"no RDMA device found: {why}; {SETUP_HINT}")
         if name is None:
             name = names[0]
         elif name not in names:
-            raise DeviceError(f"RDMA device {name!r} not found (devices: {', '.join(names)}); "
-                              f"{SETUP_HINT}")
+            raise DeviceError(
+                f"RDMA device {name!r} not found (devices: {', '.join(names)}); {SETUP_HINT}"
+            )
         self.name = name
         self.port = port
         self.context: Any = None
         try:
             probe = pv.dev.Context(name=name)
         except pv.Error as exc:
-            raise DeviceError(f"cannot open RDMA device {name!r}: {exc}; {SETUP_HINT}",
-                              _errno_of(exc)) from exc
+            raise DeviceError(
+                f"cannot open RDMA device {name!r}: {exc}; {SETUP_HINT}", _errno_of(exc)
+            ) from exc
         try:
             self._probe(probe, gid_index)
         finally:
@@ -259,21 +285,22 @@ class Device:
     def _probe(self, ctx: Any, gid_index: int | None) -> None:
         attr = ctx.query_device()
         if not 1 <= self.port <= attr.phys_port_cnt:
-            raise DeviceError(f"{self.name} has {attr.phys_port_cnt} port(s), not port "
-                              f"{self.port}")
+            raise DeviceError(f"{self.name} has {attr.phys_port_cnt} port(s), not port {self.port}")
         self.max_qp_wr = int(attr.max_qp_wr)
         pa = ctx.query_port(self.port)
         self.state = PORT_STATES.get(int(pa.state), str(pa.state))
         self.link_layer = "InfiniBand" if int(pa.link_layer) == 1 else "Ethernet"
         self.active_mtu = int(pa.active_mtu)
         if self.state != "ACTIVE":
-            raise DeviceError(f"{self.name} port {self.port} is {self.state}, not ACTIVE: is "
-                              "its network interface up? (`soft-roce-setup.sh status`; "
-                              "`soft-roce-setup.sh up` brings Soft-RoCE up)")
-        self.gids = read_gids(ctx, self.port, int(pa.gid_tbl_len),
-                              int(attr.phys_port_cnt))
-        self.gid = choose_gid(self.gids, gid_index, device=self.name, port=self.port,
-                              link_layer=self.link_layer)
+            raise DeviceError(
+                f"{self.name} port {self.port} is {self.state}, not ACTIVE: is "
+                "its network interface up? (`soft-roce-setup.sh status`; "
+                "`soft-roce-setup.sh up` brings Soft-RoCE up)"
+            )
+        self.gids = read_gids(ctx, self.port, int(pa.gid_tbl_len), int(attr.phys_port_cnt))
+        self.gid = choose_gid(
+            self.gids, gid_index, device=self.name, port=self.port, link_layer=self.link_layer
+        )
 
     @property
     def closed(self) -> bool:
@@ -313,10 +340,17 @@ def read_gids(context: Any, port: int, table_len: int, ports: int = 1) -> list[G
             gid = gid_from_text(text)
             if gid == bytes(16):
                 continue
-            out.append(GidEntry(int(e.gid_index), gid, GID_TYPES.get(int(e.gid_type), "?"),
-                                port, _ifname(int(e.ndev_ifindex))))
+            out.append(
+                GidEntry(
+                    int(e.gid_index),
+                    gid,
+                    GID_TYPES.get(int(e.gid_type), "?"),
+                    port,
+                    _ifname(int(e.ndev_ifindex)),
+                )
+            )
         return sorted(out, key=lambda g: g.index)
-    for i in range(min(table_len, 16)):        # old kernels: the first few, one by one
+    for i in range(min(table_len, 16)):  # old kernels: the first few, one by one
         try:
             ex = context.query_gid_ex(port, i)
             gid = gid_from_text(ex.gid_str() if callable(ex.gid_str) else ex.gid_str)
@@ -347,29 +381,42 @@ class Descriptor:
     gid_index: int
     qpn: int
     psn: int
-    mtu: int             # ibv_mtu: 1..5 (256..4096 bytes)
-    lane_addr: int       # my inbound ring: you write your slots here
+    mtu: int  # ibv_mtu: 1..5 (256..4096 bytes)
+    lane_addr: int  # my inbound ring: you write your slots here
     lane_rkey: int
     nslots: int
-    epoch: int           # the epoch you send with
-    ctl_addr: int        # my control block: you write the credit of your inbound lane here
+    epoch: int  # the epoch you send with
+    ctl_addr: int  # my control block: you write the credit of your inbound lane here
     ctl_rkey: int
 
     def to_wire(self) -> dict[str, Any]:
-        return {"node": self.node, "gid": self.gid, "gid_index": self.gid_index,
-                "qpn": self.qpn, "psn": self.psn, "mtu": self.mtu,
-                "lane": {"addr": self.lane_addr, "rkey": self.lane_rkey,
-                         "nslots": self.nslots, "epoch": self.epoch},
-                "ctl": {"addr": self.ctl_addr, "rkey": self.ctl_rkey}}
+        return {
+            "node": self.node,
+            "gid": self.gid,
+            "gid_index": self.gid_index,
+            "qpn": self.qpn,
+            "psn": self.psn,
+            "mtu": self.mtu,
+            "lane": {
+                "addr": self.lane_addr,
+                "rkey": self.lane_rkey,
+                "nslots": self.nslots,
+                "epoch": self.epoch,
+            },
+            "ctl": {"addr": self.ctl_addr, "rkey": self.ctl_rkey},
+        }
 
     @classmethod
     def from_wire(cls, d: Any, peer: str = "?") -> Descriptor:
         """Validate a descriptor from the wire; BootstrapError naming the bad field."""
+
         def need(m: Any, key: str, lo: int, hi: int) -> int:
             v = m.get(key) if isinstance(m, dict) else None
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-                raise BootstrapError(f"bootstrap peer {peer} sent a bad lane descriptor: "
-                                     f"{key}={v!r} (expected {lo}..{hi})")
+                raise BootstrapError(
+                    f"bootstrap peer {peer} sent a bad lane descriptor: "
+                    f"{key}={v!r} (expected {lo}..{hi})"
+                )
             return v
 
         if not isinstance(d, dict):
@@ -382,12 +429,20 @@ class Descriptor:
         nslots = need(lane, "nslots", 16, 1 << 20)
         if nslots & (nslots - 1):
             raise BootstrapError(f"bootstrap peer {peer}: nslots={nslots} is not a power of 2")
-        return cls(node=need(d, "node", 0, 0xFFFF), gid=gid,
-                   gid_index=need(d, "gid_index", 0, 0xFFFF), qpn=need(d, "qpn", 1, 0xFFFFFF),
-                   psn=need(d, "psn", 0, 0xFFFFFF), mtu=need(d, "mtu", 1, 5),
-                   lane_addr=need(lane, "addr", 1, u64), lane_rkey=need(lane, "rkey", 0, u32),
-                   nslots=nslots, epoch=need(lane, "epoch", 1, u32),
-                   ctl_addr=need(ctl, "addr", 1, u64), ctl_rkey=need(ctl, "rkey", 0, u32))
+        return cls(
+            node=need(d, "node", 0, 0xFFFF),
+            gid=gid,
+            gid_index=need(d, "gid_index", 0, 0xFFFF),
+            qpn=need(d, "qpn", 1, 0xFFFFFF),
+            psn=need(d, "psn", 0, 0xFFFFFF),
+            mtu=need(d, "mtu", 1, 5),
+            lane_addr=need(lane, "addr", 1, u64),
+            lane_rkey=need(lane, "rkey", 0, u32),
+            nslots=nslots,
+            epoch=need(lane, "epoch", 1, u32),
+            ctl_addr=need(ctl, "addr", 1, u64),
+            ctl_rkey=need(ctl, "rkey", 0, u32),
+        )
 
 
 # ---- connections --------------------------------------------------------------------------------
@@ -411,7 +466,7 @@ class Connection:
         self.remote: Descriptor | None = None
         self.psn = random.getrandbits(24)
         self._closed = False
-        self._retired = False       # the peer reconnected: the rx lane moved on, QP in ERR
+        self._retired = False  # the peer reconnected: the rx lane moved on, QP in ERR
         self._fresh_rx = True
         self._lock = threading.Lock()
 
@@ -422,16 +477,25 @@ class Connection:
         pv = _pyverbs()
         remote_w = int(pv.enums.IBV_ACCESS_LOCAL_WRITE | pv.enums.IBV_ACCESS_REMOTE_WRITE)
         self.ctl_mr = ep._register(v.CTL_BYTES, remote_w, "the control block")
-        self.qp = v.QueuePair(ep.pd, self.ctl_mr, ep.device.port,
-                              ep.sq_depth, ep.signal_every, ep.max_inline,
-                              int(ep.cq_timeout_s * 1e9), ep.keepalive_ms * 1_000_000)
+        self.qp = v.QueuePair(
+            ep.pd,
+            self.ctl_mr,
+            ep.device.port,
+            ep.sq_depth,
+            ep.signal_every,
+            ep.max_inline,
+            int(ep.cq_timeout_s * 1e9),
+            ep.keepalive_ms * 1_000_000,
+        )
         self.qp.modify_init()
         if rx is None:
-            mr = ep._register(nslots * 64, remote_w, f"the {nslots}-slot lane from node "
-                              f"{self.peer_node}")
+            mr = ep._register(
+                nslots * 64, remote_w, f"the {nslots}-slot lane from node {self.peer_node}"
+            )
             try:
-                rx = v.VerbsRxLane._create(f"{ep.name}<-node{self.peer_node}", mr, nslots,
-                                           epoch, ep.grace_us * 1000)
+                rx = v.VerbsRxLane._create(
+                    f"{ep.name}<-node{self.peer_node}", mr, nslots, epoch, ep.grace_us * 1000
+                )
             except BaseException:
                 mr.close()
                 raise
@@ -442,10 +506,20 @@ class Connection:
         self.rx = rx
         self._new_epoch = epoch
         mr = rx.memory_region
-        return Descriptor(node=ep.node, gid=ep.device.gid.gid, gid_index=ep.device.gid.index,
-                          qpn=self.qp.qpn, psn=self.psn, mtu=ep.device.active_mtu,
-                          lane_addr=mr.buf, lane_rkey=mr.rkey, nslots=rx.nslots, epoch=epoch,
-                          ctl_addr=self.ctl_mr.buf, ctl_rkey=self.ctl_mr.rkey)
+        return Descriptor(
+            node=ep.node,
+            gid=ep.device.gid.gid,
+            gid_index=ep.device.gid.index,
+            qpn=self.qp.qpn,
+            psn=self.psn,
+            mtu=ep.device.active_mtu,
+            lane_addr=mr.buf,
+            lane_rkey=mr.rkey,
+            nslots=rx.nslots,
+            epoch=epoch,
+            ctl_addr=self.ctl_mr.buf,
+            ctl_rkey=self.ctl_mr.rkey,
+        )
 
     def _connect(self, remote: Descriptor) -> None:
         ep = self.endpoint
@@ -453,22 +527,37 @@ class Connection:
         self.remote = remote
         check_route(ep.device.gid, remote.gid, device=ep.device.name)
         self.qp.set_peer_ctl(remote.ctl_addr, remote.ctl_rkey)
-        rc = self.qp.modify_rtr(remote.qpn, remote.psn, remote.gid, ep.device.gid.index,
-                                min(remote.mtu, ep.device.active_mtu))
+        rc = self.qp.modify_rtr(
+            remote.qpn,
+            remote.psn,
+            remote.gid,
+            ep.device.gid.index,
+            min(remote.mtu, ep.device.active_mtu),
+        )
         if rc:
             raise ConfigError(
                 f"cannot route to node {remote.node} ({self.peer_addr}): ibv_modify_qp to RTR "
                 f"with its GID {GidEntry(remote.gid_index, remote.gid, '?').text} from "
                 f"{ep.device.name} GID {ep.device.gid.describe()} failed: [Errno {rc}] "
-                f"{os.strerror(rc)}; pick a routable GID index (RDMASCHED_GID_INDEX)")
+                f"{os.strerror(rc)}; pick a routable GID index (RDMASCHED_GID_INDEX)"
+            )
         self.qp.modify_rts(self.psn, ep.qp_timeout, ep.retry_cnt)
         pv = _pyverbs()
-        self.shadow_mr = ep._register(remote.nslots * 64, int(pv.enums.IBV_ACCESS_LOCAL_WRITE),
-                                      f"the {remote.nslots}-slot shadow ring to node "
-                                      f"{remote.node}")
-        self.tx = v.VerbsTxLane._create(f"{ep.name}->node{remote.node}", self.qp,
-                                        self.shadow_mr, remote.nslots, remote.epoch,
-                                        remote.lane_addr, remote.lane_rkey, ep.node)
+        self.shadow_mr = ep._register(
+            remote.nslots * 64,
+            int(pv.enums.IBV_ACCESS_LOCAL_WRITE),
+            f"the {remote.nslots}-slot shadow ring to node {remote.node}",
+        )
+        self.tx = v.VerbsTxLane._create(
+            f"{ep.name}->node{remote.node}",
+            self.qp,
+            self.shadow_mr,
+            remote.nslots,
+            remote.epoch,
+            remote.lane_addr,
+            remote.lane_rkey,
+            ep.node,
+        )
         self.tx.timeout_ns = ep.timeout_us * 1000
         self.tx._explain = self._explain_tx
         self.tx._on_close = self._tx_closed
@@ -496,10 +585,10 @@ class Connection:
         self.rx._explain = self._explain_rx
         self.rx._on_close = self._rx_closed
         if self._fresh_rx:
-            self.rx.publish()                 # the first credit: the sender's epoch is accepted
+            self.rx.publish()  # the first credit: the sender's epoch is accepted
         else:
             assert prior is not None
-            prior._retire()                   # the old sender's writes stop landing here
+            prior._retire()  # the old sender's writes stop landing here
             self.rx.reconnect(self.qp, self._new_epoch)
 
     def _retire(self) -> None:
@@ -524,14 +613,18 @@ class Connection:
             return "its receiving end closed the lane"
         v = _verbs_module()
         if f["kind"] == v.FAIL_WC_ERROR:
-            return (f"the queue pair failed: a work request completed with "
-                    f"'{f['wc_status_str']}' (ibv_wc_status {f['wc_status']}); the peer "
-                    "stopped answering (process or node gone, or the network is down)")
+            return (
+                f"the queue pair failed: a work request completed with "
+                f"'{f['wc_status_str']}' (ibv_wc_status {f['wc_status']}); the peer "
+                "stopped answering (process or node gone, or the network is down)"
+            )
         if f["kind"] == v.FAIL_POST_ERROR:
             return f"posting to the queue pair failed: [Errno {f['errno']}] {f['strerror']}"
         if f["kind"] == v.FAIL_SQ_TIMEOUT:
-            return (f"no send completion within {self.endpoint.cq_timeout_s:g} s: the "
-                    "peer stopped acknowledging")
+            return (
+                f"no send completion within {self.endpoint.cq_timeout_s:g} s: the "
+                "peer stopped acknowledging"
+            )
         if f["kind"] == v.FAIL_CLOSED:
             return "the connection was closed here"
         return f"the queue pair failed ({f})"
@@ -545,8 +638,10 @@ class Connection:
     def _explain_rx(self, code: int) -> str:
         v = _verbs_module()
         story = "it closed the connection" if code == v.RX_DEAD_GONE else self._qp_story()
-        return (f"lane {self.rx.name!r}: peer {self._who()} is gone ({story}); every message "
-                "that had landed was delivered")
+        return (
+            f"lane {self.rx.name!r}: peer {self._who()} is gone ({story}); every message "
+            "that had landed was delivered"
+        )
 
     # ---- closing ------------------------------------------------------------------------------
     def _tx_closed(self, lane: Any) -> None:
@@ -556,7 +651,7 @@ class Connection:
     def _rx_closed(self, lane: Any) -> None:
         v = _verbs_module()
         if self.qp is not None and not self.qp.destroyed and not self._retired:
-            self.qp.notify(v.CTL_RX_CLOSED)       # the peer's sender stops: PeerDeadError
+            self.qp.notify(v.CTL_RX_CLOSED)  # the peer's sender stops: PeerDeadError
         if self.tx is None or self.tx.closed:
             self.close()
         # else: the ring stays registered until the QP is gone (a late write must not hit a
@@ -593,15 +688,15 @@ class Connection:
 
     def _teardown(self, release_ring: bool) -> None:
         if self.qp is not None:
-            self.qp.destroy_qp()                      # 1. the queue pair
+            self.qp.destroy_qp()  # 1. the queue pair
         if release_ring and self.rx is not None:
-            self.rx.release_memory()                  # 2. the memory regions
+            self.rx.release_memory()  # 2. the memory regions
         for mr in (self.ctl_mr, self.shadow_mr):
             if mr is not None:
                 mr.close()
         self.ctl_mr = self.shadow_mr = None
         if self.qp is not None:
-            self.qp.destroy_cq()                      # 3. the completion queue
+            self.qp.destroy_cq()  # 3. the completion queue
         self.endpoint._forget(self)
 
     def __enter__(self) -> Connection:
@@ -612,15 +707,19 @@ class Connection:
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
-            warnings.warn(f"verbs connection to node {self.peer_node} was not closed",
-                          ResourceWarning, 2)
+            warnings.warn(
+                f"verbs connection to node {self.peer_node} was not closed", ResourceWarning, 2
+            )
             with contextlib.suppress(Exception):
                 self.close()
 
     def stats(self) -> dict[str, Any]:
-        return {"peer_node": self.peer_node, "qp_state": self.qp.query_state(),
-                "tx": self.tx.vstats() if self.tx is not None else None,
-                "rx": self.rx.vstats() if self.rx is not None else None}
+        return {
+            "peer_node": self.peer_node,
+            "qp_state": self.qp.query_state(),
+            "tx": self.tx.vstats() if self.tx is not None else None,
+            "rx": self.rx.vstats() if self.rx is not None else None,
+        }
 
 
 def _keep_memory(lane: Any) -> None:
@@ -636,13 +735,26 @@ class Endpoint:
     next epoch; the lane to its old incarnation dies.
     """
 
-    def __init__(self, device: Device | str | None = None, node: int = 0, *,
-                 token: str | bytes, nslots: int = DEFAULT_NSLOTS, port: int = 1,
-                 gid_index: int | None = None, sq_depth: int = 512, signal_every: int = 64,
-                 max_inline: int = 256, grace_us: int = DEFAULT_GRACE_US,
-                 timeout_us: int = 1_000_000, keepalive_ms: int = DEFAULT_KEEPALIVE_MS,
-                 qp_timeout: int = 14, retry_cnt: int = 6, cq_timeout_s: float = 10.0,
-                 bootstrap_timeout_s: float = bootstrap.DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        device: Device | str | None = None,
+        node: int = 0,
+        *,
+        token: str | bytes,
+        nslots: int = DEFAULT_NSLOTS,
+        port: int = 1,
+        gid_index: int | None = None,
+        sq_depth: int = 512,
+        signal_every: int = 64,
+        max_inline: int = 256,
+        grace_us: int = DEFAULT_GRACE_US,
+        timeout_us: int = 1_000_000,
+        keepalive_ms: int = DEFAULT_KEEPALIVE_MS,
+        qp_timeout: int = 14,
+        retry_cnt: int = 6,
+        cq_timeout_s: float = 10.0,
+        bootstrap_timeout_s: float = bootstrap.DEFAULT_TIMEOUT_S,
+    ) -> None:
         from rdmasched._ring import check_nslots
 
         if not 0 <= node <= 0xFFFF:
@@ -650,18 +762,23 @@ class Endpoint:
         check_nslots(nslots)
         bootstrap._token_bytes(token)
         if not 1 <= signal_every <= sq_depth - 3:
-            raise ConfigError(f"signal_every ({signal_every}) must be 1..sq_depth-3 "
-                              f"({sq_depth - 3}): a full send queue must hold a signalled "
-                              "request")
+            raise ConfigError(
+                f"signal_every ({signal_every}) must be 1..sq_depth-3 "
+                f"({sq_depth - 3}): a full send queue must hold a signalled "
+                "request"
+            )
         self._closed = True
         self._own_device = not isinstance(device, Device)
-        self.device = device if isinstance(device, Device) else Device(
-            device, port=port, gid_index=gid_index)
+        self.device = (
+            device if isinstance(device, Device) else Device(device, port=port, gid_index=gid_index)
+        )
         if sq_depth > self.device.max_qp_wr:
             if self._own_device:
                 self.device.close()
-            raise ConfigError(f"sq_depth {sq_depth} is over {self.device.name}'s max_qp_wr "
-                              f"{self.device.max_qp_wr}")
+            raise ConfigError(
+                f"sq_depth {sq_depth} is over {self.device.name}'s max_qp_wr "
+                f"{self.device.max_qp_wr}"
+            )
         self.node = node
         self.name = f"node{node}"
         self.token = token
@@ -693,7 +810,8 @@ class Endpoint:
                     f"registering {length} bytes for {what} failed: {exc}. Registered memory "
                     f"is locked memory: {memlock_note()}; raise it with `ulimit -l unlimited` "
                     "(or LimitMEMLOCK= in a systemd unit, memlock in "
-                    "/etc/security/limits.conf)") from exc
+                    "/etc/security/limits.conf)"
+                ) from exc
             raise DeviceError(f"registering {length} bytes for {what} failed: {exc}") from exc
         if mr.buf % 64:
             mr.close()
@@ -705,8 +823,9 @@ class Endpoint:
         """Start accepting bootstrap connections on host:port (0: any free port)."""
         self._check_open()
         if self._listener is None:
-            self._listener = bootstrap.Listener(host, port, token=self.token, node=self.node,
-                                                timeout_s=self.bootstrap_timeout_s)
+            self._listener = bootstrap.Listener(
+                host, port, token=self.token, node=self.node, timeout_s=self.bootstrap_timeout_s
+            )
         return self._listener
 
     def accept(self, timeout_s: float | None = None, *, nslots: int | None = None) -> Connection:
@@ -718,14 +837,27 @@ class Endpoint:
         with ch:
             return self._establish(ch, initiator=False, nslots=nslots or self.nslots)
 
-    def connect(self, host: str, port: int, *, nslots: int | None = None,
-                timeout_s: float | None = None, connect_timeout_s: float = 2.0,
-                attempts: int = 5) -> Connection:
+    def connect(
+        self,
+        host: str,
+        port: int,
+        *,
+        nslots: int | None = None,
+        timeout_s: float | None = None,
+        connect_timeout_s: float = 2.0,
+        attempts: int = 5,
+    ) -> Connection:
         """Connect to a peer's bootstrap listener; the connection."""
         self._check_open()
-        ch = bootstrap.dial(host, port, token=self.token, node=self.node,
-                            timeout_s=timeout_s or self.bootstrap_timeout_s,
-                            connect_timeout_s=connect_timeout_s, attempts=attempts)
+        ch = bootstrap.dial(
+            host,
+            port,
+            token=self.token,
+            node=self.node,
+            timeout_s=timeout_s or self.bootstrap_timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            attempts=attempts,
+        )
         with ch:
             return self._establish(ch, initiator=True, nslots=nslots or self.nslots)
 
@@ -737,8 +869,16 @@ class Endpoint:
         with self._lock:
             self._maintain()
             prior = self._conns.get(peer)
-            reuse = prior.rx if (prior is not None and prior.rx is not None
-                                 and not prior.rx.closed and not prior._retired) else None
+            reuse = (
+                prior.rx
+                if (
+                    prior is not None
+                    and prior.rx is not None
+                    and not prior.rx.closed
+                    and not prior._retired
+                )
+                else None
+            )
             epoch = 1
             if reuse is not None:
                 epoch = max(int(reuse.epoch), int(reuse.pending_epoch)) + 1
@@ -754,8 +894,10 @@ class Endpoint:
                     remote = Descriptor.from_wire(ch.recv("desc").get("desc"), ch.peer)
                     ch.send({"t": "desc", "desc": local.to_wire()})
                 if remote.node != peer:
-                    raise BootstrapError(f"bootstrap peer {ch.peer}: descriptor of node "
-                                         f"{remote.node}, handshake said {peer}")
+                    raise BootstrapError(
+                        f"bootstrap peer {ch.peer}: descriptor of node "
+                        f"{remote.node}, handshake said {peer}"
+                    )
                 conn._connect(remote)
                 if initiator:
                     ch.send({"t": "up"})
@@ -797,9 +939,13 @@ class Endpoint:
             keep = []
             for old in self._retired:
                 cur = self._conns.get(old.peer_node)
-                used = (cur is not None and cur.rx is old.rx and not cur.rx.closed
-                        and cur.rx.queue_pair is old.qp)
-                if used:
+                used = (
+                    cur is not None
+                    and cur.rx is old.rx
+                    and not cur.rx.closed
+                    and cur.rx.queue_pair is old.qp
+                )
+                if used and cur is not None:
                     cur.rx.promote()
                     used = cur.rx.queue_pair is old.qp
                 if used:
@@ -860,4 +1006,3 @@ class Endpoint:
             warnings.warn(f"verbs endpoint {self.name} was not closed", ResourceWarning, 2)
             with contextlib.suppress(Exception):
                 self.close()
-

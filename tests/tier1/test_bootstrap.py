@@ -19,8 +19,9 @@ from rdmasched.transport.verbs import Descriptor
 TOKEN = "correct horse battery"
 
 
-def serve_in_thread(listener: bootstrap.Listener, fn: Callable[[bootstrap.Channel], Any] | None
-                    = None) -> tuple[threading.Thread, dict[str, Any]]:
+def serve_in_thread(
+    listener: bootstrap.Listener, fn: Callable[[bootstrap.Channel], Any] | None = None
+) -> tuple[threading.Thread, dict[str, Any]]:
     """Accept one client in a thread; the result (or the error) lands in the dict."""
     out: dict[str, Any] = {}
 
@@ -91,11 +92,18 @@ def test_unreachable_peer_names_the_address_and_is_bounded() -> None:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-    s.close()                      # nothing listens on this port now
+    s.close()  # nothing listens on this port now
     t0 = time.monotonic()
     with pytest.raises(BootstrapError) as ei:
-        bootstrap.dial("127.0.0.1", port, token=TOKEN, node=1, attempts=3, retry_delay_s=0.05,
-                       connect_timeout_s=0.5)
+        bootstrap.dial(
+            "127.0.0.1",
+            port,
+            token=TOKEN,
+            node=1,
+            attempts=3,
+            retry_delay_s=0.05,
+            connect_timeout_s=0.5,
+        )
     assert time.monotonic() - t0 < 5
     text = str(ei.value)
     assert f"127.0.0.1:{port}" in text and "unreachable" in text and "3 attempt" in text
@@ -156,9 +164,20 @@ def test_address_parsing() -> None:
 
 
 def _desc() -> dict[str, Any]:
-    return Descriptor(node=3, gid=bytes(10) + b"\xff\xff" + bytes([192, 0, 2, 1]), gid_index=1,
-                      qpn=17, psn=0xABCDE, mtu=3, lane_addr=0x7F0000001000, lane_rkey=0x1234,
-                      nslots=256, epoch=1, ctl_addr=0x7F0000002000, ctl_rkey=0x5678).to_wire()
+    return Descriptor(
+        node=3,
+        gid=bytes(10) + b"\xff\xff" + bytes([192, 0, 2, 1]),
+        gid_index=1,
+        qpn=17,
+        psn=0xABCDE,
+        mtu=3,
+        lane_addr=0x7F0000001000,
+        lane_rkey=0x1234,
+        nslots=256,
+        epoch=1,
+        ctl_addr=0x7F0000002000,
+        ctl_rkey=0x5678,
+    ).to_wire()
 
 
 def test_descriptor_round_trip_through_msgpack() -> None:
@@ -167,11 +186,20 @@ def test_descriptor_round_trip_through_msgpack() -> None:
     assert d.to_wire() == _desc()
 
 
-@pytest.mark.parametrize("path,value", [
-    (("gid",), b"short"), (("qpn",), 0), (("psn",), 1 << 24), (("mtu",), 9),
-    (("lane", "nslots"), 100), (("lane", "epoch"), 0), (("lane", "rkey"), -1),
-    (("ctl", "addr"), "0x10"), (("node",), True),
-])
+@pytest.mark.parametrize(
+    "path,value",
+    [
+        (("gid",), b"short"),
+        (("qpn",), 0),
+        (("psn",), 1 << 24),
+        (("mtu",), 9),
+        (("lane", "nslots"), 100),
+        (("lane", "epoch"), 0),
+        (("lane", "rkey"), -1),
+        (("ctl", "addr"), "0x10"),
+        (("node",), True),
+    ],
+)
 def test_bad_descriptor_field_is_named(path: tuple[str, ...], value: Any) -> None:
     d = _desc()
     target = d

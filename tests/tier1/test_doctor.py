@@ -14,9 +14,13 @@ from rdmasched import doctor
 
 
 def run_doctor(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rdmasched.cli", "doctor", *args],
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    return subprocess.run(
+        [sys.executable, "-m", "rdmasched.cli", "doctor", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
 
 
 def test_exit_code_agrees_with_the_report_and_says_why() -> None:
@@ -40,8 +44,12 @@ def test_host_without_rdma_names_the_missing_sysfs_class() -> None:
 
 
 def test_kernel_without_modules_directory(tmp_path: Path) -> None:
-    rep = doctor.diagnose(sysfs_ib=str(tmp_path / "none"), sys_module=str(tmp_path),
-                          modules_root=str(tmp_path), release="9.9.9-test")
+    rep = doctor.diagnose(
+        sysfs_ib=str(tmp_path / "none"),
+        sys_module=str(tmp_path),
+        modules_root=str(tmp_path),
+        release="9.9.9-test",
+    )
     assert rep["usable"] is False and rep["rdma_rxe"]["state"] == "missing"
     assert any("no modules directory" in p for p in rep["problems"])
     assert any("no " + str(tmp_path / "none") in p for p in rep["problems"])
@@ -51,9 +59,14 @@ def test_kernel_with_rxe_available_says_how_to_load_it(tmp_path: Path) -> None:
     mdir = tmp_path / "9.9.9-test"
     mdir.mkdir()
     (mdir / "modules.dep").write_text(
-        "kernel/drivers/infiniband/sw/rxe/rdma_rxe.ko: kernel/drivers/infiniband/core/ib_core.ko\n")
-    rep = doctor.diagnose(sysfs_ib=str(tmp_path / "none"), sys_module=str(tmp_path),
-                          modules_root=str(tmp_path), release="9.9.9-test")
+        "kernel/drivers/infiniband/sw/rxe/rdma_rxe.ko: kernel/drivers/infiniband/core/ib_core.ko\n"
+    )
+    rep = doctor.diagnose(
+        sysfs_ib=str(tmp_path / "none"),
+        sys_module=str(tmp_path),
+        modules_root=str(tmp_path),
+        release="9.9.9-test",
+    )
     assert rep["rdma_rxe"]["state"] == "available"
     assert any("soft-roce-setup.sh up" in p for p in rep["problems"])
 
@@ -62,14 +75,22 @@ def test_kernel_without_rxe_module(tmp_path: Path) -> None:
     mdir = tmp_path / "9.9.9-test"
     mdir.mkdir()
     (mdir / "modules.dep").write_text("kernel/fs/ext4/ext4.ko:\n")
-    rep = doctor.diagnose(sysfs_ib=str(tmp_path / "none"), sys_module=str(tmp_path),
-                          modules_root=str(tmp_path), release="9.9.9-test")
+    rep = doctor.diagnose(
+        sysfs_ib=str(tmp_path / "none"),
+        sys_module=str(tmp_path),
+        modules_root=str(tmp_path),
+        release="9.9.9-test",
+    )
     assert rep["rdma_rxe"]["state"] == "missing"
     assert any("has no rdma_rxe module" in p for p in rep["problems"])
 
 
 def test_loaded_module_is_seen(tmp_path: Path) -> None:
     (tmp_path / "rdma_rxe").mkdir()
-    rep = doctor.diagnose(sysfs_ib=str(tmp_path / "none"), sys_module=str(tmp_path),
-                          modules_root=str(tmp_path), release="9.9.9-test")
+    rep = doctor.diagnose(
+        sysfs_ib=str(tmp_path / "none"),
+        sys_module=str(tmp_path),
+        modules_root=str(tmp_path),
+        release="9.9.9-test",
+    )
     assert rep["rdma_rxe"]["state"] == "loaded"

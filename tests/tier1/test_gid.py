@@ -33,7 +33,7 @@ def test_missing_index_lists_the_table() -> None:
 
 
 def test_no_ipv4_gid_says_what_to_do() -> None:
-    with pytest.raises(ConfigError, match="no RoCE v2 GID with an IPv4 address.*--gid-index"):
+    with pytest.raises(ConfigError, match=r"no RoCE v2 GID with an IPv4 address.*--gid-index"):
         choose_gid([LINK_LOCAL, V4_V1], device="rxe0")
 
 
@@ -62,15 +62,18 @@ def test_gid_text_forms() -> None:
 def test_ib_write_lat_table_is_parsed() -> None:
     from rdmasched.bench.verbs_latency import parse_ib_write_lat, perftest_row
 
-    out = """
----------------------------------------------------------------------------------------
- #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]
- 64     1000          3.10           40.00        4.20               4.50            1.00            9.00                   30.00
----------------------------------------------------------------------------------------
-"""
+    header = (
+        " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    "
+        "t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]"
+    )
+    values = (
+        " 64     1000          3.10           40.00        4.20               4.50"
+        "            1.00            9.00                   30.00"
+    )
+    out = "\n".join(["-" * 80, header, values, "-" * 80])
     st = parse_ib_write_lat(out)
     assert st["t_typical"] == 4.20 and st["p999"] == 30.00 and st["iterations"] == 1000
     row = perftest_row([st])
-    assert (row.p50_us, row.p99_us, row.min_us) == (8.40, 18.00, 6.20)   # round trip = 2x
+    assert (row.p50_us, row.p99_us, row.min_us) == (8.40, 18.00, 6.20)  # round trip = 2x
     with pytest.raises(ValueError):
         parse_ib_write_lat("Couldn't connect to 192.0.2.1:18515")

@@ -20,11 +20,17 @@ from tests.tier3 import verbs_pairs
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("rdma", "tier 3 (RDMA verbs)")
-    group.addoption("--rdma-device", default=os.environ.get("RDMASCHED_DEVICE"),
-                    help="RDMA device for tier 3 (env RDMASCHED_DEVICE)")
-    group.addoption("--gid-index", type=int, default=None,
-                    help="GID index for tier 3 (env RDMASCHED_GID_INDEX; default: RoCE v2 "
-                         "IPv4)")
+    group.addoption(
+        "--rdma-device",
+        default=os.environ.get("RDMASCHED_DEVICE"),
+        help="RDMA device for tier 3 (env RDMASCHED_DEVICE)",
+    )
+    group.addoption(
+        "--gid-index",
+        type=int,
+        default=None,
+        help="GID index for tier 3 (env RDMASCHED_GID_INDEX; default: RoCE v2 IPv4)",
+    )
 
 
 @pytest.fixture

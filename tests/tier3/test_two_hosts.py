@@ -28,7 +28,8 @@ TOKEN = "two-hosts-test-token"
 pytestmark = pytest.mark.skipif(
     ROLE not in ("a", "b") or not PEER or not SELF,
     reason="two-VM test: runs inside tests/vm/run-in-vm.sh --hosts 2 "
-           "(RDMASCHED_VM_ROLE, RDMASCHED_PEER_IP, RDMASCHED_SELF_IP)")
+    "(RDMASCHED_VM_ROLE, RDMASCHED_PEER_IP, RDMASCHED_SELF_IP)",
+)
 
 
 def exchange(conn: Any, me: int, n: int, timeout_s: float) -> tuple[int, int]:
@@ -38,12 +39,16 @@ def exchange(conn: Any, me: int, n: int, timeout_s: float) -> tuple[int, int]:
     while sent < n or recvd < n:
         if sent < n:
             try:
-                conn.tx.send(Kind.DISPATCH, sent, arg0=me,
-                             meta={"from": me, "i": sent} if sent % 100 == 0 else None,
-                             timeout_us=1000)
+                conn.tx.send(
+                    Kind.DISPATCH,
+                    sent,
+                    arg0=me,
+                    meta={"from": me, "i": sent} if sent % 100 == 0 else None,
+                    timeout_us=1000,
+                )
                 sent += 1
             except LaneFullError:
-                pass                     # the peer has not consumed yet: receive meanwhile
+                pass  # the peer has not consumed yet: receive meanwhile
         while (m := conn.rx.poll(0 if sent < n else 50_000)) is not None:
             assert m.id == recvd and m.seq == recvd, f"expected {recvd}, got {m.id}"
             assert m.arg0 != me and m.src == conn.peer_node
@@ -58,8 +63,14 @@ def test_two_nodes_exchange_both_ways_over_the_wire() -> None:
     dev = os.environ.get("RDMASCHED_DEVICE")
     gid = os.environ.get("RDMASCHED_GID_INDEX")
     me = 1 if ROLE == "a" else 2
-    with verbs.Endpoint(dev, me, token=TOKEN, gid_index=int(gid) if gid else None,
-                        nslots=256, bootstrap_timeout_s=60) as ep:
+    with verbs.Endpoint(
+        dev,
+        me,
+        token=TOKEN,
+        gid_index=int(gid) if gid else None,
+        nslots=256,
+        bootstrap_timeout_s=60,
+    ) as ep:
         if ROLE == "a":
             ep.listen(SELF or "0.0.0.0", PORT)
             conn = ep.accept(120)

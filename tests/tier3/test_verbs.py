@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -52,7 +51,7 @@ def test_missing_device_names_the_setup_script(device: Any) -> None:
 
 
 def test_empty_gid_index_is_a_config_error(device: Any) -> None:
-    with pytest.raises(ConfigError, match="GID index 200 .* is empty or does not exist"):
+    with pytest.raises(ConfigError, match=r"GID index 200 .* is empty or does not exist"):
         verbs.Device(device.name, gid_index=200)
 
 
@@ -124,24 +123,30 @@ print("registered beyond the limit?")
 
 def test_registration_beyond_memlock_says_which_limit(device_args: Any) -> None:
     dev, gid = device_args
-    r = subprocess.run([sys.executable, "-c", _MEMLOCK_CHILD, dev, str(gid)],
-                       capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": os.getcwd()})
+    r = subprocess.run(
+        [sys.executable, "-c", _MEMLOCK_CHILD, dev, str(gid)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     assert r.returncode == 3, r.stdout + r.stderr
     assert "RLIMIT_MEMLOCK" in r.stdout and "ulimit -l" in r.stdout
     assert "64 KiB soft" in r.stdout
 
 
 # ---- peers that go away ------------------------------------------------------------------------
-def _peer(dev: str, gid: int, port: int, node: int, first: int, n: int, mode: str,
-          ready: Any) -> None:
+def _peer(
+    dev: str, gid: int, port: int, node: int, first: int, n: int, mode: str, ready: Any
+) -> None:
     """Connect to the parent, send ids first..first+n-1, then `mode`: hang (to be killed),
     close, or exit without closing."""
     ep = verbs.Endpoint(dev, node, token=TOKEN, gid_index=gid, nslots=256)
     conn = ep.connect("127.0.0.1", port, timeout_s=20)
     for i in range(first, first + n):
-        conn.tx.send(Kind.DISPATCH, i, meta={"i": i} if i % 10 == 0 else None,
-                     timeout_us=20_000_000)
+        conn.tx.send(
+            Kind.DISPATCH, i, meta={"i": i} if i % 10 == 0 else None, timeout_us=20_000_000
+        )
     # Wait until the writes completed (they are in the parent's memory) before going away.
     deadline = time.monotonic() + 20
     while conn.tx.vstats()["retired"] < conn.tx.vstats()["posted"] - 64:
@@ -179,14 +184,16 @@ def test_peer_that_disappears_mid_stream(device: Any, device_args: Any, how: str
         lst = ep.listen("127.0.0.1", 0)
         t, out = _accept_in_thread(ep)
         ready = ctx.Event()
-        p = ctx.Process(target=_peer, args=(dev, gid, lst.port, 5, 0, 50,
-                                            "hang" if how == "killed" else "close", ready))
+        p = ctx.Process(
+            target=_peer,
+            args=(dev, gid, lst.port, 5, 0, 50, "hang" if how == "killed" else "close", ready),
+        )
         p.start()
         t.join(40)
         conn = out["conn"]
         assert ready.wait(40)
         if how == "killed":
-            os.kill(p.pid, signal.SIGKILL)
+            p.kill()
         wait_exit(p)
         # Everything that landed is delivered, then the lane reports the peer gone.
         assert recv_ids(conn.rx, 50) == list(range(50))
@@ -210,8 +217,7 @@ def test_peer_that_disappears_mid_stream(device: Any, device_args: Any, how: str
             assert "closed the connection" in str(es.value)
 
 
-def test_full_lane_to_a_dead_peer_is_peer_dead_not_lane_full(device: Any,
-                                                            device_args: Any) -> None:
+def test_full_lane_to_a_dead_peer_is_peer_dead_not_lane_full(device: Any, device_args: Any) -> None:
     dev, gid = device_args
     with verbs.Endpoint(device, 1, token=TOKEN, nslots=256) as ep:
         lst = ep.listen("127.0.0.1", 0)
@@ -222,11 +228,11 @@ def test_full_lane_to_a_dead_peer_is_peer_dead_not_lane_full(device: Any,
         t.join(40)
         conn = out["conn"]
         assert ready.wait(40)
-        for i in range(conn.tx.nslots):             # fill the peer's lane while it lives
+        for i in range(conn.tx.nslots):  # fill the peer's lane while it lives
             conn.tx.send(Kind.DISPATCH, i)
         with pytest.raises(LaneFullError):
             conn.tx.send(Kind.DISPATCH, 0, timeout_us=10_000)
-        os.kill(p.pid, signal.SIGKILL)
+        p.kill()
         wait_exit(p)
         t0 = time.monotonic()
         with pytest.raises(PeerDeadError, match="node 5"):
@@ -237,21 +243,24 @@ def test_full_lane_to_a_dead_peer_is_peer_dead_not_lane_full(device: Any,
 # ---- a sender that comes back ------------------------------------------------------------------
 @pytest.mark.parametrize("how", ["closed", "killed"])
 def test_reconnecting_sender_gets_a_new_epoch_after_the_old_is_drained(
-        device: Any, device_args: Any, how: str) -> None:
+    device: Any, device_args: Any, how: str
+) -> None:
     dev, gid = device_args
     with verbs.Endpoint(device, 1, token=TOKEN, nslots=256) as ep:
         lst = ep.listen("127.0.0.1", 0)
         t, out = _accept_in_thread(ep)
         ready = ctx.Event()
-        p = ctx.Process(target=_peer, args=(dev, gid, lst.port, 5, 0, 100,
-                                            "close" if how == "closed" else "hang", ready))
+        p = ctx.Process(
+            target=_peer,
+            args=(dev, gid, lst.port, 5, 0, 100, "close" if how == "closed" else "hang", ready),
+        )
         p.start()
         t.join(40)
         first = out["conn"]
         rx = first.rx
         assert ready.wait(40) and rx.epoch == 1
         if how == "killed":
-            os.kill(p.pid, signal.SIGKILL)
+            p.kill()
         wait_exit(p)
         # Nothing polled yet: the 100 old messages wait in the ring while the new sender
         # (same node id) connects, and its first send waits until they are drained.
@@ -268,7 +277,7 @@ def test_reconnecting_sender_gets_a_new_epoch_after_the_old_is_drained(
             try:
                 m = rx.poll(10_000)
             except PeerDeadError:
-                m = None           # between incarnations: tolerated, the lane revives
+                m = None  # between incarnations: tolerated, the lane revives
             if m is not None:
                 got.append(m.id)
                 if m.id % 10 == 0:
@@ -278,8 +287,8 @@ def test_reconnecting_sender_gets_a_new_epoch_after_the_old_is_drained(
         assert rx.epoch == 2
         assert rx.stats()["stale_epoch"] == 0
         assert wait_exit(p2) == 0
-        assert first.tx.dead_code != 0          # the lane to the old incarnation is dead
-        with pytest.raises(PeerDeadError, match="reconnected|gone"):
+        assert first.tx.dead_code != 0  # the lane to the old incarnation is dead
+        with pytest.raises(PeerDeadError, match=r"reconnected|gone"):
             first.tx.send(Kind.DISPATCH, 1)
 
 
@@ -313,9 +322,13 @@ def test_two_processes_echo_in_order_with_metadata(device: Any, device_args: Any
         deadline = time.monotonic() + 120
         while recvd < n:
             while sent < n and sent - recvd < 48:
-                conn.tx.send(Kind.DISPATCH, sent, sent * 3, sent % 256,
-                             meta={"k": sent, "pad": "x" * (sent % 70)} if sent % 5 == 0
-                             else None)
+                conn.tx.send(
+                    Kind.DISPATCH,
+                    sent,
+                    sent * 3,
+                    sent % 256,
+                    meta={"k": sent, "pad": "x" * (sent % 70)} if sent % 5 == 0 else None,
+                )
                 sent += 1
             m = conn.rx.poll(100_000)
             if m is not None:
@@ -326,7 +339,7 @@ def test_two_processes_echo_in_order_with_metadata(device: Any, device_args: Any
             assert time.monotonic() < deadline, f"{recvd} of {n}"
         assert wait_exit(p) == 0
         s = conn.tx.vstats()
-        assert s["signalled"] <= s["posted"] // s["signal_every"] + 2   # selective signalling
+        assert s["signalled"] <= s["posted"] // s["signal_every"] + 2  # selective signalling
         assert conn.rx.stats()["gaps"] == 0
 
 
@@ -354,8 +367,12 @@ def test_endpoint_collected_open_warns(device: Any) -> None:
 
 
 def test_doctor_finds_the_active_port(device: Any) -> None:
-    r = subprocess.run([sys.executable, "-m", "rdmasched.cli", "doctor", "--json"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "rdmasched.cli", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(r.stdout)
     assert rep["usable"] is True

@@ -44,16 +44,19 @@ def open_device(config: pytest.Config | None = None) -> Any:
         return verbs.Device(dev, gid_index=gid)
     except RdmaschedError as exc:
         why = str(exc).split("; ")[0]
-        msg = (f"{why}. Tier 3 runs in the Soft-RoCE VM: tests/vm/run-in-vm.sh -- python3 -m "
-               "pytest tests/tier3 tests/conformance (or soft-roce-setup.sh up on a kernel "
-               "with rdma_rxe)")
+        msg = (
+            f"{why}. Tier 3 runs in the Soft-RoCE VM: tests/vm/run-in-vm.sh -- python3 -m "
+            "pytest tests/tier3 tests/conformance (or soft-roce-setup.sh up on a kernel "
+            "with rdma_rxe)"
+        )
         if rdma_required():
             pytest.fail(msg + " [RDMA required here: CI=true or RDMASCHED_REQUIRE_RDMA=1]")
         pytest.skip(msg)
 
 
-def connect_pair(a: Any, b: Any, *, nslots: int | None = None,
-                 timeout_s: float = 20.0) -> tuple[Any, Any]:
+def connect_pair(
+    a: Any, b: Any, *, nslots: int | None = None, timeout_s: float = 20.0
+) -> tuple[Any, Any]:
     """Connect endpoint `a` to endpoint `b` (b accepts in a thread); (a's, b's) connection."""
     lst = b.listen("127.0.0.1", 0)
     out: dict[str, Any] = {}
