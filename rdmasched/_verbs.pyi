@@ -18,13 +18,40 @@ FAIL_CLOSED: int
 RX_DEAD_FAILED: int
 RX_DEAD_GONE: int
 
+class DeviceContext:
+    name: str
+    def __init__(self, name: str) -> None: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+
+class ProtectionDomain:
+    context: DeviceContext
+    def __init__(self, context: DeviceContext) -> None: ...
+    def register(self, length: int, access: int) -> MemoryRegion: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+
+class MemoryRegion:
+    @property
+    def buf(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+    @property
+    def lkey(self) -> int: ...
+    @property
+    def rkey(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
+
 class QueuePair:
     port: int
     def __init__(
         self,
-        context: Any,
-        pd: Any,
-        ctl_mr: Any,
+        pd: ProtectionDomain,
+        ctl_mr: MemoryRegion,
         port: int,
         sq_depth: int = 512,
         signal_every: int = 64,
