@@ -47,7 +47,8 @@ class Flag(IntFlag):
     NONE = 0
     CANCEL = 0x01  # PREEMPT: cancel the task instead of requeueing it
     JOB = 0x02  # PREEMPT: the target is every task of `job`, not task `id`
-    SPILLED = 0x04  # DISPATCH: a peer handed this task back (see `hops`)
+    SUBMITTED = 0x04  # DISPATCH: placed by submit(); the receiver may pass it on (bounded hops)
+    START = 0x08  # DISPATCH: run now on slot arg2 (the central baseline's coordinator only)
 
 
 # ---- CRC-32C, bit by bit from its definition ----------------------------------------------------
@@ -117,8 +118,23 @@ def encode(f: Fields, *, epoch: int, pos: int, nslots: int) -> list[bytes]:
         raise ValueError(f"metadata is {len(raw)} bytes; the bound is {MAX_META}")
     ncont = -(-len(raw) // CONT_PAYLOAD)
     head = HEAD.pack(
-        f.kind, f.flags, f.priority, ncont, f.src, f.load, f.seq, len(raw), f.hops, 0,
-        f.id, f.job, f.arg0, f.arg1, f.arg2, 0, 0,
+        f.kind,
+        f.flags,
+        f.priority,
+        ncont,
+        f.src,
+        f.load,
+        f.seq,
+        len(raw),
+        f.hops,
+        0,
+        f.id,
+        f.job,
+        f.arg0,
+        f.arg1,
+        f.arg2,
+        0,
+        0,
     )[:52]
     slots = [seal(head, stamp(epoch, pos, nslots))]
     for i in range(ncont):
@@ -153,10 +169,32 @@ def decode(slots: list[bytes], *, epoch: int, pos: int, nslots: int) -> Fields:
     if not slots:
         raise Reject("truncated")
     check_slot(slots[0], epoch=epoch, pos=pos, nslots=nslots)
-    (kind, flags, prio, ncont, src, load, seq, meta_len, hops, reserved, id_, job,
-     arg0, arg1, arg2, _crc, _stamp) = HEAD.unpack(slots[0])
-    if (kind not in Kind.__members__.values() or reserved != 0 or meta_len > MAX_META
-            or ncont != -(-meta_len // CONT_PAYLOAD) or 1 + ncont > nslots // 2):
+    (
+        kind,
+        flags,
+        prio,
+        ncont,
+        src,
+        load,
+        seq,
+        meta_len,
+        hops,
+        reserved,
+        id_,
+        job,
+        arg0,
+        arg1,
+        arg2,
+        _crc,
+        _stamp,
+    ) = HEAD.unpack(slots[0])
+    if (
+        kind not in Kind.__members__.values()
+        or reserved != 0
+        or meta_len > MAX_META
+        or ncont != -(-meta_len // CONT_PAYLOAD)
+        or 1 + ncont > nslots // 2
+    ):
         raise Reject("malformed")
     if len(slots) < 1 + ncont:
         raise Reject("truncated")
@@ -175,5 +213,18 @@ def decode(slots: list[bytes], *, epoch: int, pos: int, nslots: int) -> Fields:
             raise Reject("bad-meta") from None
         if not isinstance(meta, dict):
             raise Reject("bad-meta")
-    return Fields(kind=kind, id=id_, job=job, priority=prio, flags=flags, arg0=arg0, arg1=arg1,
-                  arg2=arg2, hops=hops, src=src, load=load, seq=seq, meta=meta)
+    return Fields(
+        kind=kind,
+        id=id_,
+        job=job,
+        priority=prio,
+        flags=flags,
+        arg0=arg0,
+        arg1=arg1,
+        arg2=arg2,
+        hops=hops,
+        src=src,
+        load=load,
+        seq=seq,
+        meta=meta,
+    )

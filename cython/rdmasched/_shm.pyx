@@ -230,6 +230,17 @@ cdef int _ring_bell(rs_tx *t, uint64_t pos, uint32_t n) noexcept nogil:
     return 0
 
 
+def ring_doorbell(size_t address):
+    """Wake a receiver sleeping on the doorbell word at `address`, if it sleeps."""
+    cdef volatile uint32_t *w = <volatile uint32_t *>address
+    rs_fence()
+    if rs_load_acquire_u32(w) != 0:
+        rs_store_release_u32(w, 0)
+        rs_futex_wake(w, 0x7FFFFFFF)
+        return True
+    return False
+
+
 cdef class ShmRxLane(RxLane):
     """Receiving end of an shm lane; owns the segment (unlinked on close)."""
 

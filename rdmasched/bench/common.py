@@ -82,8 +82,9 @@ class Row:
     msgs_per_s: float
 
     @classmethod
-    def from_samples(cls, name: str, what: str, samples_ns: Sequence[int],
-                     msgs_per_sample: int = 2) -> Row:
+    def from_samples(
+        cls, name: str, what: str, samples_ns: Sequence[int], msgs_per_sample: int = 2
+    ) -> Row:
         s = sorted(samples_ns)
         n = len(s)
         if n == 0:
@@ -93,28 +94,43 @@ class Row:
             return s[min(n - 1, int(p * n))] / 1000.0
 
         total_s = sum(s) / 1e9
-        return cls(name, what, n, s[0] / 1000.0, q(0.50), q(0.99), q(0.999), s[-1] / 1000.0,
-                   msgs_per_sample * n / total_s if total_s else 0.0)
+        return cls(
+            name,
+            what,
+            n,
+            s[0] / 1000.0,
+            q(0.50),
+            q(0.99),
+            q(0.999),
+            s[-1] / 1000.0,
+            msgs_per_sample * n / total_s if total_s else 0.0,
+        )
 
 
 def samples_array(n: int) -> array[int]:
     return array("Q", bytes(8 * n))
 
 
-def print_table(title: str, rows: list[Row], ratios: dict[str, dict[str, float]],
-                refs: list[str], file: Any = None) -> None:
+def print_table(
+    title: str,
+    rows: list[Row],
+    ratios: dict[str, dict[str, float]],
+    refs: list[str],
+    file: Any = None,
+) -> None:
     """A fixed-width table; `ratios[row][ref]` is the row's p50 over the reference's."""
     file = file or sys.stdout
     print(title, file=file)
-    head = (f"{'name':<20} {'min':>8} {'p50':>8} {'p99':>8} {'p99.9':>8} {'max':>9} "
-            f"{'msgs/s':>11}")
+    head = f"{'name':<20} {'min':>8} {'p50':>8} {'p99':>8} {'p99.9':>8} {'max':>9} {'msgs/s':>11}"
     widths = [max(10, len(ref) + 5) for ref in refs]
     for ref, w in zip(refs, widths, strict=True):
         head += f" {'p50/' + ref:>{w}}"
     print(head, file=file)
     for r in rows:
-        line = (f"{r.name:<20} {r.min_us:8.2f} {r.p50_us:8.2f} {r.p99_us:8.2f} {r.p999_us:8.2f} "
-                f"{r.max_us:9.1f} {r.msgs_per_s:11,.0f}")
+        line = (
+            f"{r.name:<20} {r.min_us:8.2f} {r.p50_us:8.2f} {r.p99_us:8.2f} {r.p999_us:8.2f} "
+            f"{r.max_us:9.1f} {r.msgs_per_s:11,.0f}"
+        )
         for ref, w in zip(refs, widths, strict=True):
             value = ratios.get(r.name, {}).get(ref)
             cell = f"{value:.2f}x" if value is not None else "-"
@@ -126,6 +142,20 @@ def dump_json(rows: list[Row], extra: dict[str, Any] | None = None) -> str:
     results = []
     for r in rows:
         d = asdict(r)
-        results.append({k: d[k] for k in ("name", "p50_us", "p99_us", "p999_us", "max_us",
-                                          "msgs_per_s", "min_us", "n", "what")})
+        results.append(
+            {
+                k: d[k]
+                for k in (
+                    "name",
+                    "p50_us",
+                    "p99_us",
+                    "p999_us",
+                    "max_us",
+                    "msgs_per_s",
+                    "min_us",
+                    "n",
+                    "what",
+                )
+            }
+        )
     return json.dumps({"results": results, **(extra or {})}, indent=2)

@@ -28,8 +28,14 @@ from typing import Any
 from rdmasched.bench.common import Row, run_pair, samples_array
 
 PING = 1  # Kind.DISPATCH
-ROWS = ("rdmasched-shm", "rdmasched-shm-hot", "rdmasched-shm-c", "c-shm-floor", "zmq-ipc",
-        "unix-socket")
+ROWS = (
+    "rdmasched-shm",
+    "rdmasched-shm-hot",
+    "rdmasched-shm-c",
+    "c-shm-floor",
+    "zmq-ipc",
+    "unix-socket",
+)
 WHAT = {
     "rdmasched-shm": "Python API both sides (send, poll -> Message)",
     "rdmasched-shm-hot": "Python API pinger, Cython hot-path echo",
@@ -128,7 +134,7 @@ def floor_side(cfg: dict[str, Any]) -> bytes | None:
     with ShmSegment.open(cfg["segment"]) as seg:
         total = cfg["n"] + cfg["warmup"]
         samples = _bench.floor_pingpong(seg.address, pinger, total)
-    return bytes(samples[cfg["warmup"] :]) if pinger else None
+    return bytes(samples[cfg["warmup"] :]) if samples is not None else None
 
 
 def _floor_a(cfg: dict[str, Any]) -> bytes | None:
@@ -228,8 +234,12 @@ def _to_row(name: str, raw: bytes) -> Row:
 
 def run_row(name: str, n: int, warmup: int, nslots: int = 256) -> tuple[Row, bytes]:
     """Measure one row: `n` round trips after `warmup`; the row and its raw samples."""
-    cfg: dict[str, Any] = {"n": n, "warmup": warmup, "nslots": nslots,
-                           "prefix": f"bench-{os.getpid()}-{uuid.uuid4().hex[:8]}"}
+    cfg: dict[str, Any] = {
+        "n": n,
+        "warmup": warmup,
+        "nslots": nslots,
+        "prefix": f"bench-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+    }
     if name == "rdmasched-shm":
         a, _ = run_pair(py_ping, py_echo, cfg)
     elif name == "rdmasched-shm-hot":
@@ -258,8 +268,15 @@ def run_row(name: str, n: int, warmup: int, nslots: int = 256) -> tuple[Row, byt
     return _to_row(name, a), a
 
 
-def run(rows: list[str], n: int, slow_n: int, warmup: int, rounds: int = 5,
-        nslots: int = 256, progress: Any = None) -> tuple[list[Row], list[dict[str, Row]]]:
+def run(
+    rows: list[str],
+    n: int,
+    slow_n: int,
+    warmup: int,
+    rounds: int = 5,
+    nslots: int = 256,
+    progress: Any = None,
+) -> tuple[list[Row], list[dict[str, Row]]]:
     """Measure `rows` in `rounds` interleaved rounds of n/rounds samples each.
 
     The host may move the two vCPUs between physical cores at any time (the floor here was
@@ -284,5 +301,8 @@ def run(rows: list[str], n: int, slow_n: int, warmup: int, rounds: int = 5,
 
 def round_ratios(per_round: list[dict[str, Row]], name: str, ref: str) -> list[float]:
     """p50(name) / p50(ref) in each round where both were measured."""
-    return [r[name].p50_us / r[ref].p50_us for r in per_round
-            if name in r and ref in r and r[ref].p50_us > 0]
+    return [
+        r[name].p50_us / r[ref].p50_us
+        for r in per_round
+        if name in r and ref in r and r[ref].p50_us > 0
+    ]

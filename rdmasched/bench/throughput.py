@@ -49,7 +49,8 @@ def sender(cfg: dict[str, Any]) -> float:
                 b.append(1, i, 7, 3)
             for _ in range(n // batch_size):
                 tx.send_batch(b)
-        return n / (time.perf_counter() - t0)
+        rate: float = n / (time.perf_counter() - t0)
+        return rate
 
 
 def receiver(cfg: dict[str, Any]) -> dict[str, float]:
@@ -93,5 +94,11 @@ def run(n: int, batch: int, nslots: int = 1024) -> dict[str, Any]:
     cfg = {"n": n, "batch": batch, "nslots": nslots, "lane": f"tput-{uuid.uuid4().hex[:10]}"}
     rx_res, tx_rate = run_pair(receiver, sender, cfg)
     name = "batch" if batch > 1 else "per-message"
-    return {"name": name, "batch": batch, "messages": n, "slots": nslots,
-            "msgs_per_s": rx_res["msgs_per_s"], "sender_msgs_per_s": tx_rate}
+    return {
+        "name": name,
+        "batch": batch,
+        "messages": n,
+        "slots": nslots,
+        "msgs_per_s": rx_res["msgs_per_s"],
+        "sender_msgs_per_s": tx_rate,
+    }

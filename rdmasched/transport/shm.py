@@ -30,6 +30,7 @@ from rdmasched._shm import (
     ShmSegment,
     ShmTxLane,
     read_header,
+    ring_doorbell,
     segment_size,
 )
 from rdmasched.errors import LaneBusyError, LaneError, PeerDeadError
@@ -112,6 +113,10 @@ class Doorbell:
     def address(self) -> int:
         return int(self.segment.address)
 
+    def ring(self) -> bool:
+        """Wake the receiver if it sleeps on this doorbell (from any thread or process)."""
+        return ring_doorbell(self.address)
+
     def close(self) -> None:
         self.segment.close()
 
@@ -192,7 +197,12 @@ def create_lane(
     assert start is not None
     try:
         return ShmRxLane._create(
-            seg, name, nslots, grace_us * 1000, pid, start,
+            seg,
+            name,
+            nslots,
+            grace_us * 1000,
+            pid,
+            start,
             lane_segment_name(doorbell.name) if doorbell else "",
         )
     except BaseException:
@@ -200,9 +210,7 @@ def create_lane(
         raise
 
 
-def attach_lane(
-    name: str, *, src: int = 0, timeout_us: int = DEFAULT_TIMEOUT_US
-) -> ShmTxLane:
+def attach_lane(name: str, *, src: int = 0, timeout_us: int = DEFAULT_TIMEOUT_US) -> ShmTxLane:
     """Attach as the sender of lane `name` (created by its receiver), as node `src`.
 
     Takes the lane's next sender epoch. The first sender of a lane can send at once; a later
@@ -213,15 +221,19 @@ def attach_lane(
     try:
         seg = ShmSegment.open(seg_name)
     except FileNotFoundError:
-        raise PeerDeadError(f"lane {name!r} does not exist (no {SHM_DIR}{seg_name}): "
-                            "its receiver has not created it, or is gone") from None
+        raise PeerDeadError(
+            f"lane {name!r} does not exist (no {SHM_DIR}{seg_name}): "
+            "its receiver has not created it, or is gone"
+        ) from None
     bell = None
     try:
         hdr = _check_header(seg, name)
         if not alive(hdr["receiver_pid"], hdr["receiver_start"]) or hdr["closed"]:
             raise PeerDeadError(f"lane {name!r}{describe_receiver(hdr)[1:]}")
-        if hdr["sender_pid"] and hdr["sender_pid"] != os.getpid() and alive(
-            hdr["sender_pid"], hdr["sender_start"]
+        if (
+            hdr["sender_pid"]
+            and hdr["sender_pid"] != os.getpid()
+            and alive(hdr["sender_pid"], hdr["sender_start"])
         ):
             raise LaneBusyError(
                 f"lane {name!r} already has a live sender (pid {hdr['sender_pid']}); a lane "
@@ -231,6 +243,7 @@ def attach_lane(
             bell = ShmSegment.open(hdr["bell"])
         pid = os.getpid()
         start = process_start(pid)
+        assert start is not None  # we are running
         lane = ShmTxLane._attach(seg, name, src, pid, start, bell)
     except BaseException:
         seg.close()
@@ -245,16 +258,23 @@ def _check_header(seg: ShmSegment, name: str) -> dict[str, Any]:
     if seg.size < HEADER_BYTES:
         raise LaneError(f"lane {name!r}: segment too small ({seg.size} bytes)")
     hdr = read_header(seg)
+    if hdr["magic"] == 0:
+        # The receiver stores the magic last: it is still writing the header (or died doing
+        # so). Either way there is no lane yet, as if the segment did not exist: retryable.
+        raise PeerDeadError(
+            f"lane {name!r} is still being created by its receiver (or its creator died doing so)"
+        )
     if hdr["magic"] != MAGIC:
-        raise LaneError(f"lane {name!r}: not an rdmasched lane (bad magic), or not ready")
+        raise LaneError(f"lane {name!r}: not an rdmasched lane (bad magic)")
     if hdr["version"] != LANE_VERSION:
         raise LaneError(f"lane {name!r}: version {hdr['version']}, this is {LANE_VERSION}")
     nslots = hdr["nslots"]
     if hdr["slot_size"] != 64 or nslots < 16 or nslots & (nslots - 1):
         raise LaneError(f"lane {name!r}: bad geometry ({nslots} slots of {hdr['slot_size']})")
     if seg.size != segment_size(nslots):
-        raise LaneError(f"lane {name!r}: segment is {seg.size} bytes, expected "
-                        f"{segment_size(nslots)}")
+        raise LaneError(
+            f"lane {name!r}: segment is {seg.size} bytes, expected {segment_size(nslots)}"
+        )
     return hdr
 
 

@@ -28,11 +28,30 @@ def recv_all(rx: Any, n: int, timeout_s: float = 10.0) -> list[Any]:
 def test_round_trip_of_every_field(pairs: Any) -> None:
     tx, rx = pairs.pair(64)
     tx.load = 321
-    tx.send(Kind.SYNC_READY, 2**64 - 1, 2**63, 255, 0x7, 2**40, 3, 2**32 - 1, 9,
-            {"step": 12, "members": [1, 2, 3], "blob": b"\x00\xff" * 40})
+    tx.send(
+        Kind.SYNC_READY,
+        2**64 - 1,
+        2**63,
+        255,
+        0x7,
+        2**40,
+        3,
+        2**32 - 1,
+        9,
+        {"step": 12, "members": [1, 2, 3], "blob": b"\x00\xff" * 40},
+    )
     (m,) = recv_all(rx, 1)
     assert (m.kind, m.id, m.job, m.priority, m.flags, m.arg0, m.arg1, m.arg2, m.hops) == (
-        Kind.SYNC_READY, 2**64 - 1, 2**63, 255, 0x7, 2**40, 3, 2**32 - 1, 9)
+        Kind.SYNC_READY,
+        2**64 - 1,
+        2**63,
+        255,
+        0x7,
+        2**40,
+        3,
+        2**32 - 1,
+        9,
+    )
     assert m.meta == {"step": 12, "members": [1, 2, 3], "blob": b"\x00\xff" * 40}
     assert (m.src, m.load, m.seq) == (tx.src, 321, 0)
     assert rx.peer_load == 321
@@ -57,9 +76,9 @@ def test_back_pressure_then_credit(pairs: Any) -> None:
     with pytest.raises(LaneFullError):
         tx.send(Kind.DISPATCH, 99, timeout_us=10_000)
     assert [m.id for m in recv_all(rx, 16)] == list(range(16))
-    tx.send(Kind.DISPATCH, 16, timeout_us=5_000_000)    # the credit came back
+    tx.send(Kind.DISPATCH, 16, timeout_us=5_000_000)  # the credit came back
     assert [m.id for m in recv_all(rx, 1)] == [16]
-    assert rx.poll(10_000) is None                      # 99 was never written
+    assert rx.poll(10_000) is None  # 99 was never written
 
 
 def test_batches(pairs: Any) -> None:

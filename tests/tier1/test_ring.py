@@ -22,6 +22,7 @@ from rdmasched.errors import (
     EpochError,
     LaneBusyError,
     LaneClosedError,
+    LaneError,
     LaneFullError,
     MessageTooLargeError,
     PeerDeadError,
@@ -65,7 +66,7 @@ def rx(lane_name: Names) -> shm.ShmRxLane:
 def test_independent_writer_is_accepted(rx: shm.ShmRxLane) -> None:
     pos = 0
     sent = []
-    for i in range(300):   # several laps of a 64-slot lane, some with metadata
+    for i in range(300):  # several laps of a 64-slot lane, some with metadata
         meta = {"i": i, "pad": "x" * (i % 120)} if i % 3 == 0 else None
         f = Fields(kind=Kind.DISPATCH, id=i, job=2, priority=i % 256, seq=i, src=4, meta=meta)
         s = slots_of(f, pos, 64)
@@ -84,8 +85,19 @@ def test_sender_writes_what_the_mirror_reads(lane_name: Names) -> None:
         tx.send(Kind.SYNC_READY, 77, 5, 200, 0, 12, 4, 1, 0, {"grads": [1, 2]})
         raw = ctypes.string_at(rx.segment.address + shm.HEADER_BYTES, 64 * 2)
         got = wire.decode([raw[:64], raw[64:]], epoch=1, pos=0, nslots=16)
-        assert got == Fields(kind=Kind.SYNC_READY, id=77, job=5, priority=200, arg0=12,
-                             arg1=4, arg2=1, src=9, load=123, seq=0, meta={"grads": [1, 2]})
+        assert got == Fields(
+            kind=Kind.SYNC_READY,
+            id=77,
+            job=5,
+            priority=200,
+            arg0=12,
+            arg1=4,
+            arg2=1,
+            src=9,
+            load=123,
+            seq=0,
+            meta={"grads": [1, 2]},
+        )
         assert rx.poll() is not None
         assert rx.peer_load == 123
 
@@ -146,7 +158,7 @@ def test_multi_slot_messages_wrap_the_ring(lane_name: Names) -> None:
 def test_torn_slot_that_completes_within_grace_is_delivered(lane_name: Names) -> None:
     with shm.create_lane(lane_name(), 64, grace_us=10_000_000) as rx:
         good = slots_of(Fields(kind=Kind.DISPATCH, id=5, job=0xABCDEF, arg0=9, arg1=3), 0, 64)[0]
-        torn = good[:20] + bytes(32) + good[52:]     # stamp landed, body not yet
+        torn = good[:20] + bytes(32) + good[52:]  # stamp landed, body not yet
         put(rx, 0, [torn])
         assert rx.poll() is None
         put(rx, 0, [good])
@@ -167,9 +179,9 @@ def test_corrupt_byte_is_counted_and_skipped(rx: shm.ShmRxLane, offset: int) -> 
 
 def test_corrupt_stamp_is_found_by_the_scrub(rx: shm.ShmRxLane) -> None:
     bad = bytearray(slots_of(Fields(kind=Kind.DISPATCH, id=1, seq=0), 0, 64)[0])
-    bad[60] ^= 0x01                                   # the epoch half of the stamp
+    bad[60] ^= 0x01  # the epoch half of the stamp
     put(rx, 0, [bytes(bad)])
-    assert rx.poll() is None                          # looks unwritten: nothing after it yet
+    assert rx.poll() is None  # looks unwritten: nothing after it yet
     assert rx.scrub() is False
     put(rx, 1, slots_of(Fields(kind=Kind.DISPATCH, id=2, seq=1), 1, 64))
     # the idle poller scrubs by itself every few thousand empty polls
@@ -194,7 +206,7 @@ def test_slot_of_earlier_epoch_is_stale(rx: shm.ShmRxLane) -> None:
 
 
 def test_slot_of_earlier_lap_is_stale(rx: shm.ShmRxLane) -> None:
-    for i in range(64):                               # lap 0 fully consumed
+    for i in range(64):  # lap 0 fully consumed
         put(rx, i, slots_of(Fields(kind=Kind.DISPATCH, id=i, seq=i), i, 64))
     assert drain_ids(rx) == list(range(64))
     # position 64 still holds lap 0's slot; position 65 gets a current one
@@ -209,7 +221,7 @@ def test_slot_of_earlier_lap_is_stale(rx: shm.ShmRxLane) -> None:
 def test_truncated_continuation_is_counted(rx: shm.ShmRxLane) -> None:
     msg = slots_of(Fields(kind=Kind.DISPATCH, id=1, meta={"b": b"z" * 120}), 0, 64)
     assert len(msg) == 4
-    put(rx, 0, msg[:2])                               # head and one continuation only
+    put(rx, 0, msg[:2])  # head and one continuation only
     nxt = slots_of(Fields(kind=Kind.DISPATCH, id=2, seq=1), 4, 64)
     put(rx, 4, nxt)
     assert drain_ids(rx) == [2]
@@ -220,7 +232,7 @@ def test_truncated_continuation_is_counted(rx: shm.ShmRxLane) -> None:
 def test_orphan_continuation_is_counted(rx: shm.ShmRxLane) -> None:
     msg = slots_of(Fields(kind=Kind.DISPATCH, id=1, meta={"b": b"z" * 60}), 0, 64)
     assert len(msg) == 3
-    put(rx, 0, msg[1:])                               # continuations without their head
+    put(rx, 0, msg[1:])  # continuations without their head
     put(rx, 2, slots_of(Fields(kind=Kind.DISPATCH, id=2, seq=1), 2, 64))
     # position 0 holds a continuation: not a head
     assert drain_ids(rx) == [2]
@@ -229,7 +241,7 @@ def test_orphan_continuation_is_counted(rx: shm.ShmRxLane) -> None:
 
 def test_malformed_head_is_counted(rx: shm.ShmRxLane) -> None:
     body = bytearray(slots_of(Fields(kind=Kind.DISPATCH, id=1), 0, 64)[0][:52])
-    body[0] = 42                                      # unknown kind, checksum re-sealed
+    body[0] = 42  # unknown kind, checksum re-sealed
     put(rx, 0, [wire.seal(bytes(body), wire.stamp(1, 0, 64))])
     put(rx, 1, slots_of(Fields(kind=Kind.DISPATCH, id=2, seq=1), 1, 64))
     assert drain_ids(rx) == [2]
@@ -237,7 +249,7 @@ def test_malformed_head_is_counted(rx: shm.ShmRxLane) -> None:
 
 
 def test_bad_metadata_is_counted_and_the_lane_goes_on(rx: shm.ShmRxLane) -> None:
-    raw = msgpack.packb([1, 2])                       # valid msgpack, not a map
+    raw = msgpack.packb([1, 2])  # valid msgpack, not a map
     head = struct.pack("<BBBBHHIHBBQQQQI", 1, 0, 0, 1, 0, 0, 0, len(raw), 0, 0, 1, 0, 0, 0, 0)
     cont = bytes([wire.CONT_KIND]) + raw.ljust(51, b"\0")
     put(rx, 0, [wire.seal(head, wire.stamp(1, 0, 64)), wire.seal(cont, wire.stamp(1, 1, 64))])
@@ -294,7 +306,7 @@ def test_lane_set_drains_every_lane_fairly(lane_name: Names) -> None:
         b = Batch(30)
         ls.drain(b, quantum=10)
         lanes = [m.lane for m in b]
-        assert sorted(set(lanes)) == [0, 1, 2]      # one busy lane cannot take the batch
+        assert sorted(set(lanes)) == [0, 1, 2]  # one busy lane cannot take the batch
         assert all(lanes.count(k) == 10 for k in range(3))
         seen = [m.id for m in b]
         while True:
@@ -329,7 +341,7 @@ def test_doorbell_wakes_a_sleeping_receiver(lane_name: Names) -> None:
             got = ls.wait(b, timeout_us=20_000_000, spin_us=10)
             t.join()
             assert got == 1 and b[0].id == 5
-            assert time.monotonic() - t0 < 10        # woken, not timed out
+            assert time.monotonic() - t0 < 10  # woken, not timed out
             assert tx.stats()["wakes"] >= 1
         finally:
             tx.close()
@@ -413,8 +425,28 @@ def test_restarted_sender_waits_for_the_receiver_to_accept_its_epoch(lane_name: 
             assert second.epoch == 2 and not second.acked
             with pytest.raises(EpochError, match="did not accept sender epoch 2"):
                 second.send(Kind.DISPATCH, 2, timeout_us=1000)
-            assert drain_ids(rx, polls=200) == [1]   # drains epoch 1, then accepts epoch 2
+            assert drain_ids(rx, polls=200) == [1]  # drains epoch 1, then accepts epoch 2
             assert second.acked
             second.send(Kind.DISPATCH, 3, timeout_us=0)
             assert drain_ids(rx) == [3]
             assert rx.epoch == 2
+
+
+def test_attach_during_creation_is_retryable_not_fatal(lane_name: Names) -> None:
+    # The receiver has created and sized the segment but not yet written the header.
+    seg = shm.ShmSegment.create(shm.lane_segment_name(lane_name()), shm.segment_size(16))
+    try:
+        with pytest.raises(PeerDeadError, match="still being created"):
+            shm.attach_lane(lane_name())
+    finally:
+        seg.close()
+
+
+def test_attach_to_something_that_is_not_a_lane(lane_name: Names) -> None:
+    seg = shm.ShmSegment.create(shm.lane_segment_name(lane_name()), shm.segment_size(16))
+    try:
+        ctypes.memmove(seg.address, b"NOTALANE", 8)
+        with pytest.raises(LaneError, match="not an rdmasched lane"):
+            shm.attach_lane(lane_name())
+    finally:
+        seg.close()

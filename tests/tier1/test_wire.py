@@ -19,7 +19,9 @@ u16 = st.integers(0, 2**16 - 1)
 u8 = st.integers(0, 255)
 metas = st.none() | st.dictionaries(
     st.text(max_size=8),
-    st.integers(-(2**63), 2**64 - 1) | st.text(max_size=40) | st.binary(max_size=60)
+    st.integers(-(2**63), 2**64 - 1)
+    | st.text(max_size=40)
+    | st.binary(max_size=60)
     | st.lists(st.integers(0, 1000), max_size=20),
     max_size=12,
 )
@@ -29,16 +31,40 @@ nslots_st = st.sampled_from([16, 64, 256, 4096])
 @st.composite
 def messages(draw: st.DrawFn) -> Fields:
     return Fields(
-        kind=draw(st.sampled_from(list(Kind))), id=draw(u64), job=draw(u64),
-        priority=draw(u8), flags=draw(u8), arg0=draw(u64), arg1=draw(u64), arg2=draw(u32),
-        hops=draw(u8), src=draw(u16), load=draw(u16), seq=draw(u32), meta=draw(metas),
+        kind=draw(st.sampled_from(list(Kind))),
+        id=draw(u64),
+        job=draw(u64),
+        priority=draw(u8),
+        flags=draw(u8),
+        arg0=draw(u64),
+        arg1=draw(u64),
+        arg2=draw(u32),
+        hops=draw(u8),
+        src=draw(u16),
+        load=draw(u16),
+        seq=draw(u32),
+        meta=draw(metas),
     )
 
 
 def cy_encode(f: Fields, epoch: int, pos: int, nslots: int) -> bytes:
     return _wire.encode(
-        int(f.kind), f.id, f.job, f.priority, f.flags, f.arg0, f.arg1, f.arg2, f.hops,
-        f.src, f.load, f.seq, f.meta, epoch, pos, nslots,
+        int(f.kind),
+        f.id,
+        f.job,
+        f.priority,
+        f.flags,
+        f.arg0,
+        f.arg1,
+        f.arg2,
+        f.hops,
+        f.src,
+        f.load,
+        f.seq,
+        f.meta,
+        epoch,
+        pos,
+        nslots,
     )
 
 
@@ -48,17 +74,43 @@ def fits(f: Fields, nslots: int) -> bool:
 
 
 def as_fields(m: _wire.Message) -> Fields:
-    return Fields(kind=m.kind, id=m.id, job=m.job, priority=m.priority, flags=m.flags,
-                  arg0=m.arg0, arg1=m.arg1, arg2=m.arg2, hops=m.hops, src=m.src, load=m.load,
-                  seq=m.seq, meta=m.meta)
+    return Fields(
+        kind=m.kind,
+        id=m.id,
+        job=m.job,
+        priority=m.priority,
+        flags=m.flags,
+        arg0=m.arg0,
+        arg1=m.arg1,
+        arg2=m.arg2,
+        hops=m.hops,
+        src=m.src,
+        load=m.load,
+        seq=m.seq,
+        meta=m.meta,
+    )
 
 
 # ---- the contract ------------------------------------------------------------------------
 def test_layout_matches_protocol_table() -> None:
     assert _wire.SLOT_OFFSETS == {
-        "kind": 0, "flags": 1, "priority": 2, "ncont": 3, "src": 4, "load": 6, "seq": 8,
-        "meta_len": 12, "hops": 14, "reserved": 15, "id": 16, "job": 24, "arg0": 32,
-        "arg1": 40, "arg2": 48, "crc": 52, "stamp": 56,
+        "kind": 0,
+        "flags": 1,
+        "priority": 2,
+        "ncont": 3,
+        "src": 4,
+        "load": 6,
+        "seq": 8,
+        "meta_len": 12,
+        "hops": 14,
+        "reserved": 15,
+        "id": 16,
+        "job": 24,
+        "arg0": 32,
+        "arg1": 40,
+        "arg2": 48,
+        "crc": 52,
+        "stamp": 56,
     }
     assert wire.HEAD.size == _wire.SLOT_BYTES == 64
 
@@ -76,11 +128,13 @@ def test_crc_implementations_agree(data: bytes) -> None:
 
 @settings(max_examples=300)
 @given(messages(), st.integers(1, 2**32 - 1), st.integers(0, 2**40), nslots_st)
-def test_cython_encode_is_byte_identical_to_mirror(f: Fields, epoch: int, pos: int,
-                                                   nslots: int) -> None:
+def test_cython_encode_is_byte_identical_to_mirror(
+    f: Fields, epoch: int, pos: int, nslots: int
+) -> None:
     assume(fits(f, nslots))
     assert cy_encode(f, epoch, pos, nslots) == b"".join(
-        wire.encode(f, epoch=epoch, pos=pos, nslots=nslots))
+        wire.encode(f, epoch=epoch, pos=pos, nslots=nslots)
+    )
 
 
 @settings(max_examples=300)
@@ -96,8 +150,7 @@ def test_round_trip(f: Fields, epoch: int, pos: int, nslots: int) -> None:
 # ---- what must never be delivered --------------------------------------------------------
 @settings(max_examples=300)
 @given(messages(), st.integers(1, 2**32 - 1), st.integers(0, 2**40), st.data())
-def test_any_flipped_byte_is_rejected(f: Fields, epoch: int, pos: int, data: st.DataObject
-                                      ) -> None:
+def test_any_flipped_byte_is_rejected(f: Fields, epoch: int, pos: int, data: st.DataObject) -> None:
     nslots = 256
     assume(fits(f, nslots))
     raw = bytearray(cy_encode(f, epoch, pos, nslots))
@@ -124,15 +177,18 @@ def test_wrong_epoch_is_rejected(f: Fields, epoch: int, pos: int) -> None:
 @given(messages(), st.integers(1, 2**32 - 1), st.integers(256, 2**30))
 def test_earlier_lap_is_rejected(f: Fields, epoch: int, pos: int) -> None:
     assume(fits(f, 256))
-    data = cy_encode(f, epoch, pos - 256, 256)      # same slot index, one lap earlier
+    data = cy_encode(f, epoch, pos - 256, 256)  # same slot index, one lap earlier
     with pytest.raises(CorruptSlotError, match="empty"):
         _wire.decode(data, epoch, pos, 256)
 
 
-@given(st.dictionaries(st.text(max_size=5), st.binary(min_size=60, max_size=200),
-                       min_size=1, max_size=5), st.data())
-def test_truncated_continuation_is_rejected(meta: dict[str, bytes], data: st.DataObject
-                                            ) -> None:
+@given(
+    st.dictionaries(
+        st.text(max_size=5), st.binary(min_size=60, max_size=200), min_size=1, max_size=5
+    ),
+    st.data(),
+)
+def test_truncated_continuation_is_rejected(meta: dict[str, bytes], data: st.DataObject) -> None:
     f = Fields(kind=Kind.DISPATCH, id=1, meta=meta)
     raw = cy_encode(f, 3, 10, 256)
     nslots_in_msg = len(raw) // 64
@@ -150,11 +206,11 @@ def test_stamp_encodes_epoch_and_lap() -> None:
 
 def test_malformed_fields_with_good_checksum_are_rejected() -> None:
     good = wire.encode(Fields(kind=Kind.DISPATCH, id=1), epoch=1, pos=0, nslots=64)[0]
-    for offset, value in [(0, 0), (0, 99), (15, 1), (3, 2)]:   # kind 0, kind 99, reserved, ncont
+    for offset, value in [(0, 0), (0, 99), (15, 1), (3, 2)]:  # kind 0, kind 99, reserved, ncont
         body = bytearray(good[:52])
         body[offset] = value
         slot = wire.seal(bytes(body), wire.stamp(1, 0, 64))
-        with pytest.raises(CorruptSlotError, match="malformed|truncated"):
+        with pytest.raises(CorruptSlotError, match=r"malformed|truncated"):
             _wire.decode(slot, 1, 0, 64)
 
 

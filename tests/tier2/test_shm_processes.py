@@ -76,7 +76,7 @@ def test_million_messages_in_order_with_random_consumer_pauses(lane_name: Names)
             expect += 1
             r = rng.random()
             if r < 0.0002:
-                time.sleep(rng.random() * 0.003)     # the consumer stalls; the lane fills
+                time.sleep(rng.random() * 0.003)  # the consumer stalls; the lane fills
             elif r < 0.01:
                 for _ in range(rng.randrange(200)):  # a short busy pause
                     pass
@@ -84,8 +84,22 @@ def test_million_messages_in_order_with_random_consumer_pauses(lane_name: Names)
         assert rx.poll() is None
         st = rx.stats()
         assert st["delivered"] == n
-        assert sum(st[k] for k in ("bad_crc", "malformed", "stale_epoch", "stale_lap",
-                                   "truncated", "orphans", "gaps", "bad_meta")) == 0
+        assert (
+            sum(
+                st[k]
+                for k in (
+                    "bad_crc",
+                    "malformed",
+                    "stale_epoch",
+                    "stale_lap",
+                    "truncated",
+                    "orphans",
+                    "gaps",
+                    "bad_meta",
+                )
+            )
+            == 0
+        )
 
 
 # ---- back-pressure across processes --------------------------------------------------------
@@ -128,20 +142,22 @@ def test_restarted_sender_never_causes_a_stale_delivery(lane_name: Names) -> Non
         ready = ctx.Event()
         a = spawn(_send_forever, lane_name(), ready)
         assert ready.wait(30)
-        first = [rx.poll(100_000) for _ in range(5)]    # read a little while it writes
+        first = [rx.poll(100_000) for _ in range(5)]  # read a little while it writes
         time.sleep(0.05)
-        os.kill(a.pid, signal.SIGKILL)                 # crash mid-stream, lane full
+        os.kill(a.pid, signal.SIGKILL)  # crash mid-stream, lane full
         a.join()
         b = spawn(_send_range, lane_name(), 2_000_000, 5, 0)  # restart: epoch 2, 5 messages
         got = [m for m in first if m is not None]
         deadline = time.monotonic() + 30
-        while not any(m.id >= 2_000_000 for m in got) or len(
-                [m for m in got if m.id >= 2_000_000]) < 5:
+        while (
+            not any(m.id >= 2_000_000 for m in got)
+            or len([m for m in got if m.id >= 2_000_000]) < 5
+        ):
             m = rx.poll(100_000)
             if m is not None:
                 got.append(m)
             assert time.monotonic() < deadline
-        for _ in range(200):                           # nothing else may ever come out
+        for _ in range(200):  # nothing else may ever come out
             m = rx.poll(1000)
             assert m is None, f"unexpected {m}"
         assert wait_exit(b) == 0
@@ -149,8 +165,9 @@ def test_restarted_sender_never_causes_a_stale_delivery(lane_name: Names) -> Non
         new = [m.id for m in got if m.id >= 2_000_000]
         # every message the crashed sender completed, once, in order, whole; then the new one
         assert [m.id for m in old] == [1_000_000 + i for i in range(len(old))]
-        assert all(m.meta == {"i": m.id - 1_000_000, "pad": "q" * ((m.id - 1_000_000) % 150)}
-                   for m in old)
+        assert all(
+            m.meta == {"i": m.id - 1_000_000, "pad": "q" * ((m.id - 1_000_000) % 150)} for m in old
+        )
         assert len(old) >= 20
         assert new == [2_000_000 + i for i in range(5)]
         assert got.index(next(m for m in got if m.id >= 2_000_000)) == len(old)
@@ -201,15 +218,15 @@ def test_eight_senders_into_one_receiver_lose_nothing(lane_name: Names) -> None:
 
 # ---- crashes leave nothing that breaks the next start ----------------------------------------
 def _create_and_die(name: str, ready: Any) -> None:
-    rx = shm.create_lane(name, 16)    # held open: the kill, not a close, ends it
+    rx = shm.create_lane(name, 16)  # held open: the kill, not a close, ends it
     ready.set()
     os.kill(os.getpid(), signal.SIGKILL)
-    rx.close()                        # never reached
+    rx.close()  # never reached
 
 
-def test_crashed_receiver_leaves_nothing_that_breaks_a_restart(lane_name: Names,
-                                                                caplog: pytest.LogCaptureFixture
-                                                                ) -> None:
+def test_crashed_receiver_leaves_nothing_that_breaks_a_restart(
+    lane_name: Names, caplog: pytest.LogCaptureFixture
+) -> None:
     ready = ctx.Event()
     p = spawn(_create_and_die, lane_name(), ready)
     assert ready.wait(30)
@@ -217,11 +234,15 @@ def test_crashed_receiver_leaves_nothing_that_breaks_a_restart(lane_name: Names,
     assert p.exitcode == -signal.SIGKILL
     assert shm.lane_segment_name(lane_name()) in shm.list_segments()
     with pytest.raises(PeerDeadError, match="no longer running"):
-        shm.attach_lane(lane_name())                 # the sender side is told plainly
-    with caplog.at_level("INFO", logger="rdmasched.shm"):
-        with shm.create_lane(lane_name(), 16) as rx, shm.attach_lane(lane_name()) as tx:
-            tx.send(Kind.DISPATCH, 1)
-            assert rx.poll().id == 1
+        shm.attach_lane(lane_name())  # the sender side is told plainly
+    with (
+        caplog.at_level("INFO", logger="rdmasched.shm"),
+        shm.create_lane(lane_name(), 16) as rx,
+        shm.attach_lane(lane_name()) as tx,
+    ):
+        tx.send(Kind.DISPATCH, 1)
+        m = rx.poll()
+        assert m is not None and m.id == 1
     assert "removing stale" in caplog.text
 
 
@@ -260,7 +281,7 @@ def _receive_then_die(name: str, ready: Any) -> None:
     ready.set()
     time.sleep(0.2)
     os.kill(os.getpid(), signal.SIGKILL)
-    rx.close()                        # never reached
+    rx.close()  # never reached
 
 
 def test_sender_learns_that_the_receiver_died(lane_name: Names) -> None:

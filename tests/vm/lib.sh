@@ -10,10 +10,14 @@
 # shellcheck disable=SC2034  # used by the scripts that source this file
 readonly VM_EXIT_USAGE=2 VM_EXIT_HOST=120 VM_EXIT_BOOT=121 VM_EXIT_SETUP=122 VM_EXIT_TIMEOUT=124
 
-VM_START_SECONDS=${VM_START_SECONDS:-$SECONDS}
+# Seconds since the outermost harness script started (shared with the scripts it calls).
+VM_T0=${VM_T0:-$(printf '%(%s)T' -1)}
+export VM_T0
 
 vm_log() {
-    printf '[vm %3ds] %s\n' "$((SECONDS - VM_START_SECONDS))" "$*" >&2
+    local now
+    printf -v now '%(%s)T' -1
+    printf '[vm %3ds] %s\n' "$((now - VM_T0))" "$*" >&2
 }
 
 # vm_die CODE MESSAGE...

@@ -22,14 +22,16 @@
 #   RDMASCHED_VM_HOSTS=1|2, and with --hosts 2 RDMASCHED_VM_ROLE=a|b, RDMASCHED_PEER_IP;
 #   PYTHONPATH=<checkout>, PYTHONDONTWRITEBYTECODE=1, `ulimit -l unlimited`.
 #
-# Exit code: COMMAND's (two hosts: a's if non-zero, else b's), or
+# Exit code: COMMAND's (two hosts: the first harness failure below, else a's COMMAND if
+# non-zero, else b's), or
 #   2 usage, 120 host preparation failed (packages, image), 121 a VM did not boot or stopped
 #   before COMMAND finished, 122 Soft-RoCE set-up (or the two-host barrier) failed in the
 #   guest, 124 timeout (qemu killed).
 #
 # Environment: RDMASCHED_VM_CACHE (image cache, default /var/cache/rdmasched-vm),
 #   RDMASCHED_VM_MIRROR (Debian mirror for the image), RDMASCHED_VM_BOOT_TIMEOUT (seconds
-#   until the guest must have started its init, default 300).
+#   until the guest must have started its init, default 300), RDMASCHED_VM_CPUS and
+#   RDMASCHED_VM_MEM (per VM; defaults 2 and 2G for one host, 1 and 1G each for two).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
@@ -82,8 +84,7 @@ checkout=$(cd "$here/../.." && pwd -P)
 [[ -f $checkout/soft-roce-setup.sh ]] || vm_die "$VM_EXIT_HOST" "no soft-roce-setup.sh in $checkout"
 
 # ---- host preparation ----------------------------------------------------------------------
-vm_ensure_host_packages qemu-system-x86_64:qemu-system-x86 debootstrap:debootstrap \
-    mkfs.ext4:e2fsprogs flock:util-linux
+vm_ensure_host_packages qemu-system-x86_64:qemu-system-x86 tail:coreutils
 image=$("$here/build-image.sh") || exit "$VM_EXIT_HOST"
 for f in root.ext4 vmlinuz initrd.img; do
     [[ -f $image/$f ]] || vm_die "$VM_EXIT_HOST" "image $image lacks $f"
@@ -160,6 +161,9 @@ EOF
     fi
 }
 
+# qemu_esc PATH: PATH for a qemu option value (a comma is written twice).
+qemu_esc() { printf '%s' "${1//,/,,}"; }
+
 # start_vm ROLE: writes the job for the VM of ROLE ('' for one host) and starts qemu.
 start_vm() {
     local role=$1 name=${1:-vm} ctl res cpus mem
@@ -181,9 +185,9 @@ start_vm() {
             -device "virtio-net-pci,netdev=wire,mac=$mac,romfile=")
         netdev=eth0 self_ip=198.51.100.$octet peer_ip=198.51.100.$peer_octet
         hostname=rdmasched-$role
-        cpus=1 mem=1G
+        cpus=${RDMASCHED_VM_CPUS:-1} mem=${RDMASCHED_VM_MEM:-1G}
     else
-        cpus=2 mem=2G
+        cpus=${RDMASCHED_VM_CPUS:-2} mem=${RDMASCHED_VM_MEM:-2G}
     fi
 
     {
@@ -202,7 +206,7 @@ start_vm() {
     local log=$results/vm-console.log
     [[ -n $role ]] && log=$results/vm-console-$role.log
     : >"$log"
-    local -a console=(-serial "file:$log")
+    local -a console=(-chardev "file,id=console,path=$(qemu_esc "$log")" -serial chardev:console)
     ((shell)) && console=(-serial mon:stdio)
 
     # shellcheck disable=SC2054  # commas inside qemu option values
@@ -211,11 +215,11 @@ start_vm() {
         -display none -no-reboot
         -kernel "$image/vmlinuz" -initrd "$image/initrd.img"
         -append "root=/dev/vda rw console=ttyS0 init=/sbin/rdmasched-init panic=-1 quiet loglevel=4 mitigations=off"
-        -drive "file=$image/root.ext4,format=raw,if=virtio,cache=unsafe"
+        -drive "file=$(qemu_esc "$image/root.ext4"),format=raw,if=virtio,cache=unsafe"
         -snapshot
-        -virtfs "local,path=$checkout,mount_tag=rsrepo,security_model=none,readonly=on"
-        -virtfs "local,path=$res,mount_tag=rsres,security_model=none"
-        -virtfs "local,path=$ctl,mount_tag=rsctl,security_model=none"
+        -virtfs "local,path=$(qemu_esc "$checkout"),mount_tag=rsrepo,security_model=none,readonly=on"
+        -virtfs "local,path=$(qemu_esc "$res"),mount_tag=rsres,security_model=none"
+        -virtfs "local,path=$(qemu_esc "$ctl"),mount_tag=rsctl,security_model=none"
         "${console[@]}" "${net[@]}")
     if ((shell)); then
         # An explicit stdin: a background job would get /dev/null.
@@ -246,14 +250,26 @@ for role in "${roles[@]}"; do
     start_vm "$role"
 done
 
-# ---- watch: timeout, boot timeout, all VMs gone --------------------------------------------
-status=''
+# ---- watch: timeout, boot timeout, a failed peer, all VMs gone ----------------------------
+# status: '' (all VMs ended by themselves), timeout, boot-timeout, or peer-failed (two hosts:
+# one VM ended without finishing COMMAND, so the other is stopped instead of waiting for it).
+status='' failed_role=''
 while :; do
     alive=0
-    for pid in "${qemu_pids[@]}"; do
-        kill -0 "$pid" 2>/dev/null && alive=$((alive + 1))
+    for i in "${!qemu_pids[@]}"; do
+        if kill -0 "${qemu_pids[i]}" 2>/dev/null; then
+            alive=$((alive + 1))
+        elif ((hosts == 2)) && [[ -z $failed_role ]] &&
+            [[ $(cat "$run_dir/ctl-${roles[i]}/stage" 2>/dev/null) != "done" ]]; then
+            failed_role=${roles[i]}
+        fi
     done
     ((alive == 0)) && break
+    if [[ -n $failed_role ]]; then
+        status=peer-failed
+        vm_log "VM $failed_role ended without finishing COMMAND: stopping the other VM"
+        break
+    fi
     elapsed=$((SECONDS - t_boot))
     if ((elapsed >= timeout)); then
         status=timeout
@@ -269,16 +285,14 @@ while :; do
     fi
     sleep 1
 done
-for pid in "${qemu_pids[@]}"; do
-    if [[ -n $status ]]; then
+if [[ -n $status ]]; then
+    for pid in "${qemu_pids[@]}"; do
         kill -TERM "$pid" 2>/dev/null || true
-    fi
-done
-sleep 0.5
+    done
+    sleep 0.5
+fi
 for pid in "${qemu_pids[@]}"; do
-    if [[ -n $status ]]; then
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
+    [[ -n $status ]] && { kill -KILL "$pid" 2>/dev/null || true; }
     wait "$pid" 2>/dev/null || true
 done
 for pid in "${tail_pids[@]}"; do
@@ -298,7 +312,10 @@ for role in "${roles[@]}"; do
     rc=''
     [[ -f $ctl/rc ]] && rc=$(<"$ctl/rc")
     problem=''
-    if [[ $status == timeout && -z $rc ]]; then
+    if [[ $status == peer-failed && -z $rc && $role != "$failed_role" ]]; then
+        code=$VM_EXIT_BOOT
+        problem="stopped because VM $failed_role failed (guest stage: $stage)"
+    elif [[ $status == timeout && -z $rc ]]; then
         code=$VM_EXIT_TIMEOUT
         problem="timed out after $timeout s (guest stage: $stage); qemu killed"
     elif [[ $status == boot-timeout && $stage == none ]]; then
@@ -330,7 +347,7 @@ for role in "${roles[@]}"; do
     else
         vm_log "$label: COMMAND exited with $code"
     fi
-    if [[ -n $problem && -z $harness_code ]]; then
+    if [[ -n $problem && -z $harness_code && ($status != peer-failed || $role == "$failed_role") ]]; then
         harness_code=$code
     elif [[ -z $problem && $code != 0 && -z $command_code ]]; then
         command_code=$code

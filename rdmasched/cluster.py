@@ -1,0 +1,283 @@
+"""The cluster config: which nodes exist, where, with how many execution slots, in which
+topology domain, over which transport.
+
+From a TOML file::
+
+    [cluster]
+    name = "train7"          # names this cluster's lanes; letters, digits, '_', '.', '-'
+    transport = "shm"        # or "verbs"
+    slots_per_lane = 256     # lane size, a power of two
+    token = "s3cret"         # shared secret for the bootstrap (verbs); or token_file = "..."
+    heartbeat_ms = 50        # how often a node tells its peers it is alive
+    dead_after_ms = 500      # a peer silent this long is declared dead
+
+    [[node]]
+    name = "gpu-a"
+    address = "10.0.0.1:7400"   # bootstrap address (verbs); ignored on shm
+    slots = 8                   # execution slots (GPUs)
+    domain = "rack1/sw1"        # topology: rack/switch, used to prefer near peers
+
+or from the launcher's environment (torchrun, Slurm): RANK / WORLD_SIZE / MASTER_ADDR /
+MASTER_PORT (or SLURM_PROCID / SLURM_NTASKS), plus RDMASCHED_SLOTS, RDMASCHED_CLUSTER,
+RDMASCHED_TRANSPORT, RDMASCHED_TOKEN and RDMASCHED_DOMAIN. Every problem is a ConfigError
+that says which key and why.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rdmasched.errors import ConfigError
+
+TRANSPORTS = ("shm", "verbs")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
+MAX_NODES = 1024
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    id: int
+    name: str
+    slots: int
+    domain: str = ""
+    address: str = ""
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    name: str
+    nodes: tuple[NodeSpec, ...]
+    transport: str = "shm"
+    slots_per_lane: int = 256
+    token: str = ""
+    heartbeat_ms: int = 50
+    dead_after_ms: int = 500
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def node(self, key: int | str) -> NodeSpec:
+        """A node by id or by name."""
+        for n in self.nodes:
+            if n.id == key or n.name == key:
+                return n
+        raise ConfigError(
+            f"cluster {self.name!r} has no node {key!r}; nodes: "
+            f"{', '.join(n.name for n in self.nodes)}"
+        )
+
+    @property
+    def domains(self) -> dict[int, str]:
+        return {n.id: n.domain for n in self.nodes}
+
+    # ---- loading ------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ClusterConfig:
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"cluster config {p} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"cluster config {p} is not valid TOML: {exc}") from None
+        return cls.from_dict(data, source=str(p))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "config") -> ClusterConfig:
+        unknown = set(data) - {"cluster", "node"}
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown top-level key(s) {sorted(unknown)}; "
+                "expected [cluster] and [[node]]"
+            )
+        c = data.get("cluster", {})
+        if not isinstance(c, Mapping):
+            raise ConfigError(f"{source}: [cluster] must be a table")
+        known = {
+            "name",
+            "transport",
+            "slots_per_lane",
+            "token",
+            "token_file",
+            "heartbeat_ms",
+            "dead_after_ms",
+        }
+        if set(c) - known:
+            raise ConfigError(f"{source}: unknown [cluster] key(s) {sorted(set(c) - known)}")
+        name = _str(c, "name", source, "cluster.name", default="rdmasched")
+        if not _NAME.match(name):
+            raise ConfigError(f"{source}: cluster.name {name!r} must match {_NAME.pattern}")
+        transport = _str(c, "transport", source, "cluster.transport", default="shm")
+        if transport not in TRANSPORTS:
+            raise ConfigError(
+                f"{source}: cluster.transport must be one of {TRANSPORTS}, not {transport!r}"
+            )
+        lane = _int(c, "slots_per_lane", source, "cluster.slots_per_lane", default=256)
+        if lane < 16 or lane > (1 << 20) or lane & (lane - 1):
+            raise ConfigError(
+                f"{source}: cluster.slots_per_lane must be a power of two in "
+                f"16..{1 << 20}, not {lane}"
+            )
+        token = _str(c, "token", source, "cluster.token", default="")
+        if "token_file" in c:
+            if token:
+                raise ConfigError(f"{source}: give cluster.token or cluster.token_file, not both")
+            tf = Path(_str(c, "token_file", source, "cluster.token_file"))
+            try:
+                token = tf.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"{source}: cluster.token_file {tf}: {exc.strerror}") from None
+        if transport == "verbs" and not token:
+            raise ConfigError(
+                f"{source}: the verbs transport needs cluster.token (or "
+                "token_file): the bootstrap authenticates peers with it"
+            )
+        hb = _int(c, "heartbeat_ms", source, "cluster.heartbeat_ms", default=50)
+        dead = _int(c, "dead_after_ms", source, "cluster.dead_after_ms", default=500)
+        if hb <= 0 or dead <= 2 * hb:
+            raise ConfigError(
+                f"{source}: need heartbeat_ms > 0 and dead_after_ms > "
+                f"2 * heartbeat_ms (got {hb} and {dead})"
+            )
+
+        raw_nodes = data.get("node")
+        if not isinstance(raw_nodes, list) or not raw_nodes:
+            raise ConfigError(f"{source}: at least one [[node]] is needed")
+        if len(raw_nodes) > MAX_NODES:
+            raise ConfigError(f"{source}: at most {MAX_NODES} nodes, not {len(raw_nodes)}")
+        nodes = []
+        seen: set[str] = set()
+        for i, n in enumerate(raw_nodes):
+            where = f"node[{i}]"
+            if not isinstance(n, Mapping):
+                raise ConfigError(f"{source}: {where} must be a table")
+            extra = set(n) - {"name", "address", "slots", "domain"}
+            if extra:
+                raise ConfigError(f"{source}: {where}: unknown key(s) {sorted(extra)}")
+            nname = _str(n, "name", source, f"{where}.name")
+            if not _NAME.match(nname):
+                raise ConfigError(f"{source}: {where}.name {nname!r} must match {_NAME.pattern}")
+            if nname in seen:
+                raise ConfigError(f"{source}: node name {nname!r} appears twice")
+            seen.add(nname)
+            slots = _int(n, "slots", source, f"{where}.slots")
+            if not 1 <= slots <= 255:
+                raise ConfigError(f"{source}: {where}.slots must be 1..255, not {slots}")
+            address = _str(n, "address", source, f"{where}.address", default="")
+            if transport == "verbs":
+                parse_address(address, f"{source}: {where}.address")
+            domain = _str(n, "domain", source, f"{where}.domain", default="")
+            nodes.append(NodeSpec(i, nname, slots, domain, address))
+        return cls(name, tuple(nodes), transport, lane, token, hb, dead)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> tuple[ClusterConfig, int]:
+        """The cluster and this node's id from a launcher's variables (torchrun, Slurm)."""
+        env = os.environ if env is None else env
+        rank_s = env.get("RANK", env.get("SLURM_PROCID"))
+        world_s = env.get("WORLD_SIZE", env.get("SLURM_NTASKS"))
+        if rank_s is None or world_s is None:
+            raise ConfigError(
+                "the environment names no rank: set RANK and WORLD_SIZE "
+                "(torchrun) or SLURM_PROCID and SLURM_NTASKS (srun)"
+            )
+        try:
+            rank, world = int(rank_s), int(world_s)
+        except ValueError:
+            raise ConfigError(
+                f"RANK={rank_s!r} and WORLD_SIZE={world_s!r} must be integers"
+            ) from None
+        if not (0 <= rank < world <= MAX_NODES):
+            raise ConfigError(
+                f"need 0 <= RANK < WORLD_SIZE <= {MAX_NODES} (RANK={rank}, WORLD_SIZE={world})"
+            )
+        master = env.get("MASTER_ADDR", "127.0.0.1")
+        port = _env_int(env, "MASTER_PORT", "29500") + 100
+        slots = _env_int(env, "RDMASCHED_SLOTS", env.get("LOCAL_WORLD_SIZE", "1"))
+        transport = env.get("RDMASCHED_TRANSPORT", "shm")
+        data: dict[str, Any] = {
+            "cluster": {
+                "name": env.get("RDMASCHED_CLUSTER", f"job{env.get('SLURM_JOB_ID', 'local')}"),
+                "transport": transport,
+                "token": env.get("RDMASCHED_TOKEN", ""),
+            },
+            "node": [
+                {
+                    "name": f"rank{r}",
+                    "slots": slots,
+                    "domain": env.get("RDMASCHED_DOMAIN", ""),
+                    # Only the master's address is known to every rank; other ranks register
+                    # theirs through it (verbs bootstrap).
+                    "address": f"{master}:{port + r}",
+                }
+                for r in range(world)
+            ],
+        }
+        return cls.from_dict(data, source="environment"), rank
+
+
+def _env_int(env: Mapping[str, str], key: str, default: str) -> int:
+    value = env.get(key, default)
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{key}={value!r} must be an integer") from None
+
+
+def parse_address(address: str, where: str) -> tuple[str, int]:
+    host, sep, port_s = address.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{where} must be host:port, not {address!r}")
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ConfigError(f"{where}: port {port_s!r} is not a number") from None
+    if not 0 < port < 65536:
+        raise ConfigError(f"{where}: port {port} is out of range")
+    return host.strip("[]"), port
+
+
+def _str(
+    d: Mapping[str, Any], key: str, source: str, label: str, default: str | None = None
+) -> str:
+    if key not in d:
+        if default is None:
+            raise ConfigError(f"{source}: {label} is missing")
+        return default
+    v = d[key]
+    if not isinstance(v, str):
+        raise ConfigError(f"{source}: {label} must be a string, not {type(v).__name__}")
+    return v
+
+
+def _int(
+    d: Mapping[str, Any], key: str, source: str, label: str, default: int | None = None
+) -> int:
+    if key not in d:
+        if default is None:
+            raise ConfigError(f"{source}: {label} is missing")
+        return default
+    v = d[key]
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ConfigError(f"{source}: {label} must be an integer, not {v!r}")
+    return v
+
+
+def local_cluster(n: int, slots: int, name: str = "demo", domains: int = 2) -> ClusterConfig:
+    """N nodes on this host over shm, split over `domains` racks (for demos and tests)."""
+    if n < 1:
+        raise ConfigError("a cluster needs at least one node")
+    return ClusterConfig.from_dict(
+        {
+            "cluster": {"name": name, "transport": "shm"},
+            "node": [
+                {"name": f"n{i}", "slots": slots, "domain": f"rack{i % max(1, domains)}"}
+                for i in range(n)
+            ],
+        },
+        source="local cluster",
+    )

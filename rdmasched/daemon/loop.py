@@ -1,0 +1,209 @@
+"""The messaging loop every node runs: inbound lanes, outbound lanes, timers, an inbox.
+
+One thread runs `Loop.run`; everything the loop owns (the scheduler, the handlers' calls)
+happens on that thread. Other threads hand work over with `post`, which rings the node's
+doorbell.
+
+Polling is adaptive: after a message the loop spins for `spin_us` (busy, GIL released in
+`LaneSet.wait`), then sleeps on the node's doorbell futex until a sender rings it, a timer is
+due, or `idle_wake_ms` passes. A sender rings only when it sees the receiver asleep (one
+fenced load per send on a lane with a doorbell; docs/PROTOCOL.md section 9).
+
+A send never blocks the loop: a message that finds its lane full waits in that peer's
+outbox, and every later message to that peer queues behind it, so order is kept. Outboxes
+are retried every pass; a peer declared dead has its outbox dropped (its tasks are recovered
+by the scheduler, not by resending).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from rdmasched._ring import Batch
+from rdmasched._wire import Message
+from rdmasched.daemon.links import Links
+from rdmasched.errors import LaneFullError, PeerDeadError
+
+_log = logging.getLogger("rdmasched.daemon")
+
+#: the arguments of `TxLane.send` before timeout_us, as a queued message keeps them
+Outgoing = tuple[int, int, int, int, int, int, int, int, int, dict[str, Any] | None]
+#: on_message(message, peer): `peer` is the node whose lane it came in on (authoritative)
+Handler = Callable[[Message, int], None]
+
+
+class Loop:
+    def __init__(
+        self,
+        links: Links,
+        *,
+        spin_us: int = 200,
+        idle_wake_ms: int = 100,
+        batch: int = 256,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.links = links
+        self.me = links.me
+        self.spin_us = spin_us
+        self.idle_wake_ns = idle_wake_ms * 1_000_000
+        self.clock = clock
+        self._batch = Batch(batch)
+        self._timers: list[tuple[int, int, Callable[[], None]]] = []
+        self._tseq = itertools.count()
+        self._outbox: dict[int, deque[Outgoing]] = {}
+        self._inbox: deque[Callable[[], None]] = deque()
+        self._stop = threading.Event()
+        self._thread: int | None = None
+        self.dead_peers: set[int] = set()
+        #: peer -> time.monotonic() when it was declared dead
+        self.dead_at: dict[int, float] = {}
+        self.msgs_in = 0
+        self.msgs_out = 0
+        self.outbox_waits = 0
+        self.dropped = 0
+
+    # ---- time ------------------------------------------------------------------------------
+    def call_at(self, t_ns: int, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._timers, (t_ns, next(self._tseq), fn))
+
+    def call_later(self, delay_ns: int, fn: Callable[[], None]) -> None:
+        self.call_at(self.clock() + delay_ns, fn)
+
+    # ---- other threads -------------------------------------------------------------------
+    def in_loop(self) -> bool:
+        return self._thread == threading.get_ident()
+
+    def post(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on the loop's thread (now, if this is that thread)."""
+        if self.in_loop():
+            fn()
+            return
+        self._inbox.append(fn)
+        self.links.wake()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.links.wake()
+
+    # ---- sending ---------------------------------------------------------------------------
+    def send(
+        self,
+        peer: int,
+        kind: int,
+        id: int = 0,
+        job: int = 0,
+        priority: int = 0,
+        flags: int = 0,
+        arg0: int = 0,
+        arg1: int = 0,
+        arg2: int = 0,
+        hops: int = 0,
+        meta: dict[str, Any] | None = None,
+    ) -> bool:
+        """Send without blocking; False if the peer is dead (nothing sent)."""
+        if peer in self.dead_peers:
+            self.dropped += 1
+            return False
+        tx = self.links.outbound.get(peer)
+        if tx is None:
+            raise PeerDeadError(f"node {self.me} has no lane to node {peer}")
+        box = self._outbox.get(peer)
+        args: Outgoing = (kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta)
+        if box:
+            box.append(args)
+            return True
+        try:
+            tx.send(*args, timeout_us=0)
+            self.msgs_out += 1
+        except LaneFullError:
+            self.outbox_waits += 1
+            self._outbox.setdefault(peer, deque()).append(args)
+        except PeerDeadError as exc:  # it closed its lane, or its transport failed
+            self.dropped += 1
+            self.mark_dead(peer, str(exc))
+            return False
+        return True
+
+    def _flush(self) -> bool:
+        """Retry queued messages; True if any are still waiting."""
+        waiting = False
+        for peer, box in list(self._outbox.items()):
+            tx = self.links.outbound[peer]
+            while box:
+                try:
+                    tx.send(*box[0], timeout_us=0)
+                except LaneFullError:
+                    waiting = True
+                    break
+                except PeerDeadError as exc:
+                    self.mark_dead(peer, str(exc))
+                    break
+                box.popleft()
+                self.msgs_out += 1
+        return waiting
+
+    def set_load(self, load: int) -> None:
+        """The load hint piggybacked on every message from now on."""
+        load = max(0, min(0xFFFF, load))
+        for tx in self.links.outbound.values():
+            tx.load = load
+
+    def mark_dead(self, peer: int, why: str = "silent for too long") -> None:
+        """Stop sending to `peer`: drop its outbox (its tasks are recovered elsewhere)."""
+        if peer in self.dead_peers:
+            return
+        self.dead_peers.add(peer)
+        self.dead_at[peer] = time.monotonic()
+        lost = len(self._outbox.pop(peer, ()))
+        self.dropped += lost
+        _log.warning(
+            "node %d: peer %d is dead (%s); %d queued messages dropped", self.me, peer, why, lost
+        )
+
+    # ---- the loop --------------------------------------------------------------------------
+    def run(self, on_message: Handler, until: Callable[[], bool] | None = None) -> None:
+        """Poll, dispatch messages to `on_message`, fire timers, until `stop()` or `until()`."""
+        self._thread = threading.get_ident()
+        batch = self._batch
+        inbound = self.links.inbound
+        peer_of = self.links.inbound_peer
+        timers = self._timers
+        inbox = self._inbox
+        clock = self.clock
+        try:
+            while not self._stop.is_set() and not (until is not None and until()):
+                waiting = self._flush() if self._outbox else False
+                now = clock()
+                while timers and timers[0][0] <= now:
+                    heapq.heappop(timers)[2]()
+                    now = clock()
+                while inbox:
+                    inbox.popleft()()
+                if self._stop.is_set() or (until is not None and until()):
+                    break
+                if waiting:
+                    timeout_ns = 20_000  # lanes full: come back soon
+                elif inbox:
+                    timeout_ns = 0
+                else:
+                    timeout_ns = self.idle_wake_ns
+                    if timers:
+                        timeout_ns = max(0, min(timeout_ns, timers[0][0] - now))
+                batch.clear()
+                got = inbound.wait(batch, timeout_ns / 1000, self.spin_us)
+                if got:
+                    self.msgs_in += got
+                    for m in batch:
+                        on_message(m, peer_of[m.lane])
+        finally:
+            self._thread = None
+
+    def pending_timers(self) -> int:
+        return len(self._timers)

@@ -1,0 +1,580 @@
+"""`Node`: the node daemon's Python API.
+
+A node owns its inbound lanes, polls them on one loop thread, feeds every message to its own
+scheduler and calls the user's handlers with the scheduler's decisions. There is no central
+scheduler: each node decides what runs on its own execution slots.
+
+    with Node.from_config("cluster.toml", "gpu-a") as node:
+        @node.on_dispatch
+        def start(task, slot): ...          # launch the task on GPU `slot`; return quickly
+        @node.on_preempt
+        def stop(task, slot, cancel): ...   # checkpoint or yield; return progress in ns
+        node.submit(task_id=1, job=3, priority=100, cost_ns=5_000_000)
+        ...
+        node.complete(1)                    # the user's work for task 1 finished
+
+Handlers run on the loop thread. Every public method may be called from the loop thread
+(a handler) or any other thread; from another thread it is handed to the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from rdmasched._wire import Message
+from rdmasched.cluster import ClusterConfig
+from rdmasched.daemon.links import Links, ShmLinks, close_quietly
+from rdmasched.daemon.loop import Loop
+from rdmasched.errors import ConfigError, RdmaschedError
+from rdmasched.scheduler import (
+    Action,
+    Cancel,
+    Event,
+    Forward,
+    PeerTable,
+    Preempt,
+    Scheduler,
+    SchedulerError,
+    Start,
+    Task,
+)
+from rdmasched.wire import Flag, Kind
+
+_log = logging.getLogger("rdmasched.daemon")
+
+DispatchHandler = Callable[[Task, int], None]
+PreemptHandler = Callable[[Task, int, bool], int]
+SyncHandler = Callable[[Task, int], None]
+CompleteHandler = Callable[[int, int], None]
+
+#: sync tasks get ids from their own space so they never collide with submitted tasks
+SYNC_ID_BASE = 1 << 63
+
+
+def sync_task_id(group: int, step: int) -> int:
+    return SYNC_ID_BASE | ((group & 0x7FFFFFFF) << 32) | (step & 0xFFFFFFFF)
+
+
+class Reactions:
+    """Preemption reaction times (trigger slot written -> preempt handler entered), ns."""
+
+    def __init__(self, keep: int = 100_000) -> None:
+        self.samples: list[int] = []
+        self.keep = keep
+        self.count = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        if len(self.samples) < self.keep:
+            self.samples.append(ns)
+        else:  # keep a uniform sample of all of them
+            j = hash((self.count, ns)) % self.count
+            if j < self.keep:
+                self.samples[j] = ns
+
+    def percentile_us(self, q: float) -> float | None:
+        if not self.samples:
+            return None
+        s = sorted(self.samples)
+        return s[min(len(s) - 1, int(q * len(s)))] / 1000.0
+
+
+class Node:
+    def __init__(
+        self,
+        cluster: ClusterConfig,
+        node: int | str,
+        *,
+        links: Links | None = None,
+        spin_us: int = 200,
+        starvation_us: int = 1_000_000,
+        aging_us: int | None = 100_000,
+        events: int = 4096,
+        sync_cost_ns: int = 0,
+        max_hops: int = 2,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.cluster = cluster
+        self.spec = cluster.node(node)
+        self.id = self.spec.id
+        self.clock = clock
+        self._links_given = links
+        self._spin_us = spin_us
+        self.peers = PeerTable(clock=clock, dead_after_us=cluster.dead_after_ms * 1000)
+        for n in cluster.nodes:
+            if n.id != self.id:
+                self.peers.add(n.id, n.domain)
+        self.scheduler = Scheduler(
+            self.spec.slots,
+            clock=clock,
+            starvation_us=starvation_us,
+            aging_us=aging_us,
+            events=events,
+            node_id=self.id,
+            peers=self.peers,
+            domain=self.spec.domain,
+            max_hops=max_hops,
+        )
+        self.sync_cost_ns = sync_cost_ns
+        self.reactions = Reactions()
+        self.rejected: dict[str, int] = {}
+        self._dispatch: DispatchHandler | None = None
+        self._preempt: PreemptHandler | None = None
+        self._sync: SyncHandler | None = None
+        self._complete: CompleteHandler | None = None
+        self._groups: dict[int, frozenset[int]] = {}
+        self._trigger_ns = 0
+        self._load = -1
+        self.loop: Loop | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    # ---- construction --------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, path: str, node: int | str, **kw: Any) -> Node:
+        return cls(ClusterConfig.load(path), node, **kw)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **kw: Any) -> Node:
+        cluster, rank = ClusterConfig.from_env(env)
+        return cls(cluster, rank, **kw)
+
+    # ---- handlers --------------------------------------------------------------------------
+    def on_dispatch(self, fn: DispatchHandler) -> DispatchHandler:
+        """`fn(task, slot)`: start `task` on execution slot `slot`. Return quickly."""
+        self._dispatch = fn
+        return fn
+
+    def on_preempt(self, fn: PreemptHandler) -> PreemptHandler:
+        """`fn(task, slot, cancel) -> progress_ns`: stop `task` now (checkpoint or yield)."""
+        self._preempt = fn
+        return fn
+
+    def on_sync(self, fn: SyncHandler) -> SyncHandler:
+        """`fn(task, slot)`: run a group's sync task (its `group`; step in `task.payload`)."""
+        self._sync = fn
+        return fn
+
+    def on_complete(self, fn: CompleteHandler) -> CompleteHandler:
+        """`fn(task_id, node)`: a task this node submitted completed on node `node`."""
+        self._complete = fn
+        return fn
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def open(self) -> None:
+        """Create the lanes and connect to the peers (they must be starting too)."""
+        if self.loop is not None:
+            return
+        links = self._links_given
+        if links is None:
+            if self.cluster.transport != "shm":
+                raise ConfigError(
+                    f"transport {self.cluster.transport!r}: pass links= made "
+                    "by that transport (the daemon builds shm links itself)"
+                )
+            links = ShmLinks(
+                self.cluster.name,
+                self.id,
+                (n.id for n in self.cluster.nodes),
+                nslots=self.cluster.slots_per_lane,
+            )
+        self.loop = Loop(links, spin_us=self._spin_us, clock=self.clock)
+        self._schedule_heartbeat()
+
+    def run(self, until: Callable[[], bool] | None = None) -> None:
+        """Run the loop on this thread until `stop()` (or `until()` is true)."""
+        self.open()
+        assert self.loop is not None
+        self.loop.run(self._on_message, until)
+
+    def start(self) -> Node:
+        """Open and run the loop on a background thread."""
+        self.open()
+        self._thread = threading.Thread(
+            target=self._run_thread, name=f"rdmasched-node{self.id}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def _run_thread(self) -> None:
+        try:
+            self.run()
+        except BaseException as exc:  # surfaced by stop()
+            self._error = exc
+            _log.exception("node %d: loop failed", self.id)
+
+    def stop(self) -> None:
+        """Stop the loop, close the lanes. Safe to call twice."""
+        loop = self.loop
+        if loop is None:
+            return
+        loop.stop()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(10)
+            self._thread = None
+        self.loop = None
+        close_quietly(loop.links)
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise RdmaschedError(f"node {self.id}: the loop failed: {err}") from err
+
+    close = stop
+
+    def __enter__(self) -> Node:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- the API ---------------------------------------------------------------------------
+    def _call(self, fn: Callable[[], None]) -> None:
+        if self.loop is None:
+            raise RdmaschedError(f"node {self.id} is not running")
+        self.loop.post(fn)
+
+    def submit(
+        self,
+        task_id: int,
+        *,
+        job: int = 0,
+        priority: int = 0,
+        cost_ns: int = 0,
+        payload: dict[str, Any] | None = None,
+    ) -> None:
+        """Run a task here if a slot is free, else on a lighter peer (power of two choices,
+        same topology domain first), else queue it here."""
+        task = self._new_task(task_id, job, priority, cost_ns, payload)
+        self._call(lambda: self._act(self._guard(lambda: self.scheduler.submit(task))))
+
+    def dispatch(
+        self,
+        task_id: int,
+        *,
+        to: int | None = None,
+        job: int = 0,
+        priority: int = 0,
+        cost_ns: int = 0,
+        payload: dict[str, Any] | None = None,
+    ) -> None:
+        """DISPATCH a task to node `to` (default: this node), bypassing placement."""
+        task = self._new_task(task_id, job, priority, cost_ns, payload)
+        if to is None or to == self.id:
+            self._call(lambda: self._act(self._guard(lambda: self.scheduler.dispatch(task))))
+        else:
+            self._check_peer(to)
+            self._call(lambda: self._send_task(to, task, submitted=False))
+
+    def preempt(
+        self,
+        task_id: int | None = None,
+        *,
+        job: int | None = None,
+        node: int | None = None,
+        cancel: bool = False,
+    ) -> None:
+        """PREEMPT a task (or every task of `job`) on `node` (default: this node)."""
+        if (task_id is None) == (job is None):
+            raise ValueError("preempt needs exactly one of task_id and job")
+        if node is None or node == self.id:
+
+            def local() -> None:
+                self._trigger_ns = self.clock()
+                self._act(
+                    self._guard(
+                        lambda: self.scheduler.preempt(task_id, job=job, cancel=cancel),
+                        task_id or 0,
+                    )
+                )
+
+            self._call(local)
+            return
+        self._check_peer(node)
+        flags = (Flag.CANCEL if cancel else 0) | (Flag.JOB if job is not None else 0)
+        tid, jid = task_id or 0, job or 0
+        self._call(lambda: self._send(node, Kind.PREEMPT, tid, jid, 0, int(flags), self.clock()))
+
+    def define_group(self, group: int, members: Iterable[int]) -> None:
+        """Declare sync group `group` (its member node ids); every member declares it too."""
+        mem = frozenset(members)
+        for m in mem:
+            self.cluster.node(m)
+        if self.id not in mem:
+            raise ConfigError(f"node {self.id} is not a member of group {group}")
+        if not 0 <= group < (1 << 31):
+            raise ValueError("group ids are 0..2**31-1")
+
+        def step_task(g: int, step: int) -> Task:
+            return Task(
+                sync_task_id(g, step),
+                g,
+                255,
+                self.sync_cost_ns,
+                payload={"step": step},
+                origin=self.id,
+            )
+
+        def define() -> None:
+            self.scheduler.define_group(group, mem, step_task)
+            self._groups[group] = mem
+
+        self._call(define)
+
+    def sync_ready(self, group: int, step: int) -> None:
+        """This node reached `step` of `group`: tell every member (and count itself)."""
+
+        def announce() -> None:
+            mem = self._groups.get(group)
+            if mem is None:
+                self._reject("unknown-group", f"sync_ready for undefined group {group}")
+                return
+            now = self.clock()
+            for m in mem:
+                if m != self.id:
+                    self._send(m, Kind.SYNC_READY, group, group, 0, 0, step, now, self.id)
+            self._trigger_ns = now
+            self._act(self._guard(lambda: self.scheduler.sync_ready(group, step, self.id)))
+
+        self._call(announce)
+
+    def complete(self, task_id: int, *, runtime_ns: int = 0) -> None:
+        """The work of `task_id` finished: free its slot, start the next, tell its origin."""
+
+        def done() -> None:
+            try:
+                task = self.scheduler.get(task_id)
+            except SchedulerError as exc:
+                self._reject("unknown-task", str(exc))
+                return
+            actions = self._guard(lambda: self.scheduler.complete(task_id), task_id)
+            if task.origin != self.id:
+                self._send(
+                    task.origin,
+                    Kind.COMPLETE,
+                    task_id,
+                    task.job,
+                    0,
+                    0,
+                    runtime_ns,
+                    task.progress_ns,
+                    0,
+                )
+            self._act(actions)
+
+        self._call(done)
+
+    def call_later(self, delay_ns: int, fn: Callable[[], None]) -> None:
+        """Run `fn` on the loop thread after `delay_ns` (timers for simulated work)."""
+        self._call(lambda: self._loop().call_later(delay_ns, fn))
+
+    def flush(self, timeout_s: float = 10.0) -> None:
+        """Return once the loop has carried out every call made before this one.
+
+        Calls from other threads are handed to the loop and return at once; this is how a
+        caller knows that, say, `define_group` has taken effect before peers send SYNC_READY.
+        """
+        if self.loop is None or self.loop.in_loop():
+            return
+        done = threading.Event()
+        self._call(done.set)
+        if not done.wait(timeout_s):
+            raise RdmaschedError(
+                f"node {self.id}: the loop did not catch up within {timeout_s:g} s"
+            )
+
+    def explain(self, task_id: int) -> list[Event]:
+        """Every recorded decision about `task_id`: when, what, why, and what it beat."""
+        return self.scheduler.explain(task_id)
+
+    def events_jsonl(self) -> Iterator[str]:
+        return self.scheduler.events_jsonl()
+
+    def stats(self) -> dict[str, Any]:
+        loop = self.loop
+        lanes = loop.links.inbound.stats() if loop else []
+        bad = (
+            {
+                k: sum(s[k] for s in lanes)
+                for k in (
+                    "bad_crc",
+                    "malformed",
+                    "stale_epoch",
+                    "stale_lap",
+                    "truncated",
+                    "orphans",
+                    "gaps",
+                    "bad_meta",
+                )
+            }
+            if lanes
+            else {}
+        )
+        return {
+            "node": self.id,
+            "msgs_in": loop.msgs_in if loop else 0,
+            "msgs_out": loop.msgs_out if loop else 0,
+            "outbox_waits": loop.outbox_waits if loop else 0,
+            "dropped": loop.dropped if loop else 0,
+            "dead_peers": sorted(loop.dead_peers) if loop else [],
+            "dead_detected_s": dict(loop.dead_at) if loop else {},
+            "preempt_reactions": self.reactions.count,
+            "preempt_reaction_p50_us": self.reactions.percentile_us(0.5),
+            "preempt_reaction_p99_us": self.reactions.percentile_us(0.99),
+            "rejected": dict(self.rejected),
+            "bad_slots": bad,
+            "scheduler": self.scheduler.stats().as_dict(),
+        }
+
+    # ---- internals -------------------------------------------------------------------------
+    def _loop(self) -> Loop:
+        assert self.loop is not None
+        return self.loop
+
+    def _new_task(
+        self, task_id: int, job: int, priority: int, cost_ns: int, payload: dict[str, Any] | None
+    ) -> Task:
+        if not 0 <= task_id < SYNC_ID_BASE:
+            raise ValueError(
+                f"task ids are 0..2**63-1 (2**63 and up are sync tasks), not {task_id}"
+            )
+        if not 0 <= priority <= 254:
+            raise ValueError(f"priority must be 0..254 (255 is for sync tasks), not {priority}")
+        if not 0 <= job < (1 << 64) or cost_ns < 0:
+            raise ValueError("job must be a u64 and cost_ns >= 0")
+        return Task(task_id, job, priority, cost_ns, payload=payload, origin=self.id)
+
+    def _check_peer(self, node: int) -> None:
+        self.cluster.node(node)
+
+    def _reject(self, reason: str, detail: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        _log.warning("node %d: rejected (%s): %s", self.id, reason, detail)
+
+    def _guard(self, fn: Callable[[], list[Action]], task_id: int = 0) -> list[Action]:
+        """Scheduler input errors are counted and logged; the node keeps running."""
+        try:
+            return fn()
+        except (SchedulerError, ValueError) as exc:
+            self._reject(type(exc).__name__, str(exc))
+            return []
+
+    def _send(
+        self,
+        peer: int,
+        kind: int,
+        id: int = 0,
+        job: int = 0,
+        priority: int = 0,
+        flags: int = 0,
+        arg0: int = 0,
+        arg1: int = 0,
+        arg2: int = 0,
+        hops: int = 0,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self._loop().send(peer, kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta)
+
+    def _send_task(self, peer: int, task: Task, submitted: bool) -> None:
+        flags = Flag.SUBMITTED if submitted else 0
+        self._send(
+            peer,
+            Kind.DISPATCH,
+            task.id,
+            task.job,
+            task.priority,
+            int(flags),
+            task.cost_ns,
+            task.progress_ns,
+            task.origin,
+            task.hops,
+            task.payload,
+        )
+
+    def _act(self, actions: list[Action]) -> None:
+        """Carry out the scheduler's decisions, in order."""
+        i = 0
+        while i < len(actions):
+            a = actions[i]
+            i += 1
+            if isinstance(a, Start):
+                t = a.task
+                if t.group is not None:
+                    if self._sync is not None:
+                        self._sync(t, a.slot)
+                elif self._dispatch is not None:
+                    self._dispatch(t, a.slot)
+            elif isinstance(a, Preempt):
+                if self._trigger_ns:
+                    self.reactions.add(self.clock() - self._trigger_ns)
+                progress = a.victim.progress_ns
+                if self._preempt is not None:
+                    progress = int(self._preempt(a.victim, a.slot, a.cancel))
+                victim_id = a.victim.id
+
+                def requeue(victim_id: int = victim_id, progress: int = progress) -> list[Action]:
+                    return self.scheduler.yielded(victim_id, progress)
+
+                actions[i:i] = self._guard(requeue)
+            elif isinstance(a, Forward):
+                self._send_task(a.peer, a.task, submitted=True)
+            elif isinstance(a, Cancel):
+                _log.info("node %d: task %d cancelled", self.id, a.task.id)
+        self._trigger_ns = 0
+        load = self.scheduler.load_hint()
+        if load != self._load:
+            self._load = load
+            self._loop().set_load(load)
+
+    def _on_message(self, m: Message, peer: int) -> None:
+        self.peers.seen(peer, m.load)
+        kind = m.kind
+        if kind == Kind.DISPATCH:
+            task = Task(
+                m.id, m.job, m.priority, m.arg0, m.arg1, m.meta, origin=int(m.arg2), hops=m.hops
+            )
+            # Placed work may move on to a lighter peer; work sent here is for here.
+            place = self.scheduler.submit if m.flags & Flag.SUBMITTED else self.scheduler.dispatch
+            self._act(self._guard(lambda: place(task), m.id))
+        elif kind == Kind.PREEMPT:
+            self._trigger_ns = m.arg0
+            cancel = bool(m.flags & Flag.CANCEL)
+            if m.flags & Flag.JOB:
+                self._act(self._guard(lambda: self.scheduler.preempt(job=m.job, cancel=cancel)))
+            else:
+                self._act(self._guard(lambda: self.scheduler.preempt(m.id, cancel=cancel), m.id))
+        elif kind == Kind.SYNC_READY:
+            self._trigger_ns = m.arg1
+            self._act(self._guard(lambda: self.scheduler.sync_ready(m.id, m.arg0, m.arg2)))
+        elif kind == Kind.COMPLETE:
+            try:
+                self.scheduler.remote_complete(peer, m.id)
+            except SchedulerError as exc:  # counted by the scheduler; not ours: skip
+                self._reject(type(exc).__name__, str(exc))
+                return
+            if self._complete is not None:
+                self._complete(m.id, peer)
+        elif kind == Kind.HEARTBEAT:
+            pass  # `seen` above is all it is for
+        else:
+            self._reject("unknown-kind", f"kind {kind} from node {peer}")
+
+    def _schedule_heartbeat(self) -> None:
+        period = self.cluster.heartbeat_ms * 1_000_000
+
+        def beat() -> None:
+            loop = self._loop()
+            now = self.clock()
+            queued = len(self.scheduler.queued())
+            running = len(self.scheduler.running())
+            for p in self.peers.alive():
+                loop.send(p, Kind.HEARTBEAT, 0, 0, 0, 0, now, queued, running)
+            for p in self.peers.dead():
+                if p not in loop.dead_peers:
+                    loop.mark_dead(p)
+            self._act(self.scheduler.check_peers())
+            loop.call_later(period, beat)
+
+        self._loop().call_later(period, beat)

@@ -1,0 +1,406 @@
+"""`rdmasched demo`: a local cluster of N node processes over shm, under rdmasched and under
+a central scheduler, with the same workload; prints both side by side.
+
+Each mode: start the processes (and, for the central baseline, the coordinator), connect the
+lanes, start the workload on every node at once, show progress, and collect every node's
+figures when all nodes have run all steps.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from rdmasched.demo.workload import GROUP, Trainer, WorkloadConfig
+
+ctx = mp.get_context("fork")
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    nodes: int = 4
+    slots: int = 4
+    spin_us: int = 50
+    starvation_us: int = 1_000_000
+    aging_us: int = 100_000
+    timeout_s: float = 300.0
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    trace_dir: str | None = None
+
+
+def _percentile(samples: list[int], q: float) -> float | None:
+    if not samples:
+        return None
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(q * len(s)))] / 1000.0
+
+
+# ---- processes ------------------------------------------------------------------------------
+class _Shared:
+    def __init__(self, n: int) -> None:
+        self.progress = ctx.RawArray("i", n)
+        self.stop = ctx.RawValue("i", 0)
+        self.go = ctx.Barrier(n + 1)  # every node (and the runner) connected
+
+
+def _child(fn: Callable[..., dict[str, Any]], out: Any, *args: Any) -> None:
+    try:
+        out.send(("ok", fn(*args)))
+    except BaseException as exc:
+        out.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        out.close()
+
+
+def _progress_timer(loop: Any, trainer: Trainer, shared: _Shared, idx: int) -> None:
+    def tick() -> None:
+        shared.progress[idx] = trainer.step
+        loop.call_later(50_000_000, tick)
+
+    loop.call_later(50_000_000, tick)
+
+
+def rdmasched_node(cfg: DemoConfig, cluster_name: str, i: int, shared: _Shared) -> dict[str, Any]:
+    from rdmasched.cluster import local_cluster
+    from rdmasched.daemon.node import Node
+    from rdmasched.scheduler import Task
+
+    w = cfg.workload
+    cluster = local_cluster(cfg.nodes, cfg.slots, name=cluster_name)
+    node = Node(
+        cluster,
+        i,
+        spin_us=cfg.spin_us,
+        starvation_us=cfg.starvation_us,
+        aging_us=cfg.aging_us,
+        sync_cost_ns=int(w.sync_ms * 1e6),
+    )
+
+    class Backend:
+        def now(self) -> int:
+            return node.clock()
+
+        def call_later(self, delay_ns: int, fn: Any) -> None:
+            node.loop.call_later(delay_ns, fn)  # type: ignore[union-attr]
+
+        def submit_local(self, task: Task) -> None:
+            node.dispatch(task.id, job=task.job, priority=task.priority, cost_ns=task.cost_ns)
+
+        def sync_ready(self, step: int) -> None:
+            node.sync_ready(GROUP, step)
+
+        def complete(self, task: Task, runtime_ns: int) -> None:
+            node.complete(task.id, runtime_ns=runtime_ns)
+
+    trainer = Trainer(i, cfg.slots, w, Backend())
+    node.on_dispatch(trainer.on_start)
+    node.on_sync(trainer.on_start)
+    node.on_preempt(trainer.on_preempt)
+    node.open()
+    try:
+        node.define_group(GROUP, range(cfg.nodes))
+        shared.go.wait(60)
+        node.call_later(0, trainer.begin)
+        assert node.loop is not None
+        _progress_timer(node.loop, trainer, shared, i)
+        node.run(until=lambda: bool(shared.stop.value))
+        _write_trace(cfg, f"rdmasched-node{i}", node.events_jsonl())
+        st = node.stats()
+        return {
+            **trainer.figures(),
+            "msgs_in": st["msgs_in"],
+            "msgs_out": st["msgs_out"],
+            "reactions": node.reactions.samples,
+            "rejected": st["rejected"],
+            "bad_slots": st["bad_slots"],
+            "decisions": st["scheduler"].get("decisions"),
+        }
+    finally:
+        node.stop()
+
+
+def coordinator_proc(cfg: DemoConfig, cluster_name: str, shared: _Shared) -> dict[str, Any]:
+    from rdmasched.daemon.links import ShmLinks
+    from rdmasched.daemon.loop import Loop
+    from rdmasched.demo.central import Coordinator
+
+    me = cfg.nodes
+    links = ShmLinks(cluster_name, me, range(cfg.nodes), nslots=256)
+    try:
+        loop = Loop(links, spin_us=cfg.spin_us)
+        coord = Coordinator(
+            loop,
+            dict.fromkeys(range(cfg.nodes), cfg.slots),
+            group=GROUP,
+            sync_cost_ns=int(cfg.workload.sync_ms * 1e6),
+            starvation_us=cfg.starvation_us,
+            aging_us=cfg.aging_us,
+        )
+        shared.go.wait(60)
+        t0 = time.monotonic()
+        loop.run(coord.on_message, until=lambda: bool(shared.stop.value))
+        for node, sched in coord.sched.items():
+            _write_trace(cfg, f"central-node{node}", sched.events_jsonl())
+        return {
+            "msgs_in": loop.msgs_in,
+            "msgs_out": loop.msgs_out,
+            "duration_s": time.monotonic() - t0,
+            "decisions": coord.decisions,
+            "rejected": coord.rejected,
+        }
+    finally:
+        links.close()
+
+
+def central_node(cfg: DemoConfig, cluster_name: str, i: int, shared: _Shared) -> dict[str, Any]:
+    from rdmasched.daemon.links import ShmLinks
+    from rdmasched.daemon.loop import Loop
+    from rdmasched.demo.central import Executor
+
+    links = ShmLinks(cluster_name, i, [cfg.nodes], nslots=256)
+    try:
+        loop = Loop(links, spin_us=cfg.spin_us)
+        ex = Executor(loop, i, cfg.nodes)
+        trainer = Trainer(i, cfg.slots, cfg.workload, ex)
+        ex.trainer = trainer
+        shared.go.wait(60)
+        loop.call_later(0, trainer.begin)
+        _progress_timer(loop, trainer, shared, i)
+        loop.run(ex.on_message, until=lambda: bool(shared.stop.value))
+        return {
+            **trainer.figures(),
+            "msgs_in": loop.msgs_in,
+            "msgs_out": loop.msgs_out,
+            "reactions": ex.reactions.samples,
+        }
+    finally:
+        links.close()
+
+
+def _write_trace(cfg: DemoConfig, name: str, lines: Iterable[str]) -> None:
+    if not cfg.trace_dir:
+        return
+    os.makedirs(cfg.trace_dir, exist_ok=True)
+    with open(os.path.join(cfg.trace_dir, f"{name}.jsonl"), "w") as f:
+        for line in lines:
+            f.write(line + "\n")
+
+
+def read_traces(directory: str, task: int | None = None) -> Iterator[str]:
+    """Every event of every trace file in `directory`, in time order, tagged with its file.
+
+    Only the scheduler's bounded event ring is kept, so a long run keeps its latest events.
+    """
+    events = []
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".jsonl"))
+    except FileNotFoundError:
+        raise SystemExit(f"rdmasched trace: no directory {directory}") from None
+    if not names:
+        raise SystemExit(
+            f"rdmasched trace: no *.jsonl traces in {directory} "
+            "(write them with `rdmasched demo --trace DIR`)"
+        )
+    for name in names:
+        with open(os.path.join(directory, name)) as f:
+            for line in f:
+                e = json.loads(line)
+                if task is not None and e["task_id"] != task and task not in e["beaten"]:
+                    continue
+                e["source"] = name[: -len(".jsonl")]
+                events.append(e)
+    events.sort(key=lambda e: e["t_ns"])
+    for e in events:
+        yield json.dumps(e)
+
+
+# ---- one mode -------------------------------------------------------------------------------
+def run_mode(
+    mode: str, cfg: DemoConfig, progress: Callable[[str, list[int]], None] | None
+) -> dict[str, Any]:
+    name = f"{mode[:4]}{os.getpid() % 10000}{uuid.uuid4().hex[:6]}"
+    shared = _Shared(cfg.nodes + (1 if mode == "central" else 0))
+    jobs: list[tuple[Callable[..., dict[str, Any]], tuple[Any, ...]]] = []
+    for i in range(cfg.nodes):
+        fn = rdmasched_node if mode == "rdmasched" else central_node
+        jobs.append((fn, (cfg, name, i, shared)))
+    if mode == "central":
+        jobs.append((coordinator_proc, (cfg, name, shared)))
+    pipes, procs = [], []
+    for fn, args in jobs:
+        r, w = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_child, args=(fn, w, *args), daemon=True)
+        p.start()
+        w.close()
+        pipes.append(r)
+        procs.append(p)
+    results: list[dict[str, Any]] = []
+    try:
+        try:
+            shared.go.wait(60)
+        except threading.BrokenBarrierError:
+            raise RuntimeError(
+                f"{mode}: the processes did not all start: {_child_errors(pipes)}"
+            ) from None
+        deadline = time.monotonic() + cfg.timeout_s
+        steps = cfg.workload.steps
+        while True:
+            done = [shared.progress[i] for i in range(cfg.nodes)]
+            if progress:
+                progress(mode, done)
+            if all(d >= steps for d in done):
+                break
+            for p in procs:
+                if not p.is_alive():
+                    raise RuntimeError(
+                        f"{mode}: a node process exited early (exit code {p.exitcode})"
+                    )
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{mode}: not finished within {cfg.timeout_s:g} s (steps done per node: {done})"
+                )
+            time.sleep(0.1)
+        shared.stop.value = 1
+        for r in pipes:
+            if not r.poll(60):
+                raise RuntimeError(f"{mode}: a process did not report")
+            status, value = r.recv()
+            if status != "ok":
+                raise RuntimeError(f"{mode}: a process failed: {value}")
+            results.append(value)
+    finally:
+        shared.stop.value = 1
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return summarize(mode, cfg, results)
+
+
+def _child_errors(pipes: list[Any]) -> str:
+    errors = []
+    for r in pipes:
+        if r.poll(2):
+            status, value = r.recv()
+            if status != "ok":
+                errors.append(value)
+    return "\n".join(errors) or "no process reported an error (a start-up timeout?)"
+
+
+def summarize(mode: str, cfg: DemoConfig, results: list[dict[str, Any]]) -> dict[str, Any]:
+    nodes = results[: cfg.nodes]
+    extra = results[cfg.nodes :]
+    all_reactions: list[int] = []
+    per_node = []
+    for r in nodes:
+        reactions = r.pop("reactions")
+        all_reactions += reactions
+        dur = r["duration_s"]
+        per_node.append(
+            {
+                "node": r["node"],
+                "slot_idle_pct": r["slot_idle_pct"],
+                "step_time_ms": r["step_time_ms"],
+                "preempt_reaction_p50_us": _percentile(reactions, 0.5),
+                "preempt_reaction_p99_us": _percentile(reactions, 0.99),
+                "msgs_per_s": r["msgs_in"] / dur if dur else 0.0,
+                "preemptions": r["preemptions"],
+                "steps": r["steps"],
+                "duration_s": dur,
+            }
+        )
+    dur = max(r["duration_s"] for r in nodes)
+    msgs = sum(r["msgs_in"] for r in nodes) + sum(r["msgs_in"] for r in extra)
+    steps = [n["step_time_ms"] for n in per_node if n["step_time_ms"] is not None]
+    out: dict[str, Any] = {
+        "slot_idle_pct": sum(n["slot_idle_pct"] for n in per_node) / len(per_node),
+        "step_time_ms": sum(steps) / len(steps) if steps else None,
+        "preempt_reaction_p50_us": _percentile(all_reactions, 0.5),
+        "preempt_reaction_p99_us": _percentile(all_reactions, 0.99),
+        "msgs_per_s": msgs / dur if dur else 0.0,
+        "duration_s": dur,
+        "nodes": per_node,
+    }
+    if extra:
+        out["coordinator"] = extra[0]
+    return out
+
+
+def run(cfg: DemoConfig, progress: bool = True) -> dict[str, Any]:
+    def bar(mode: str, done: list[int]) -> None:
+        total = cfg.workload.steps * cfg.nodes
+        k = sum(min(d, cfg.workload.steps) for d in done)
+        width = 30
+        fill = int(width * k / total) if total else width
+        sys.stderr.write(
+            f"\r  {mode:<9} [{'#' * fill}{'.' * (width - fill)}] {k}/{total} node-steps"
+        )
+        if k >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    cb = bar if progress else None
+    return {"rdmasched": run_mode("rdmasched", cfg, cb), "central": run_mode("central", cfg, cb)}
+
+
+def print_report(cfg: DemoConfig, res: dict[str, Any], file: Any = None) -> None:
+    file = file or sys.stdout
+    w = cfg.workload
+    print(
+        f"rdmasched demo: {cfg.nodes} nodes x {cfg.slots} slots on shm, {w.steps} steps of "
+        f"{cfg.slots} compute tasks ({w.compute_ms:g} ms +-{w.jitter:.0%}) + gradient sync "
+        f"({w.sync_ms:g} ms), background tasks of {w.background_ms:g} ms",
+        file=file,
+    )
+    rows = [
+        ("slot idle %", "slot_idle_pct", "{:.2f}"),
+        ("step time ms", "step_time_ms", "{:.2f}"),
+        ("preempt reaction p50 us", "preempt_reaction_p50_us", "{:.1f}"),
+        ("preempt reaction p99 us", "preempt_reaction_p99_us", "{:.1f}"),
+        ("messages/s (cluster)", "msgs_per_s", "{:,.0f}"),
+    ]
+    a, c = res["rdmasched"], res["central"]
+    print(f"{'':<26}{'rdmasched':>14}{'central':>14}{'central/rdmasched':>20}", file=file)
+    for label, key, fmt in rows:
+        va, vc = a.get(key), c.get(key)
+        ratio = f"{vc / va:.2f}x" if va and vc else "-"
+        print(f"{label:<26}{_fmt(fmt, va):>14}{_fmt(fmt, vc):>14}{ratio:>20}", file=file)
+    print("\nper node (rdmasched | central):", file=file)
+    print(
+        f"{'node':>4} {'idle %':>14} {'step ms':>16} {'react p50 us':>16} "
+        f"{'react p99 us':>16} {'msgs/s':>20}",
+        file=file,
+    )
+    for na, nc in zip(a["nodes"], c["nodes"], strict=True):
+        print(
+            f"{na['node']:>4} "
+            f"{_fmt('{:.2f}', na['slot_idle_pct']):>6} | {_fmt('{:.2f}', nc['slot_idle_pct']):>5} "
+            f"{_fmt('{:.2f}', na['step_time_ms']):>7} | {_fmt('{:.2f}', nc['step_time_ms']):>6} "
+            f"{_fmt('{:.1f}', na['preempt_reaction_p50_us']):>7} | "
+            f"{_fmt('{:.1f}', nc['preempt_reaction_p50_us']):>6} "
+            f"{_fmt('{:.1f}', na['preempt_reaction_p99_us']):>7} | "
+            f"{_fmt('{:.1f}', nc['preempt_reaction_p99_us']):>6} "
+            f"{_fmt('{:,.0f}', na['msgs_per_s']):>9} | {_fmt('{:,.0f}', nc['msgs_per_s']):>8}",
+            file=file,
+        )
+    ia, ic = a["slot_idle_pct"], c["slot_idle_pct"]
+    if ia is not None and ic is not None:
+        print(
+            f"\nslot idle time: rdmasched {ia:.2f}% vs central {ic:.2f}% "
+            f"({ic - ia:+.2f} points; {100 * (ic - ia) / ic if ic else 0:.0f}% less idle time)",
+            file=file,
+        )
+
+
+def _fmt(fmt: str, v: Any) -> str:
+    return "-" if v is None else fmt.format(v)

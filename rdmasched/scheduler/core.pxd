@@ -1,0 +1,67 @@
+# Cython declarations for core.py ("augmenting .pxd", pure-Python mode).
+#
+# core.py stays the one source of the policy and runs as plain Python.  Built with
+# Cython (``cythonize -i rdmasched/scheduler/core.py``, or by setup.py), this file
+# turns Scheduler into an extension type: its state becomes typed C fields and the
+# internal methods below become C calls.  Keep it in step with core.py: every
+# attribute the class sets must be declared here, and the signatures must match.
+
+cimport cython
+
+
+cdef class Scheduler:
+    cdef readonly Py_ssize_t nslots
+    cdef public object node_id
+    cdef readonly object starvation_ns
+    cdef readonly object aging_ns
+    cdef object _clock
+    cdef tuple _offset
+    cdef list _slots
+    cdef list _free
+    cdef list _heap
+    cdef object _fifo
+    cdef list _run
+    cdef dict _tasks
+    cdef Py_ssize_t _nqueued
+    cdef long long _seq
+    cdef object _ring
+    cdef Py_ssize_t _ring_max
+    cdef dict _groups
+    cdef object _peers
+    cdef str _domain
+    cdef Py_ssize_t _max_hops
+    cdef object _rng
+    cdef dict _rejected
+    cdef object _starve_at
+    cdef Py_ssize_t _run_cap
+    cdef readonly long long _n_starts, _n_queued, _n_preemptions, _n_peer_preemptions
+    cdef readonly long long _n_requeues, _n_cancels, _n_keeps, _n_completions
+    cdef readonly long long _n_sync_releases, _n_sync_reports, _n_forwards
+    cdef readonly long long _n_redispatches, _n_starved_starts
+
+    @cython.locals(free=list, slot=Py_ssize_t)
+    cpdef list dispatch(self, task)
+    @cython.locals(slot=Py_ssize_t, out=list)
+    cpdef list complete(self, task_id)
+    cpdef list yielded(self, task_id, progress_ns)
+    cdef list _complete_other(self, task_id, task, now)
+    cdef _admit(self, task, now, bint sync)
+    cdef list _place(self, task, now)
+    @cython.locals(run=list, victim=tuple, e=tuple)
+    cdef list _place_busy(self, task, now)
+    cdef list _preempt_for(self, task, tuple victim_entry, now)
+    @cython.locals(seq=cython.longlong, e=tuple, run=list)
+    cdef _run_on(self, task, Py_ssize_t slot, now)
+    cdef _off_slot(self, task, Py_ssize_t slot)
+    @cython.locals(e=tuple, heap=list, nq=Py_ssize_t)
+    cdef tuple _enqueue(self, task, now)
+    @cython.locals(nq=Py_ssize_t)
+    cdef _unqueue(self, task)
+    cdef _compact_fifo(self)
+    cdef _head(self)
+    @cython.locals(e=tuple)
+    cdef _oldest_starved(self, now)
+    cdef bint _heads_queue(self, task, now)
+    @cython.locals(heap=list, head=tuple, pick=tuple, nxt=tuple, beaten=tuple)
+    cdef _fill(self, Py_ssize_t slot, now, list out)
+    cdef _event(self, now, decision, task_id, str reason, tuple beaten)

@@ -1,0 +1,918 @@
+# cython: language_level=3, annotation_typing=False, boundscheck=False, wraparound=False
+"""The per-node scheduler: pure decision logic on a clock, no I/O.
+
+Rules (docs/SCHEDULER.md states them with their reasons):
+
+* Queue order: sync tasks first (FIFO among them); then any compute task that has waited
+  ``starvation_us`` or more, oldest wait first; then the rest by rank: priority (higher
+  first) then enqueue time (older first) then id (lower first).  With ``aging_us`` a
+  queued task's rank also rises one priority level per ``aging_us`` waited.
+* A task dispatched onto a node with a free slot starts at once.  With no free slot, it
+  preempts the lowest-priority running task (ties: the most recently started) when its
+  priority is strictly higher and it would be the head of the queue; otherwise it queues.
+* A freed slot goes to the head of the queue.
+* A victim is off its slot as soon as the daemon has run the preempt handler; ``yielded()``
+  then requeues it with its progress (keeping its place), or drops it if cancelled.
+
+This file is also compiled by Cython (pure-Python mode: ``core.pxd`` beside it declares
+the attribute and internal-method types; the directives are on the first line).  The
+compiled module has the same behaviour and takes precedence on import when it is built;
+``IMPLEMENTATION`` says which one is loaded.
+
+Hot-path notes: the queue is a heap of tuples ``(key, -priority, enqueued_ns, id, task)``
+with lazy deletion (an entry is live iff ``task.qentry is entry``); the starvation check
+reads the head of a FIFO of the same entries; running tasks sit in a second heap keyed
+``(priority, -start_seq, slot, task)`` for the victim choice.  Events are raw tuples in a
+``deque(maxlen=events)``.  Stale entries are compacted away when they outnumber the live.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, fields
+from heapq import heapify, heappop, heappush
+from typing import Any, NoReturn
+
+from rdmasched.scheduler.actions import Action, Cancel, Forward, Preempt, Start
+from rdmasched.scheduler.errors import (
+    DuplicateTaskError,
+    InvalidTaskError,
+    SchedulerError,
+    StaleStepError,
+    TaskStateError,
+    UnknownGroupError,
+    UnknownJobError,
+    UnknownMemberError,
+    UnknownTaskError,
+)
+from rdmasched.scheduler.events import NO_TASK, Decision, Event, RawEvent, to_jsonl
+from rdmasched.scheduler.placement import (
+    DEFAULT_MAX_HOPS,
+    PeerTable,
+    can_spill,
+    choose_peer,
+)
+from rdmasched.scheduler.task import (
+    COMPUTE_PRIORITY_MAX,
+    SYNC_PRIORITY,
+    U64_MAX,
+    Task,
+    TaskState,
+)
+
+#: "compiled" when this module was built by Cython, else "python"
+IMPLEMENTATION = "python" if __file__.endswith(".py") else "compiled"
+
+QEntry = tuple[int, int, int, int, Task]
+REntry = tuple[int, int, int, Task]
+StepTask = Callable[[int, int], Task]
+
+#: load_hint() saturates here (it travels as a u16)
+LOAD_HINT_MAX = 0xFFFF
+
+# rank offsets: key = offset[priority] + enqueued_ns.  Sync tasks sit below every compute
+# key; in strict mode (no aging) priority levels are 2**64 apart, so the enqueue time
+# (a u64) never crosses a level.
+_SYNC_OFFSET = -(1 << 80)
+_STRICT_LEVEL = 1 << 64
+
+# builds the NamedTuple actions without a Python-level __new__ call
+_new = tuple.__new__
+
+_QUEUED = TaskState.QUEUED
+_DONE = TaskState.DONE
+_RUNNING = TaskState.RUNNING
+_PREEMPTING = TaskState.PREEMPTING
+_CANCELLING = TaskState.CANCELLING
+
+_START = Decision.START
+_QUEUE = Decision.QUEUE
+_PREEMPT = Decision.PREEMPT
+_COMPLETE = Decision.COMPLETE
+
+#: counters kept as plain int attributes ``_n_<name>`` (cheaper than a dict on the hot path)
+_COUNTERS = (
+    "starts",
+    "queued",
+    "preemptions",
+    "peer_preemptions",
+    "requeues",
+    "cancels",
+    "keeps",
+    "completions",
+    "sync_releases",
+    "sync_reports",
+    "forwards",
+    "redispatches",
+    "starved_starts",
+)
+_NOT_DECISIONS = frozenset({"completions", "sync_reports", "starved_starts"})
+_NEVER = 1 << 127
+
+R_FREE = "free slot"
+R_HEAD = "head of queue"
+R_STARVED = "starvation cap: waited starvation_us"
+R_OUTRANKS = "outranks the lowest-priority running task"
+R_NO_SLOT = "no free slot; does not outrank the lowest-priority running task"
+R_BEHIND = "no free slot; ranks behind the queue head"
+R_VICTIM = "lowest-priority running task (ties: most recently started)"
+R_PEER = "PREEMPT from a peer"
+R_PEER_CANCEL = "PREEMPT(cancel) from a peer"
+R_YIELDED = "preempted task yielded its progress"
+R_DONE = "completed"
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """A snapshot of the scheduler's counters; ``describe()`` explains every field."""
+
+    decisions: int = field(
+        metadata=_help(
+            "decisions taken: starts, queues, preemptions, requeues, cancels, keeps, "
+            "releases, forwards, redispatches and rejections (completions are not decisions)"
+        )
+    )
+    starts: int = field(metadata=_help("tasks started on a slot"))
+    queued: int = field(
+        metadata=_help("tasks that entered the queue on arrival (no slot, no preemption)")
+    )
+    preemptions: int = field(metadata=_help("running tasks preempted by a higher-priority task"))
+    peer_preemptions: int = field(
+        metadata=_help(
+            "PREEMPTs from a peer that stopped a running task, or turned a pending "
+            "requeue into a cancel"
+        )
+    )
+    requeues: int = field(
+        metadata=_help("preempted tasks put back in the queue after they yielded")
+    )
+    cancels: int = field(metadata=_help("tasks cancelled by a PREEMPT(cancel)"))
+    keeps: int = field(
+        metadata=_help("PREEMPT (requeue) of a task that was not running: left as it was")
+    )
+    completions: int = field(
+        metadata=_help("tasks completed here (or reported complete by a peer)")
+    )
+    sync_releases: int = field(metadata=_help("sync steps released (every member reported)"))
+    sync_reports: int = field(metadata=_help("SYNC_READY reports accepted"))
+    forwards: int = field(metadata=_help("tasks submit() forwarded to a peer"))
+    redispatches: int = field(metadata=_help("tasks taken back from a dead peer for dispatch"))
+    starved_starts: int = field(
+        metadata=_help("starts that jumped the priority order by the starvation cap")
+    )
+    rejections: int = field(metadata=_help("calls refused as bad input (sum of `rejected`)"))
+    rejected: dict[str, int] = field(metadata=_help("rejections by reason (see errors.py)"))
+    events_recorded: int = field(
+        metadata=_help("events recorded since start (decisions + completions)")
+    )
+    events_dropped: int = field(metadata=_help("events overwritten in the bounded ring"))
+    running: int = field(metadata=_help("tasks running now"))
+    queue_len: int = field(metadata=_help("tasks queued now"))
+    free_slots: int = field(metadata=_help("slots idle now"))
+    load_hint: int = field(metadata=_help("the load hint sent to peers now (see load_hint())"))
+
+    @classmethod
+    def describe(cls) -> dict[str, str]:
+        """Field name -> what it counts."""
+        return {f.name: str(f.metadata["help"]) for f in fields(cls)}
+
+    def as_dict(self) -> dict[str, Any]:
+        """Field name -> value."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class _Group:
+    __slots__ = ("members", "pending", "released", "step_task")
+
+    def __init__(self, members: frozenset[int], step_task: StepTask) -> None:
+        self.members = members
+        self.step_task = step_task
+        self.pending: dict[int, set[int]] = {}
+        self.released = -1  # steps are >= 0; a report for a step <= released is stale
+
+
+class Scheduler:
+    """Decides what runs on ``nslots`` execution slots; every call returns the actions.
+
+    ``clock`` returns nanoseconds.  ``starvation_us`` caps how long a compute task can be
+    passed over.  ``aging_us`` (optional) makes a queued task's rank rise one priority
+    level per ``aging_us`` waited.  ``events`` bounds the decision ring.  ``peers``,
+    ``domain``, ``max_hops`` and ``rng`` are for ``submit()``.
+    """
+
+    __slots__ = (
+        "_clock",
+        "_domain",
+        "_fifo",
+        "_free",
+        "_groups",
+        "_heap",
+        "_max_hops",
+        "_n_cancels",
+        "_n_completions",
+        "_n_forwards",
+        "_n_keeps",
+        "_n_peer_preemptions",
+        "_n_preemptions",
+        "_n_queued",
+        "_n_redispatches",
+        "_n_requeues",
+        "_n_starts",
+        "_n_starved_starts",
+        "_n_sync_releases",
+        "_n_sync_reports",
+        "_nqueued",
+        "_offset",
+        "_peers",
+        "_rejected",
+        "_ring",
+        "_ring_max",
+        "_rng",
+        "_run",
+        "_run_cap",
+        "_seq",
+        "_slots",
+        "_starve_at",
+        "_tasks",
+        "aging_ns",
+        "node_id",
+        "nslots",
+        "starvation_ns",
+    )
+
+    def __init__(
+        self,
+        nslots: int,
+        *,
+        clock: Callable[[], int],
+        starvation_us: int,
+        aging_us: int | None = None,
+        events: int = 4096,
+        node_id: int = 0,
+        peers: PeerTable | None = None,
+        domain: str = "",
+        max_hops: int = DEFAULT_MAX_HOPS,
+        rng: random.Random | None = None,
+    ) -> None:
+        if nslots < 1:
+            raise ValueError(f"nslots must be >= 1, not {nslots}")
+        if starvation_us <= 0:
+            raise ValueError(f"starvation_us must be > 0, not {starvation_us}")
+        if aging_us is not None and aging_us <= 0:
+            raise ValueError(f"aging_us must be > 0 (or None for no aging), not {aging_us}")
+        if events < 1:
+            raise ValueError(f"events must be >= 1, not {events}")
+        if max_hops < 0:
+            raise ValueError(f"max_hops must be >= 0, not {max_hops}")
+        self.nslots = nslots
+        self.node_id = node_id
+        self.starvation_ns = starvation_us * 1000
+        self.aging_ns = None if aging_us is None else aging_us * 1000
+        self._clock = clock
+        level = _STRICT_LEVEL if self.aging_ns is None else self.aging_ns
+        offs = [(COMPUTE_PRIORITY_MAX - p) * level for p in range(COMPUTE_PRIORITY_MAX + 1)]
+        offs.append(_SYNC_OFFSET)
+        self._offset: tuple[int, ...] = tuple(offs)
+        self._slots: list[Task | None] = [None] * nslots
+        # free slots as a stack: slot 0 first at start-up, then the most recently freed
+        self._free: list[int] = list(range(nslots - 1, -1, -1))
+        self._heap: list[QEntry] = []
+        self._fifo: deque[QEntry] = deque()
+        self._run: list[REntry] = []
+        self._tasks: dict[int, Task] = {}
+        self._nqueued = 0
+        self._seq = 0
+        self._ring: deque[RawEvent] = deque(maxlen=events)
+        self._ring_max = events
+        self._groups: dict[int, _Group] = {}
+        self._peers = peers
+        self._domain = domain
+        self._max_hops = max_hops
+        self._rng = rng if rng is not None else random.Random()
+        self._n_starts = 0
+        self._n_queued = 0
+        self._n_preemptions = 0
+        self._n_peer_preemptions = 0
+        self._n_requeues = 0
+        self._n_cancels = 0
+        self._n_keeps = 0
+        self._n_completions = 0
+        self._n_sync_releases = 0
+        self._n_sync_reports = 0
+        self._n_forwards = 0
+        self._n_redispatches = 0
+        self._n_starved_starts = 0
+        #: no queued task can be starved before this instant (a lower bound, see _enqueue)
+        self._starve_at = _NEVER
+        self._run_cap = 2 * nslots + 16
+        self._rejected: dict[str, int] = {}
+
+    # --- inputs ---------------------------------------------------------------------------
+
+    def dispatch(self, task: Task) -> list[Action]:
+        """DISPATCH: take ``task`` here; start it, preempt for it, or queue it."""
+        now = self._clock()
+        tid = self._admit(task, now, False)
+        free = self._free
+        if free:  # the common case, inlined: start at once
+            slot = free.pop()
+            self._run_on(task, slot, now)
+            self._ring.append((now, _START, tid, R_FREE, ()))
+            return [_new(Start, (task, slot))]
+        return self._place_busy(task, now)
+
+    def complete(self, task_id: int) -> list[Action]:
+        """COMPLETE: ``task_id`` finished; its slot goes to the head of the queue."""
+        now = self._clock()
+        task = self._tasks.get(task_id)
+        if task is None or task.state is not _RUNNING:
+            return self._complete_other(task_id, task, now)
+        del self._tasks[task_id]
+        slot: int = task.slot  # type: ignore[assignment]  # a running task has a slot
+        task.state = _DONE
+        task.slot = None
+        task.rentry = None
+        self._slots[slot] = None
+        self._n_completions += 1
+        self._ring.append((now, _COMPLETE, task_id, R_DONE, ()))
+        out: list[Action] = []
+        self._fill(slot, now, out)
+        return out
+
+    def _complete_other(self, task_id: int, task: Task | None, now: int) -> list[Action]:
+        """``complete`` of a task that is not running: a race, or bad input."""
+        if task is None:
+            self._reject(UnknownTaskError(f"unknown task {task_id}"), task_id, now)
+        state = task.state
+        if state is _PREEMPTING or state is _CANCELLING:
+            # it finished while the preempt handler ran; its slot is already reused
+            del self._tasks[task_id]
+            task.state = _DONE
+            self._n_completions += 1
+            self._event(now, _COMPLETE, task_id, "completed while being preempted", ())
+            return []
+        self._reject(
+            TaskStateError(f"complete of task {task_id} that is {state.name.lower()}"),
+            task_id,
+            now,
+        )
+
+    def yielded(self, task_id: int, progress_ns: int) -> list[Action]:
+        """The preempt handler of ``task_id`` returned: record its progress, requeue it.
+
+        A victim of PREEMPT(cancel) is dropped instead.  If a slot is free (work finished
+        while the handler ran), the requeued task starts at once.
+        """
+        now = self._clock()
+        task = self._tasks.get(task_id)
+        if task is None:
+            self._reject(UnknownTaskError(f"unknown task {task_id}"), task_id, now)
+        if progress_ns < 0:
+            self._reject(InvalidTaskError(f"negative progress {progress_ns}"), task_id, now)
+        state = task.state
+        if state is _CANCELLING:
+            task.progress_ns = progress_ns
+            del self._tasks[task_id]
+            task.state = TaskState.CANCELLED
+            self._n_cancels += 1
+            self._event(now, Decision.CANCEL, task_id, R_PEER_CANCEL, ())
+            return []
+        if state is not _PREEMPTING:
+            self._reject(
+                TaskStateError(f"yielded for task {task_id} that is {state.name.lower()}"),
+                task_id,
+                now,
+            )
+        task.progress_ns = progress_ns
+        out: list[Action] = []
+        if self._free:  # the queue is empty whenever a slot is free
+            self._n_requeues += 1
+            self._event(now, Decision.REQUEUE, task_id, R_YIELDED, ())
+            slot = self._free.pop()
+            self._run_on(task, slot, now)
+            self._event(now, _START, task_id, R_FREE, ())
+            out.append(_new(Start, (task, slot)))
+            return out
+        self._enqueue(task, now)
+        self._n_requeues += 1
+        self._event(now, Decision.REQUEUE, task_id, R_YIELDED, ())
+        return out
+
+    def preempt(
+        self,
+        task_id: int | None = None,
+        *,
+        job: int | None = None,
+        cancel: bool = False,
+    ) -> list[Action]:
+        """PREEMPT from a peer: stop ``task_id`` (or every task of ``job``) now.
+
+        A running task gets a ``Preempt`` (its slot goes to the queue head at once); it is
+        requeued behind the tasks of its priority when it yields, or dropped if ``cancel``.
+        A queued task is cancelled if ``cancel`` (``Cancel`` action), else left queued.
+        """
+        if (task_id is None) == (job is None):
+            raise ValueError("preempt needs exactly one of task_id and job")
+        now = self._clock()
+        if task_id is not None:
+            task = self._tasks.get(task_id)
+            if task is None:
+                self._reject(UnknownTaskError(f"unknown task {task_id}"), task_id, now)
+            targets = [task]
+        else:
+            targets = [t for t in self._tasks.values() if t.job == job]
+            if not targets:
+                self._reject(UnknownJobError(f"unknown job {job}"), NO_TASK, now)
+        out: list[Action] = []
+        freed: list[int] = []
+        reason = R_PEER_CANCEL if cancel else R_PEER
+        # queued tasks first, so that a cancelled one cannot take a freed slot
+        for t in targets:
+            if t.state is _QUEUED:
+                if cancel:
+                    self._unqueue(t)
+                    del self._tasks[t.id]
+                    t.state = TaskState.CANCELLED
+                    self._n_cancels += 1
+                    self._event(now, Decision.CANCEL, t.id, reason, ())
+                    out.append(_new(Cancel, (t,)))
+                else:
+                    self._n_keeps += 1
+                    self._event(now, Decision.KEEP, t.id, "PREEMPT of a queued task", ())
+            elif t.state is _PREEMPTING and cancel:
+                t.state = _CANCELLING  # dropped instead of requeued when it yields
+                self._n_peer_preemptions += 1
+                self._event(now, _PREEMPT, t.id, reason, ())
+            elif t.state is _PREEMPTING or t.state is _CANCELLING:
+                self._n_keeps += 1
+                self._event(now, Decision.KEEP, t.id, "already being preempted", ())
+        for t in targets:
+            if t.state is _RUNNING:
+                slot: int = t.slot  # type: ignore[assignment]
+                self._off_slot(t, slot)
+                t.state = _CANCELLING if cancel else _PREEMPTING
+                t.enqueued_ns = now  # a requeue goes behind the tasks of its priority
+                self._n_peer_preemptions += 1
+                self._event(now, _PREEMPT, t.id, reason, ())
+                out.append(_new(Preempt, (t, slot, None, cancel)))
+                freed.append(slot)
+        for slot in freed:
+            self._fill(slot, now, out)
+        return out
+
+    def define_group(self, group: int, members: Iterable[int], step_task: StepTask) -> None:
+        """Declare sync group ``group``: ``step_task(group, step)`` makes its sync task.
+
+        The task it returns is given priority 255 and ``group``; its id must be unique.
+        """
+        mem = frozenset(members)
+        if not mem:
+            raise ValueError(f"group {group} has no members")
+        if group in self._groups:
+            raise ValueError(f"group {group} is already defined")
+        self._groups[group] = _Group(mem, step_task)
+
+    def drop_group(self, group: int) -> None:
+        """Forget ``group`` and its pending reports."""
+        if self._groups.pop(group, None) is None:
+            raise UnknownGroupError(f"unknown group {group}")
+
+    def sync_ready(self, group: int, step: int, member: int) -> list[Action]:
+        """SYNC_READY: ``member`` reached ``step``; release the sync task when all have.
+
+        Reports for a future step are kept.  Releasing a step drops the partial reports of
+        earlier steps; a later report for a released (or dropped) step is stale.
+        """
+        now = self._clock()
+        g = self._groups.get(group)
+        if g is None:
+            self._reject(UnknownGroupError(f"unknown group {group}"), NO_TASK, now)
+        if member not in g.members:
+            self._reject(
+                UnknownMemberError(f"member {member} is not in group {group}"),
+                NO_TASK,
+                now,
+            )
+        if step <= g.released:
+            self._reject(
+                StaleStepError(f"group {group} step {step}: step {g.released} released"),
+                NO_TASK,
+                now,
+            )
+        reported = g.pending.get(step)
+        if reported is None:
+            reported = g.pending[step] = set()
+        reported.add(member)
+        self._n_sync_reports += 1
+        if len(reported) < len(g.members):
+            return []
+        task = g.step_task(group, step)
+        task.priority = SYNC_PRIORITY
+        task.group = group
+        # may raise (a duplicate id): then nothing is released
+        self._admit(task, now, True)
+        g.pending = {s: m for s, m in g.pending.items() if s > step}
+        g.released = step
+        self._n_sync_releases += 1
+        self._event(now, Decision.RELEASE, task.id, f"group {group} step {step} complete", ())
+        return self._place(task, now)
+
+    def pending_sync(self, group: int) -> dict[int, frozenset[int]]:
+        """Step -> members that have reported it, for steps not yet released."""
+        g = self._groups.get(group)
+        if g is None:
+            raise UnknownGroupError(f"unknown group {group}")
+        return {s: frozenset(m) for s, m in sorted(g.pending.items())}
+
+    def submit(self, task: Task) -> list[Action]:
+        """Run ``task`` here if a slot is free, else maybe forward it to a lighter peer.
+
+        The peer is picked by power-of-two choices among live peers whose last load hint
+        is below the load this node would have with the task queued, same topology domain
+        first (``placement.choose_peer``).  A task that has already made ``max_hops`` hops,
+        or finds no such peer, is dispatched here.
+        """
+        peers = self._peers
+        if self._free or peers is None or not can_spill(task.hops, self._max_hops):
+            return self.dispatch(task)
+        now = self._clock()
+        self._check_task(task, now, sync=False)
+        mine = self._load(1)
+        loads = peers.loads()
+        peer = choose_peer(
+            loads,
+            peers.domains,
+            self._domain,
+            self._rng,
+            self_id=self.node_id,
+            max_load=mine,
+        )
+        if peer is None:
+            return self.dispatch(task)
+        task.hops += 1
+        task.state = TaskState.FORWARDED
+        peers.hold(peer, task)
+        self._n_forwards += 1
+        self._event(
+            now,
+            Decision.FORWARD,
+            task.id,
+            f"to peer {peer}: load {loads[peer]} < {mine}",
+            (),
+        )
+        return [_new(Forward, (task, peer))]
+
+    def check_peers(self) -> list[Action]:
+        """Take back the tasks held by peers that went silent, and place them again."""
+        if self._peers is None:
+            return []
+        out: list[Action] = []
+        for peer, tasks in self._peers.reap():
+            for t in tasks:
+                now = self._clock()
+                t.state = TaskState.NEW
+                self._n_redispatches += 1
+                self._event(now, Decision.REDISPATCH, t.id, f"peer {peer} is dead", ())
+                try:
+                    out.extend(self.submit(t))
+                except SchedulerError:
+                    continue  # counted and recorded as a rejection; place the others
+        return out
+
+    def remote_complete(self, peer: int, task_id: int) -> None:
+        """A task this node forwarded completed on ``peer`` (the peer it was forwarded to,
+        or one that peer spilled it on to)."""
+        now = self._clock()
+        peers = self._peers
+        if peers is None or (
+            peers.release(peer, task_id) is None and peers.release_any(task_id) is None
+        ):
+            self._reject(
+                UnknownTaskError(f"task {task_id} is not held by peer {peer}"),
+                task_id,
+                now,
+            )
+        self._n_completions += 1
+        self._event(now, _COMPLETE, task_id, f"completed on peer {peer}", ())
+
+    # --- views ----------------------------------------------------------------------------
+
+    def get(self, task_id: int) -> Task:
+        """The task ``task_id`` held here (queued, running or being preempted)."""
+        try:
+            return self._tasks[task_id]
+        except KeyError:
+            raise UnknownTaskError(f"unknown task {task_id}") from None
+
+    def running(self) -> list[Task]:
+        """Running tasks, by slot."""
+        return [t for t in self._slots if t is not None]
+
+    def queued(self) -> list[Task]:
+        """Queued tasks in the order they would start (as of now)."""
+        now = self._clock()
+        live = [e for e in self._heap if e[4].qentry is e]
+        syncs = sorted(e for e in live if e[0] < 0)
+        starved = [
+            e
+            for e in self._fifo
+            if e[4].qentry is e and e[0] >= 0 and now - e[4].waiting_since_ns >= self.starvation_ns
+        ]
+        seen = {id(e) for e in starved}
+        rest = sorted(e for e in live if e[0] >= 0 and id(e) not in seen)
+        return [e[4] for e in (*syncs, *starved, *rest)]
+
+    def free_slots(self) -> int:
+        """Idle slots."""
+        return len(self._free)
+
+    def load_hint(self) -> int:
+        """Load figure for peers: (running + queued) per slot, in permille, as a u16.
+
+        0 is idle, 1000 is every slot busy with nothing waiting, 2000 is busy with one
+        task waiting per slot; it saturates at 65535.
+        """
+        return self._load(0)
+
+    def events(self) -> list[Event]:
+        """The decision ring, oldest first."""
+        return [Event._make(r) for r in self._ring]
+
+    def events_jsonl(self) -> Iterator[str]:
+        """The ring as JSON lines (one dict per event; see ``Event.as_dict``)."""
+        return to_jsonl(self.events())
+
+    def explain(self, task_id: int) -> list[Event]:
+        """Events that name ``task_id``, as subject or among the tasks it beat, oldest first."""
+        return [Event._make(r) for r in self._ring if r[2] == task_id or task_id in r[4]]
+
+    def stats(self) -> SchedulerStats:
+        """A snapshot of the counters (see ``SchedulerStats.describe()``)."""
+        n = {name: getattr(self, f"_n_{name}") for name in _COUNTERS}
+        rejections = sum(self._rejected.values())
+        decisions = rejections + sum(v for k, v in n.items() if k not in _NOT_DECISIONS)
+        recorded = decisions + n["completions"]  # every event is one of these
+        return SchedulerStats(
+            decisions=decisions,
+            rejections=rejections,
+            rejected=dict(self._rejected),
+            events_recorded=recorded,
+            events_dropped=max(0, recorded - self._ring_max),
+            running=self.nslots - len(self._free),
+            queue_len=self._nqueued,
+            free_slots=len(self._free),
+            load_hint=self._load(0),
+            **n,
+        )
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _load(self, extra: int) -> int:
+        busy = self.nslots - len(self._free) + self._nqueued + extra
+        return min(LOAD_HINT_MAX, busy * 1000 // self.nslots)
+
+    def _event(
+        self,
+        now: int,
+        decision: Decision,
+        task_id: int,
+        reason: str,
+        beaten: tuple[int, ...],
+    ) -> None:
+        self._ring.append((now, decision, task_id, reason, beaten))
+
+    def _reject(self, exc: SchedulerError, task_id: int, now: int) -> NoReturn:
+        """Count and record a rejection, then raise it (never returns)."""
+        reason = exc.reason
+        self._rejected[reason] = self._rejected.get(reason, 0) + 1
+        self._event(now, Decision.REJECT, task_id, f"{reason}: {exc}", ())
+        raise exc
+
+    def _check_task(self, task: Task, now: int, *, sync: bool) -> None:
+        tid = task.id
+        if not 0 <= tid <= U64_MAX:
+            self._reject(InvalidTaskError(f"task id {tid} is not a u64"), NO_TASK, now)
+        p = task.priority
+        if not 0 <= p <= COMPUTE_PRIORITY_MAX and not (sync and p == SYNC_PRIORITY):
+            if p == SYNC_PRIORITY:
+                msg = f"task {tid}: priority 255 is reserved for sync tasks"
+            else:
+                msg = f"task {tid}: priority {p} is not in 0..{COMPUTE_PRIORITY_MAX}"
+            self._reject(InvalidTaskError(msg), tid, now)
+        if task.cost_ns < 0 or task.progress_ns < 0:
+            self._reject(InvalidTaskError(f"task {tid}: negative cost or progress"), tid, now)
+        if tid in self._tasks:
+            self._reject(DuplicateTaskError(f"task {tid} is already here"), tid, now)
+
+    def _admit(self, task: Task, now: int, sync: bool) -> int:
+        """Check ``task`` and take it in (it is neither queued nor running yet); its id."""
+        tid = task.id
+        p = task.priority
+        if (
+            tid in self._tasks
+            or not 0 <= tid <= U64_MAX
+            or not (0 <= p <= COMPUTE_PRIORITY_MAX or (sync and p == SYNC_PRIORITY))
+            or task.cost_ns < 0
+            or task.progress_ns < 0
+        ):
+            self._check_task(task, now, sync=sync)  # raises the precise error
+        task.enqueued_ns = now
+        self._tasks[tid] = task
+        return tid
+
+    def _place(self, task: Task, now: int) -> list[Action]:
+        """Start ``task`` (just admitted), preempt for it, or queue it."""
+        free = self._free
+        if free:
+            slot = free.pop()
+            self._run_on(task, slot, now)
+            self._ring.append((now, _START, task.id, R_FREE, ()))
+            return [_new(Start, (task, slot))]
+        return self._place_busy(task, now)
+
+    def _place_busy(self, task: Task, now: int) -> list[Action]:
+        """No free slot: preempt for ``task`` if it outranks the victim and heads the
+        queue, else queue it."""
+        run = self._run  # the victim candidate: lowest priority, most recently started
+        victim = run[0]
+        while victim[3].rentry is not victim:  # (some task runs: no slot is free)
+            heappop(run)
+            victim = run[0]
+        if task.priority > victim[0]:
+            if self._heads_queue(task, now):
+                return self._preempt_for(task, victim, now)
+            reason = R_BEHIND
+        else:
+            reason = R_NO_SLOT
+        e = self._enqueue(task, now)
+        self._n_queued += 1
+        self._ring.append((now, _QUEUE, e[3], reason, ()))
+        return []
+
+    def _preempt_for(self, task: Task, victim_entry: REntry, now: int) -> list[Action]:
+        victim = victim_entry[3]
+        slot = victim_entry[2]
+        self._off_slot(victim, slot)
+        victim.state = _PREEMPTING
+        self._n_preemptions += 1
+        self._event(now, _PREEMPT, victim.id, R_VICTIM, ())
+        self._run_on(task, slot, now)
+        self._event(now, _START, task.id, R_OUTRANKS, (victim.id,))
+        return [_new(Preempt, (victim, slot, task, False)), _new(Start, (task, slot))]
+
+    def _run_on(self, task: Task, slot: int, now: int) -> None:
+        task.state = _RUNNING
+        task.slot = slot
+        task.started_ns = now
+        seq = self._seq = self._seq + 1
+        e = (task.priority, -seq, slot, task)
+        task.rentry = e
+        self._slots[slot] = task
+        run = self._run
+        heappush(run, e)
+        if len(run) > self._run_cap:  # drop entries of tasks no longer running
+            self._run = [t.rentry for t in self._slots if t is not None and t.rentry]
+            heapify(self._run)
+        self._n_starts += 1
+
+    def _off_slot(self, task: Task, slot: int) -> None:
+        """Take a running task off its slot (the slot is left empty, not freed)."""
+        task.rentry = None
+        task.slot = None
+        self._slots[slot] = None
+
+    def _lowest_running(self) -> REntry:
+        """The victim candidate: lowest priority, then most recently started.
+
+        Only called when no slot is free, so some task runs."""
+        run = self._run
+        e = run[0]
+        while e[3].rentry is not e:
+            heappop(run)
+            e = run[0]
+        return e
+
+    def _enqueue(self, task: Task, now: int) -> QEntry:
+        """Put ``task`` in the queue (keeps ``task.enqueued_ns``; the wait starts now).
+
+        Returns its queue entry ``(key, -priority, enqueued_ns, id, task)``."""
+        p = task.priority
+        enq = task.enqueued_ns
+        e = (self._offset[p] + enq, -p, enq, task.id, task)
+        task.qentry = e
+        task.state = _QUEUED
+        task.waiting_since_ns = now
+        heap = self._heap
+        heappush(heap, e)
+        nq = self._nqueued = self._nqueued + 1
+        if p != SYNC_PRIORITY:
+            fifo = self._fifo
+            if not fifo:
+                self._starve_at = now + self.starvation_ns
+            fifo.append(e)  # appended at ``now``: the FIFO is in order of waiting_since
+            if len(fifo) > 2 * nq + 64:
+                self._compact_fifo()
+        if len(heap) > 2 * nq + 64:
+            self._heap = [x for x in heap if x[4].qentry is x]
+            heapify(self._heap)
+        return e
+
+    def _unqueue(self, task: Task) -> None:
+        task.qentry = None  # lazily deleted from the heap and the FIFO
+        nq = self._nqueued = self._nqueued - 1
+        if len(self._heap) > 2 * nq + 64:  # e.g. after a job's queued tasks were cancelled
+            self._heap = [e for e in self._heap if e[4].qentry is e]
+            heapify(self._heap)
+        if len(self._fifo) > 2 * nq + 64:
+            self._compact_fifo()
+
+    def _compact_fifo(self) -> None:
+        fifo = self._fifo
+        while fifo and fifo[0][4].qentry is not fifo[0]:
+            fifo.popleft()
+        if len(fifo) > 2 * self._nqueued + 64:
+            self._fifo = deque(e for e in fifo if e[4].qentry is e)
+
+    def _head(self) -> QEntry | None:
+        """The live entry at the top of the heap, or None (drops stale ones)."""
+        heap = self._heap
+        while heap:
+            e = heap[0]
+            if e[4].qentry is e:
+                return e
+            heappop(heap)
+        return None
+
+    def _oldest_starved(self, now: int) -> QEntry | None:
+        """The compute task that has waited longest, if it has waited starvation_ns.
+
+        Also moves ``_starve_at`` up to the wait start of the FIFO's head plus the cap:
+        the FIFO is in order of wait start, so no task can be starved before then."""
+        if now < self._starve_at:
+            return None
+        fifo = self._fifo
+        while fifo:
+            e = fifo[0]
+            t = e[4]
+            if t.qentry is not e:
+                fifo.popleft()
+                continue
+            self._starve_at = t.waiting_since_ns + self.starvation_ns
+            return e if now >= self._starve_at else None
+        self._starve_at = _NEVER
+        return None
+
+    def _heads_queue(self, task: Task, now: int) -> bool:
+        """Would ``task`` (not queued) be the head of the queue?"""
+        head = self._head()
+        if head is None:
+            return True
+        p = task.priority
+        if p != SYNC_PRIORITY and self._oldest_starved(now) is not None:
+            return False
+        enq = task.enqueued_ns
+        return (self._offset[p] + enq, -p, enq, task.id) < head[:4]
+
+    def _fill(self, slot: int, now: int, out: list[Action]) -> None:
+        """Give the free ``slot`` to the head of the queue, or mark it free."""
+        heap = self._heap
+        while heap:  # the head, dropping stale entries (inlined _head)
+            head = heap[0]
+            if head[4].qentry is head:
+                break
+            heappop(heap)
+        else:
+            self._free.append(slot)
+            return
+        pick = head
+        reason = R_HEAD
+        if now >= self._starve_at and head[0] >= 0:  # a compute head; anyone starved?
+            starved = self._oldest_starved(now)
+            if starved is not None and starved is not head:
+                self._fifo.popleft()
+                pick = starved
+                reason = R_STARVED
+                self._n_starved_starts += 1
+        if pick is head:
+            heappop(heap)
+            beaten: tuple[int, ...] = ()
+            while heap:  # the runner-up
+                nxt = heap[0]
+                if nxt[4].qentry is nxt:
+                    beaten = (nxt[3],)
+                    break
+                heappop(heap)
+        else:
+            beaten = (head[3],)
+        task = pick[4]
+        task.qentry = None
+        self._nqueued -= 1
+        self._run_on(task, slot, now)
+        self._ring.append((now, _START, pick[3], reason, beaten))
+        out.append(_new(Start, (task, slot)))

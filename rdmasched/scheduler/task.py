@@ -1,0 +1,68 @@
+"""The unit of work the scheduler places on an execution slot (a GPU)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+#: priorities are 0..255, higher is more urgent; 255 is reserved for group sync tasks
+PRIORITY_MAX = 255
+SYNC_PRIORITY = 255
+#: the highest priority an ordinary (compute) task may carry
+COMPUTE_PRIORITY_MAX = 254
+U64_MAX = (1 << 64) - 1
+
+
+class TaskState(enum.IntEnum):
+    """Where a task is in its life on this node."""
+
+    NEW = 0  #: not (yet) held by a scheduler
+    QUEUED = 1  #: waiting in the local queue
+    RUNNING = 2  #: on a slot
+    PREEMPTING = 3  #: taken off its slot; waiting for ``yielded()`` to be requeued
+    CANCELLING = 4  #: taken off its slot; dropped once ``yielded()`` reports
+    DONE = 5  #: completed here
+    CANCELLED = 6  #: cancelled by a PREEMPT(cancel)
+    FORWARDED = 7  #: handed to a peer by ``submit()``
+
+
+@dataclass(slots=True, eq=False)
+class Task:
+    """A task: identity and scheduling inputs, plus the scheduler's bookkeeping.
+
+    Tasks compare by identity.  The bookkeeping fields (``state`` onwards) belong to the
+    scheduler that holds the task; callers read them but do not write them.
+    """
+
+    id: int  #: u64, unique on the node that holds it
+    job: int  #: the job it belongs to (PREEMPT can name a whole job)
+    priority: int  #: 0..254 for compute, 255 for sync tasks; higher is more urgent
+    cost_ns: int  #: estimated run time; carried for the daemon and peers, not ranked on
+    progress_ns: int = 0  #: work already done (set from the preempt handler on a yield)
+    payload: dict[str, Any] | None = None  #: opaque to the scheduler
+    origin: int = 0  #: node id that submitted it
+    hops: int = 0  #: how many times it was forwarded between peers
+    group: int | None = None  #: the sync group, for sync tasks
+
+    state: TaskState = field(default=TaskState.NEW, init=False)
+    slot: int | None = field(default=None, init=False)  #: the slot it runs on, if running
+    #: when it entered this scheduler; orders tasks of equal priority (kept on a requeue
+    #: after a priority preemption, reset by a PREEMPT from a peer)
+    enqueued_ns: int = field(default=0, init=False)
+    #: start of its current wait in the queue; the starvation cap counts from here
+    waiting_since_ns: int = field(default=0, init=False)
+    started_ns: int = field(default=0, init=False)  #: when it last started on a slot
+    # the scheduler's live heap entries for this task (identity marks an entry live)
+    qentry: tuple[int, int, int, int, Task] | None = field(default=None, init=False, repr=False)
+    rentry: tuple[int, int, int, Task] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def is_sync(self) -> bool:
+        """A group sync task (priority 255)."""
+        return self.priority == SYNC_PRIORITY
+
+    @property
+    def remaining_ns(self) -> int:
+        """Estimated work left: cost less progress, never below zero."""
+        return max(0, self.cost_ns - self.progress_ns)

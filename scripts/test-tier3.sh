@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Tier 3: the verbs transport on real Soft-RoCE (rdma_rxe), in qemu VMs with Debian's
+# kernel (this host's kernel has no RDMA; see tests/vm/README.md). Two runs:
+#   one VM  : tests/tier3 and the conformance suite's verbs parameter, on one rxe device
+#   two VMs : tests/tier3/test_two_hosts.py, one node per kernel, over a virtual wire
+#
+# With CI=true a tier that cannot run fails (never a silent skip). Elsewhere, when this
+# machine cannot start the VM (not root and no qemu), it skips and says how to run it;
+# RDMASCHED_SKIP_VM=1 skips on purpose (refused under CI=true).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RESULTS=$(realpath -m "${RDMASCHED_RESULTS:-results}")
+
+why_not=""
+if [ "${RDMASCHED_SKIP_VM:-0}" = 1 ]; then
+    why_not="RDMASCHED_SKIP_VM=1 is set"
+elif [ "$(id -u)" != 0 ]; then
+    why_not="the VM harness needs root (it installs qemu and builds a Debian image)"
+elif ! command -v qemu-system-x86_64 >/dev/null && ! command -v apt-get >/dev/null; then
+    why_not="neither qemu-system-x86_64 nor apt-get (to install it) is available"
+fi
+if [ -n "$why_not" ]; then
+    if [ "${CI:-}" = true ]; then
+        echo "tier 3 cannot run: $why_not; failing because CI=true" >&2
+        exit 1
+    fi
+    echo "tier 3 SKIPPED: $why_not."
+    echo "  run it as root: scripts/test-tier3.sh   (or: tests/vm/run-in-vm.sh -- <command>)"
+    echo "  on a machine whose kernel has rdma_rxe: sudo ./soft-roce-setup.sh up, then"
+    echo "  RDMASCHED_REQUIRE_RDMA=1 .venv/bin/python -m pytest -m tier3 tests"
+    exit 0
+fi
+
+mkdir -p "$RESULTS/vm1" "$RESULTS/vm2"
+echo "-- one VM: tier 3 and the verbs conformance tests"
+tests/vm/run-in-vm.sh --results "$RESULTS/vm1" --env RDMASCHED_REQUIRE_RDMA=1 -- \
+    'python3 -m pytest -p no:cacheprovider -q -m tier3 tests/tier3 tests/conformance --junitxml=$RDMASCHED_RESULTS/tier3.xml'
+echo "-- two VMs: one node per kernel over a virtual wire"
+tests/vm/run-in-vm.sh --hosts 2 --results "$RESULTS/vm2" --env RDMASCHED_REQUIRE_RDMA=1 -- \
+    'python3 -m pytest -p no:cacheprovider -q tests/tier3/test_two_hosts.py --junitxml=$RDMASCHED_RESULTS/two-hosts.xml'

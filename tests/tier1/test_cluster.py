@@ -1,0 +1,139 @@
+"""Cluster config (TOML and launcher environment): every bad input is a clear ConfigError."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rdmasched.cluster import ClusterConfig, local_cluster
+from rdmasched.errors import ConfigError
+
+GOOD = """
+[cluster]
+name = "train7"
+transport = "shm"
+slots_per_lane = 128
+heartbeat_ms = 20
+dead_after_ms = 200
+
+[[node]]
+name = "gpu-a"
+slots = 8
+domain = "rack1"
+
+[[node]]
+name = "gpu-b"
+slots = 4
+domain = "rack2"
+address = "10.0.0.2:7400"
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "cluster.toml"
+    p.write_text(text)
+    return p
+
+
+def test_good_config(tmp_path: Path) -> None:
+    c = ClusterConfig.load(write(tmp_path, GOOD))
+    assert c.name == "train7" and c.slots_per_lane == 128 and c.heartbeat_ms == 20
+    assert [(n.id, n.name, n.slots, n.domain) for n in c.nodes] == [
+        (0, "gpu-a", 8, "rack1"),
+        (1, "gpu-b", 4, "rack2"),
+    ]
+    assert c.node("gpu-b").id == 1 and c.node(0).name == "gpu-a"
+    assert c.domains == {0: "rack1", 1: "rack2"}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (('transport = "shm"', 'transport = "carrier-pigeon"'), "transport must be one of"),
+        (("slots_per_lane = 128", "slots_per_lane = 100"), "power of two"),
+        (("slots = 8", "slots = 0"), r"slots must be 1\.\.255"),
+        (("slots = 8", 'slots = "eight"'), "must be an integer"),
+        (('name = "gpu-b"', 'name = "gpu-a"'), "appears twice"),
+        (('name = "train7"', 'name = "no spaces"'), "must match"),
+        (("dead_after_ms = 200", "dead_after_ms = 30"), "dead_after_ms > 2"),
+        (("heartbeat_ms = 20", "heartbeat_ms = 20\nbogus = 1"), "unknown \\[cluster\\] key"),
+        (('domain = "rack1"', 'domain = "rack1"\ngpus = 3'), "unknown key"),
+    ],
+)
+def test_bad_configs_are_clear(tmp_path: Path, change: tuple[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ClusterConfig.load(write(tmp_path, GOOD.replace(*change, 1)))
+
+
+def test_not_toml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        ClusterConfig.load(write(tmp_path, "[cluster\nname="))
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        ClusterConfig.load(tmp_path / "nope.toml")
+
+
+def test_no_nodes(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="at least one"):
+        ClusterConfig.load(write(tmp_path, '[cluster]\nname = "x"\n'))
+
+
+def test_verbs_needs_token_and_addresses(tmp_path: Path) -> None:
+    text = GOOD.replace('transport = "shm"', 'transport = "verbs"')
+    with pytest.raises(ConfigError, match=r"needs cluster\.token"):
+        ClusterConfig.load(write(tmp_path, text))
+    text = text.replace('name = "train7"', 'name = "train7"\ntoken = "t0k"')
+    with pytest.raises(ConfigError, match="host:port"):
+        ClusterConfig.load(write(tmp_path, text))
+    text = text.replace('domain = "rack1"', 'domain = "rack1"\naddress = "10.0.0.1:7400"')
+    assert ClusterConfig.load(write(tmp_path, text)).token == "t0k"
+
+
+def test_token_file(tmp_path: Path) -> None:
+    (tmp_path / "tok").write_text("abc\n")
+    text = GOOD.replace('name = "train7"', f'name = "train7"\ntoken_file = "{tmp_path}/tok"')
+    assert ClusterConfig.load(write(tmp_path, text)).token == "abc"
+
+
+def test_unknown_node() -> None:
+    with pytest.raises(ConfigError, match="has no node 'gpu-z'"):
+        local_cluster(2, 2).node("gpu-z")
+
+
+def test_from_env_torchrun() -> None:
+    env = {
+        "RANK": "2",
+        "WORLD_SIZE": "4",
+        "MASTER_ADDR": "10.1.1.1",
+        "MASTER_PORT": "29500",
+        "LOCAL_WORLD_SIZE": "8",
+        "RDMASCHED_CLUSTER": "job42",
+    }
+    c, rank = ClusterConfig.from_env(env)
+    assert rank == 2 and len(c.nodes) == 4 and c.name == "job42"
+    assert all(n.slots == 8 for n in c.nodes)
+
+
+def test_from_env_slurm() -> None:
+    c, rank = ClusterConfig.from_env(
+        {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "77"}
+    )
+    assert rank == 0 and c.name == "job77" and len(c.nodes) == 2
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({}, "names no rank"),
+        ({"RANK": "x", "WORLD_SIZE": "2"}, "must be integers"),
+        ({"RANK": "3", "WORLD_SIZE": "2"}, "RANK < WORLD_SIZE"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "http"}, "MASTER_PORT"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "RDMASCHED_SLOTS": "many"}, "RDMASCHED_SLOTS"),
+    ],
+)
+def test_from_env_errors(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ClusterConfig.from_env(env)
