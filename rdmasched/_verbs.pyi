@@ -3,13 +3,15 @@
 from collections.abc import Callable
 from typing import Any
 
-from rdmasched._ring import RxLane, TxLane
+from rdmasched._ring import LaneSet, RxLane, TxLane
 
 CTL_BYTES: int
 CTL_CREDIT: int
 CTL_RX_CLOSED: int
 CTL_GONE: int
 CTL_PROBE: int
+CTL_SLEEP_FLAG: int
+CTL_TAIL_PUB: int
 FAIL_WC_ERROR: int
 FAIL_POST_ERROR: int
 FAIL_POLL_ERROR: int
@@ -29,6 +31,15 @@ class ProtectionDomain:
     context: DeviceContext
     def __init__(self, context: DeviceContext) -> None: ...
     def register(self, length: int, access: int) -> MemoryRegion: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+
+class CompletionChannel:
+    context: DeviceContext
+    def __init__(self, context: DeviceContext) -> None: ...
+    @property
+    def fd(self) -> int: ...
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...
@@ -58,6 +69,7 @@ class QueuePair:
         max_inline: int = 256,
         cq_timeout_ns: int = 10_000_000_000,
         keepalive_ns: int = 100_000_000,
+        channel: CompletionChannel | None = None,
     ) -> None: ...
     @property
     def qpn(self) -> int: ...
@@ -135,3 +147,10 @@ class VerbsTxLane(TxLane):
     def dead_code(self) -> int: ...
     def kill(self, code: int = ...) -> None: ...
     def vstats(self) -> dict[str, int]: ...
+
+class VerbsLaneSet(LaneSet):
+    sleeps: int
+    wakeups: int
+    sleeps_refused: int
+    def add(self, lane: VerbsRxLane) -> int: ...  # type: ignore[override]
+    def sleep_stats(self) -> dict[str, int]: ...

@@ -34,15 +34,17 @@ from libc.stdlib cimport calloc, free
 from posix.stdlib cimport posix_memalign
 from libc.errno cimport errno
 from posix.time cimport nanosleep, timespec
+from posix.fcntl cimport fcntl, F_GETFL, F_SETFL, O_NONBLOCK
 
 from rdmasched._wire cimport (
     rs_slot, rs_load_acquire_u64, rs_load_acquire_u32, rs_store_release_u32, rs_cas_u32,
-    rs_pause, rs_now_ns,
+    rs_store_release_u64, rs_fence, rs_pause, rs_now_ns,
 )
 from rdmasched._ring cimport (
-    rs_rx, rs_tx, RxLane, TxLane, rs_rx_init, rs_tx_init, rs_rx_begin_epoch,
+    rs_rx, rs_tx, RxLane, TxLane, LaneSet, Batch, rs_rx_init, rs_tx_init, rs_rx_begin_epoch,
     rs_rx_publish_credit, RS_NOROOM, RS_NOTREADY, RS_CLOSED, RS_DEAD,
 )
+from libc.stdlib cimport realloc
 
 import os
 
@@ -54,7 +56,7 @@ cdef extern from "<infiniband/verbs.h>" nogil:
     struct ibv_pd:
         pass
     struct ibv_comp_channel:
-        pass
+        int fd
     struct ibv_srq:
         pass
     struct ibv_cq:
@@ -76,6 +78,8 @@ cdef extern from "<infiniband/verbs.h>" nogil:
         IBV_MTU_4096
     enum ibv_wr_opcode:
         IBV_WR_RDMA_WRITE
+        IBV_WR_RDMA_WRITE_WITH_IMM
+        IBV_WR_RDMA_READ
     enum:
         IBV_SEND_SIGNALED
         IBV_SEND_INLINE
@@ -85,6 +89,7 @@ cdef extern from "<infiniband/verbs.h>" nogil:
     enum:
         IBV_ACCESS_LOCAL_WRITE
         IBV_ACCESS_REMOTE_WRITE
+        IBV_ACCESS_REMOTE_READ
     enum:
         IBV_QP_STATE
         IBV_QP_ACCESS_FLAGS
@@ -182,6 +187,18 @@ cdef extern from "<infiniband/verbs.h>" nogil:
         uint32_t lkey
         uint32_t rkey
 
+    struct ibv_recv_wr:
+        uint64_t wr_id
+        ibv_recv_wr *next
+        ibv_sge *sg_list
+        int num_sge
+
+    ibv_comp_channel *ibv_create_comp_channel(ibv_context *context)
+    int ibv_destroy_comp_channel(ibv_comp_channel *channel)
+    int ibv_req_notify_cq(ibv_cq *cq, int solicited_only)
+    int ibv_get_cq_event(ibv_comp_channel *channel, ibv_cq **cq, void **cq_context)
+    void ibv_ack_cq_events(ibv_cq *cq, unsigned int nevents)
+    int ibv_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr)
     ibv_device **ibv_get_device_list(int *num_devices)
     void ibv_free_device_list(ibv_device **list)
     const char *ibv_get_device_name(ibv_device *device)
@@ -202,10 +219,20 @@ cdef extern from "<infiniband/verbs.h>" nogil:
     int ibv_poll_cq(ibv_cq *cq, int num_entries, ibv_wc *wc)
     const char *ibv_wc_status_str(ibv_wc_status status)
 
+cdef extern from "<poll.h>" nogil:
+    struct pollfd:
+        int fd
+        short events
+        short revents
+    int poll(pollfd *fds, unsigned long nfds, int timeout)
+    enum:
+        POLLIN
+
 cdef extern from "rs_verbs.h" nogil:
     void rs_wr_set_rdma(ibv_send_wr *wr, uint64_t remote_addr, uint32_t rkey)
     uint64_t rs_wr_remote_addr(const ibv_send_wr *wr)
     uint32_t rs_wr_rkey(const ibv_send_wr *wr)
+    void rs_wr_set_imm(ibv_send_wr *wr, uint32_t imm)
     void rs_ah_set_dgid(ibv_ah_attr *ah, const uint8_t *gid)
 
 
@@ -298,6 +325,51 @@ cdef class ProtectionDomain:
             self.pd = NULL
 
 
+cdef class CompletionChannel:
+    """An ibv_comp_channel: the file descriptor a sleeping receiver blocks on. Every
+    connection's receive CQ of an endpoint reports to it. Freed after those CQs."""
+
+    cdef ibv_comp_channel *ch
+    cdef readonly DeviceContext context
+
+    def __cinit__(self, DeviceContext context not None):
+        cdef int flags
+        if context.ctx == NULL:
+            raise DeviceError("the device context is closed")
+        self.ch = ibv_create_comp_channel(context.ctx)
+        if self.ch == NULL:
+            raise DeviceError("ibv_create_comp_channel failed", errno)
+        flags = fcntl(self.ch.fd, F_GETFL)
+        if flags < 0 or fcntl(self.ch.fd, F_SETFL, flags | O_NONBLOCK) < 0:
+            err = errno
+            ibv_destroy_comp_channel(self.ch)
+            self.ch = NULL
+            raise DeviceError("making the completion channel non-blocking failed", err)
+        self.context = context
+
+    @property
+    def fd(self):
+        return self.ch.fd if self.ch != NULL else -1
+
+    def close(self):
+        """After every CQ on it. Safe to call twice."""
+        cdef int rc
+        if self.ch != NULL:
+            rc = ibv_destroy_comp_channel(self.ch)
+            if rc != 0:
+                raise DeviceError("ibv_destroy_comp_channel failed (a CQ still uses it)", rc)
+            self.ch = NULL
+
+    @property
+    def closed(self):
+        return self.ch == NULL
+
+    def __dealloc__(self):
+        if self.ch != NULL:
+            ibv_destroy_comp_channel(self.ch)
+            self.ch = NULL
+
+
 cdef class MemoryRegion:
     """Registered memory it allocated itself; `buf`, `length`, `lkey`, `rkey` as in pyverbs."""
 
@@ -370,16 +442,25 @@ cdef struct vb_ctl:
     uint64_t src_credit      # 16  local: source of credit writes where inline is unavailable
     uint32_t src_one         # 24  local: the value 1, source of the closing writes
     uint32_t probe           # 28  written by the peer's idle sender to find out if we live
-    uint8_t pad[32]
+    uint32_t sleep_flag      # 32  the peer's receiver: its sleep generation while it blocks
+                             #     (wake it with a WRITE_WITH_IMM), 0 while it polls
+    uint32_t src_flag        # 36  local: source of my own sleep-flag writes
+    uint64_t tail_pub        # 40  my outbound lane's tail, stored after every post; the
+                             #     peer's receiver READs it before it sleeps
+    uint64_t peer_tail       # 48  local: where that READ of the peer's tail lands
+    uint8_t pad[8]
 
 CTL_BYTES = sizeof(vb_ctl)
 CTL_CREDIT = 0
 CTL_RX_CLOSED = 8
 CTL_GONE = 12
 CTL_PROBE = 28
+CTL_SLEEP_FLAG = 32
+CTL_TAIL_PUB = 40
 assert CTL_BYTES == 64
 
 cdef enum:
+    RECV_DEPTH = 32          # receive WRs kept posted for wake-up WRITE_WITH_IMMs
     IDLE_CHECK_EVERY = 64    # receiver idle-hook calls (each is 64 empty polls) per look
     MAX_WR_PER_POST = 3      # a message: its continuation slots (wrapped: 2 WRITEs), its head
     REAP_BATCH = 16
@@ -426,6 +507,20 @@ cdef struct vb_conn:
     ibv_sge csge
     ibv_send_wr pwr          # the probe WRITE (4 bytes into the peer's control block)
     ibv_sge psge
+    # adaptive blocking (see VerbsLaneSet): NULL rcq when the endpoint has no channel
+    ibv_cq *rcq              # receive CQ on the endpoint's completion channel
+    uint32_t recv_posted     # receive WRs outstanding
+    uint32_t woken_gen       # sender: the peer's sleep generation already woken
+    uint32_t sleep_gen       # receiver: my current sleep generation (never 0)
+    ibv_send_wr iwr          # wake: WRITE_WITH_IMM of 4 bytes into the peer's probe word
+    ibv_sge isge
+    ibv_send_wr fwr          # my sleep flag into the peer's control block ...
+    ibv_sge fsge
+    ibv_send_wr rwr          # ... then READ of the peer's published tail (after the flag)
+    ibv_sge rsge
+    uint64_t wakes_sent
+    uint64_t sleeps
+    uint64_t wakeups
     # counters
     uint64_t signalled
     uint64_t cq_polls
@@ -475,8 +570,9 @@ cdef int _reap(vb_conn *c) noexcept nogil:
     return n
 
 
-cdef int _post(vb_conn *c, ibv_send_wr *first, uint32_t k) noexcept nogil:
-    """Post the chain `first` of k requests (k <= MAX_WR_PER_POST): 0, or the failure."""
+cdef int _post(vb_conn *c, ibv_send_wr *first, uint32_t k, bint force=False) noexcept nogil:
+    """Post the chain `first` of k requests (k <= MAX_WR_PER_POST): 0, or the failure.
+    `force`: the last one asks for a completion whatever the count says."""
     cdef ibv_send_wr *wr
     cdef ibv_send_wr *bad = NULL
     cdef uint64_t start = 0
@@ -511,7 +607,7 @@ cdef int _post(vb_conn *c, ibv_send_wr *first, uint32_t k) noexcept nogil:
     while wr != NULL:
         c.posted += 1
         wr.wr_id = c.posted
-        if c.posted - c.last_signal >= c.signal_every:
+        if c.posted - c.last_signal >= c.signal_every or (force and wr.next == NULL):
             wr.send_flags |= IBV_SEND_SIGNALED
             c.last_signal = c.posted
             c.signalled += 1
@@ -551,6 +647,72 @@ cdef int _post_probe(vb_conn *c) noexcept nogil:
     return _post(c, &c.pwr, 1)
 
 
+cdef void _prep(ibv_send_wr *wr, ibv_sge *sge, ibv_wr_opcode op, void *src, uint32_t length,
+                uint32_t lkey) noexcept nogil:
+    memset(wr, 0, sizeof(ibv_send_wr))
+    wr.opcode = op
+    wr.sg_list = sge
+    wr.num_sge = 1
+    sge.addr = <uint64_t><size_t>src
+    sge.length = length
+    sge.lkey = lkey
+
+
+cdef int _post_recvs(vb_conn *c, uint32_t n) noexcept nogil:
+    """Post n empty receive WRs (each takes one wake-up WRITE_WITH_IMM)."""
+    cdef ibv_recv_wr wr
+    cdef ibv_recv_wr *bad = NULL
+    cdef uint32_t i
+    cdef int rc
+    memset(&wr, 0, sizeof(wr))
+    for i in range(n):
+        rc = ibv_post_recv(c.qp, &wr, &bad)
+        if rc:
+            return rc
+        c.recv_posted += 1
+    return 0
+
+
+cdef uint32_t _drain_rcq(vb_conn *c) noexcept nogil:
+    """Take the wake-ups that arrived (receive CQ) and post their receive WRs again."""
+    cdef ibv_wc wc[REAP_BATCH]
+    cdef int n, i
+    cdef uint32_t got = 0
+    if c.rcq == NULL or c.qp == NULL:
+        return 0
+    while True:
+        n = ibv_poll_cq(c.rcq, REAP_BATCH, wc)
+        if n <= 0:
+            break
+        for i in range(n):
+            c.recv_posted -= 1
+            if wc[i].status != IBV_WC_SUCCESS and wc[i].status != IBV_WC_WR_FLUSH_ERR:
+                _lock(c)
+                if c.failed == 0:
+                    c.wc_status = wc[i].status
+                _fail(c, VB_WC_ERROR)
+                _unlock(c)
+        got += <uint32_t>n
+    if not c.failed and c.recv_posted < RECV_DEPTH:
+        _post_recvs(c, RECV_DEPTH - c.recv_posted)
+    return got
+
+
+cdef void _wake_peer_if_asleep(vb_conn *c, uint64_t tail) noexcept nogil:
+    """Sender, after a post: publish the tail; if the peer's receiver sleeps (and this
+    sleep was not woken yet) send it a WRITE_WITH_IMM. The fence orders the tail store
+    before the flag load; the receiver READs the tail after its flag landed here, so one
+    of the two sides always sees the other (VerbsLaneSet)."""
+    cdef uint32_t f
+    rs_store_release_u64(&c.ctl.tail_pub, tail)
+    rs_fence()
+    f = rs_load_acquire_u32(&c.ctl.sleep_flag)
+    if f != 0 and f != c.woken_gen:
+        c.woken_gen = f
+        c.wakes_sent += 1
+        _post(c, &c.iwr, 1)
+
+
 cdef void _poll_once(vb_conn *c) noexcept nogil:
     _lock(c)
     _reap(c)
@@ -567,11 +729,13 @@ cdef class QueuePair:
     cdef vb_conn *c
     cdef ProtectionDomain _pd
     cdef MemoryRegion _ctl_mr
+    cdef CompletionChannel _chan
     cdef readonly int port
 
     def __cinit__(self, ProtectionDomain pd not None, MemoryRegion ctl_mr not None, int port,
                   uint32_t sq_depth=512, uint32_t signal_every=64, uint32_t max_inline=256,
-                  uint64_t cq_timeout_ns=10_000_000_000, uint64_t keepalive_ns=100_000_000):
+                  uint64_t cq_timeout_ns=10_000_000_000, uint64_t keepalive_ns=100_000_000,
+                  CompletionChannel channel=None):
         cdef ibv_qp_init_attr ia
         cdef ibv_context *ctx
         cdef ibv_pd *p = pd.pd
@@ -604,17 +768,28 @@ cdef class QueuePair:
             err = errno
             self._free()
             raise DeviceError("ibv_create_cq failed", err)
+        if channel is not None:
+            if channel.ch == NULL:
+                self._free()
+                raise DeviceError("the completion channel is closed")
+            # Receive CQ: only the peer's wake-up WRITE_WITH_IMMs land here.
+            self.c.rcq = ibv_create_cq(ctx, RECV_DEPTH + 4, NULL, channel.ch, 0)
+            if self.c.rcq == NULL:
+                err = errno
+                self._free()
+                raise DeviceError("ibv_create_cq (receive, on the channel) failed", err)
+            self._chan = channel
         # Ask for inline room for a few slots; fall back to less where the device refuses.
         for inline_try in (max_inline, 64, 0):
             if inline_try > max_inline:
                 continue
             memset(&ia, 0, sizeof(ia))
             ia.send_cq = self.c.cq
-            ia.recv_cq = self.c.cq
+            ia.recv_cq = self.c.rcq if self.c.rcq != NULL else self.c.cq
             ia.qp_type = IBV_QPT_RC
             ia.sq_sig_all = 0
             ia.cap.max_send_wr = sq_depth
-            ia.cap.max_recv_wr = 1
+            ia.cap.max_recv_wr = RECV_DEPTH
             ia.cap.max_send_sge = 1
             ia.cap.max_recv_sge = 1
             ia.cap.max_inline_data = inline_try
@@ -637,6 +812,13 @@ cdef class QueuePair:
         self.c.psge.length = 4
         self.c.psge.lkey = self.c.ctl_lkey
         self.c.keepalive_ns = keepalive_ns
+        _prep(&self.c.iwr, &self.c.isge, IBV_WR_RDMA_WRITE_WITH_IMM, &self.c.ctl.src_one, 4,
+              self.c.ctl_lkey)
+        rs_wr_set_imm(&self.c.iwr, 1)
+        _prep(&self.c.fwr, &self.c.fsge, IBV_WR_RDMA_WRITE, &self.c.ctl.src_flag, 4,
+              self.c.ctl_lkey)
+        _prep(&self.c.rwr, &self.c.rsge, IBV_WR_RDMA_READ, &self.c.ctl.peer_tail, 8,
+              self.c.ctl_lkey)
 
     cdef void _free(self):
         if self.c == NULL:
@@ -647,6 +829,9 @@ cdef class QueuePair:
         if self.c.cq != NULL:
             ibv_destroy_cq(self.c.cq)
             self.c.cq = NULL
+        if self.c.rcq != NULL:
+            ibv_destroy_cq(self.c.rcq)
+            self.c.rcq = NULL
 
     def __dealloc__(self):
         if self.c != NULL:
@@ -685,11 +870,16 @@ cdef class QueuePair:
         a.qp_state = IBV_QPS_INIT
         a.pkey_index = 0
         a.port_num = self.port
-        a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE
+        a.qp_access_flags = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE
+                             | IBV_ACCESS_REMOTE_READ)
         rc = ibv_modify_qp(self.c.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT
                            | IBV_QP_ACCESS_FLAGS)
         if rc:
             raise DeviceError("ibv_modify_qp to INIT failed", rc)
+        if self.c.rcq != NULL:
+            rc = _post_recvs(self.c, RECV_DEPTH)
+            if rc:
+                raise DeviceError("ibv_post_recv failed", rc)
 
     def modify_rtr(self, uint32_t dest_qpn, uint32_t rq_psn, bytes dgid, int sgid_index,
                    int mtu, int hop_limit=64):
@@ -765,6 +955,9 @@ cdef class QueuePair:
         """Where the peer's control block is: credits and closing flags go there."""
         rs_wr_set_rdma(&self.c.cwr, addr + CTL_CREDIT, rkey)
         rs_wr_set_rdma(&self.c.pwr, addr + CTL_PROBE, rkey)
+        rs_wr_set_rdma(&self.c.iwr, addr + CTL_PROBE, rkey)
+        rs_wr_set_rdma(&self.c.fwr, addr + CTL_SLEEP_FLAG, rkey)
+        rs_wr_set_rdma(&self.c.rwr, addr + CTL_TAIL_PUB, rkey)
 
     def poll(self):
         """Poll the send CQ once; returns the completions seen."""
@@ -781,7 +974,6 @@ cdef class QueuePair:
         cdef ibv_sge sge
         cdef uint32_t one = 1
         cdef uint64_t id, start, limit = <uint64_t>(timeout_s * 1e9)
-        cdef uint32_t saved
         cdef int rc
         if self.c.qp == NULL or self.c.failed:
             return False
@@ -799,13 +991,8 @@ cdef class QueuePair:
         rs_wr_set_rdma(&wr, rs_wr_remote_addr(&self.c.cwr) - CTL_CREDIT + offset,
                        rs_wr_rkey(&self.c.cwr))
         with nogil:
-            saved = self.c.signal_every
+            rc = _post(self.c, &wr, 1, True)
             _lock(self.c)
-            self.c.signal_every = 1        # this one must report
-            _unlock(self.c)
-            rc = _post(self.c, &wr, 1)
-            _lock(self.c)
-            self.c.signal_every = saved
             id = self.c.posted
             _unlock(self.c)
             start = rs_now_ns()
@@ -864,7 +1051,11 @@ cdef class QueuePair:
         if self.c.cq != NULL:
             ibv_destroy_cq(self.c.cq)
             self.c.cq = NULL
+        if self.c.rcq != NULL:
+            ibv_destroy_cq(self.c.rcq)
+            self.c.rcq = NULL
         self._ctl_mr = None
+        self._chan = None
 
     @property
     def destroyed(self):
@@ -876,7 +1067,8 @@ cdef class QueuePair:
                 "cq_polls": c.cq_polls, "sq_waits": c.sq_waits, "writes": c.writes,
                 "credit_writes": c.credit_writes, "keepalives": c.keepalives,
                 "sq_depth": c.sq_depth, "signal_every": c.signal_every,
-                "max_inline": c.max_inline, "failed": c.failed}
+                "max_inline": c.max_inline, "failed": c.failed, "wakes_sent": c.wakes_sent,
+                "sleeps": c.sleeps, "wakeups": c.wakeups}
 
 
 # ---- receiver ---------------------------------------------------------------------------------
@@ -1092,11 +1284,15 @@ cdef int _commit(rs_tx *t, uint64_t pos, uint32_t n) noexcept nogil:
     """
     cdef vb_tx *x = <vb_tx *>t.ctx
     cdef uint32_t k = 0
+    cdef int rc
     if n > 1:
         k = _add_range(x, k, pos + 1, n - 1, t.mask)
     k = _add_range(x, k, pos, 1, t.mask)
     x.conn.writes += k
-    return _post(x.conn, &x.wr[0], k)
+    rc = _post(x.conn, &x.wr[0], k)
+    if rc == 0 and x.conn.rcq != NULL:
+        _wake_peer_if_asleep(x.conn, t.tail)
+    return rc
 
 
 cdef int _tx_ready(rs_tx *t) noexcept nogil:
@@ -1208,3 +1404,184 @@ cdef class VerbsTxLane(TxLane):
                 import logging
                 logging.getLogger("rdmasched.verbs").warning(
                     "closing lane %r: %s", self.name, exc)
+
+
+# ---- adaptive blocking ------------------------------------------------------------------------
+cdef class VerbsLaneSet(LaneSet):
+    """A LaneSet of verbs lanes whose `wait` sleeps when idle instead of spinning.
+
+    `wait(batch, timeout_us, spin_us)` drains, spins up to `spin_us`, then sleeps on the
+    endpoints' completion channels until a sender wakes it or the timeout passes. Going to
+    sleep, per connection: arm the receive CQ; WRITE my sleep generation into the sender's
+    control block, then READ the sender's published tail (RC runs the READ after the WRITE).
+    A sender stores its tail after every post, fences, and reads that flag; if set, it sends
+    one WRITE_WITH_IMM, which lands on the armed receive CQ and wakes the channel. Either the
+    sender saw the flag (and wakes us), or it read the flag before the flag landed, so its
+    tail store came before our READ, which then shows a message we have not consumed (and we
+    do not sleep): no wake-up is lost. Awake again, the receiver writes 0 as its flag.
+    """
+
+    cdef list _chans
+    cdef pollfd *_fds
+    cdef ibv_comp_channel **_chs
+    cdef uint32_t _nfds
+    cdef readonly uint64_t sleeps
+    cdef readonly uint64_t wakeups
+    cdef readonly uint64_t sleeps_refused
+
+    def __cinit__(self):
+        self._chans = []
+        self._fds = NULL
+        self._chs = NULL
+        self._nfds = 0
+
+    def __dealloc__(self):
+        free(self._fds)
+        free(self._chs)
+
+    def add(self, VerbsRxLane lane not None):
+        """Add a verbs lane (its endpoint must have a completion channel); its index."""
+        cdef QueuePair qp = lane._qp
+        cdef CompletionChannel ch
+        cdef pollfd *fds
+        cdef ibv_comp_channel **chs
+        if qp is None or qp._chan is None:
+            raise ValueError(f"lane {lane.name!r} has no completion channel to sleep on")
+        ch = qp._chan
+        idx = LaneSet.add(self, lane)
+        if ch not in self._chans:
+            fds = <pollfd *>realloc(self._fds, (self._nfds + 1) * sizeof(pollfd))
+            if fds == NULL:
+                raise MemoryError()
+            self._fds = fds
+            chs = <ibv_comp_channel **>realloc(self._chs,
+                                               (self._nfds + 1) * sizeof(ibv_comp_channel *))
+            if chs == NULL:
+                raise MemoryError()
+            self._chs = chs
+            self._chs[self._nfds] = ch.ch
+            self._fds[self._nfds].fd = ch.ch.fd
+            self._fds[self._nfds].events = POLLIN
+            self._nfds += 1
+            self._chans.append(ch)
+        return idx
+
+    cdef uint32_t _wait(self, Batch batch, uint64_t timeout_ns, uint64_t spin_ns,
+                        uint32_t quantum) noexcept nogil:
+        cdef uint64_t start = rs_now_ns(), now
+        cdef uint32_t got
+        while True:
+            got = self._drain(batch, quantum)
+            if got:
+                return got
+            now = rs_now_ns()
+            if now - start >= timeout_ns:
+                return 0
+            if now - start < spin_ns or self._nfds == 0:
+                rs_pause()
+                continue
+            got = self._sleep(batch, quantum, timeout_ns - (now - start))
+            if got:
+                return got
+
+    cdef uint32_t _sleep(self, Batch batch, uint32_t quantum, uint64_t left_ns) noexcept nogil:
+        cdef uint32_t i, k, got
+        cdef rs_rx *r
+        cdef vb_rx *x
+        cdef vb_conn *c
+        cdef bint busy = False
+        cdef uint64_t start = rs_now_ns(), limit
+        cdef int ms, n
+        cdef ibv_cq *ev_cq
+        cdef void *ev_ctx
+        cdef uint64_t spent
+        # 1. arm every receive CQ (wake-ups that already came are taken first)
+        for i in range(self._n):
+            r = self._arr[i]
+            x = <vb_rx *>r.ctx
+            c = x.conn
+            if r.dead or c == NULL or c.rcq == NULL or c.failed:
+                continue
+            if x.pending != 0 and x.pending != r.epoch:
+                return 0                    # a reconnected sender waits for the poller
+            _drain_rcq(c)
+            ibv_req_notify_cq(c.rcq, 0)
+        # 2. tell every sender we sleep, then read its tail
+        for i in range(self._n):
+            r = self._arr[i]
+            c = (<vb_rx *>r.ctx).conn
+            if r.dead or c == NULL or c.rcq == NULL or c.failed:
+                continue
+            c.sleep_gen += 1
+            if c.sleep_gen == 0:
+                c.sleep_gen = 1
+            c.ctl.src_flag = c.sleep_gen
+            c.fwr.send_flags = IBV_SEND_INLINE if c.max_inline >= 4 else 0
+            c.fwr.next = &c.rwr
+            c.rwr.next = NULL
+            c.rwr.send_flags = 0
+            if _post(c, &c.fwr, 2, True) != 0:
+                busy = True
+        # 3. wait for the READs (bounded), then look: anything landed or on its way?
+        limit = left_ns
+        if limit > 100000000:
+            limit = 100000000
+        for i in range(self._n):
+            r = self._arr[i]
+            c = (<vb_rx *>r.ctx).conn
+            if r.dead or c == NULL or c.rcq == NULL:
+                continue
+            while not c.failed and c.retired < c.rwr.wr_id:
+                _poll_once(c)
+                if rs_now_ns() - start > limit:
+                    busy = True
+                    break
+            if c.failed:
+                busy = True                 # let the poller find out and report it
+            elif rs_load_acquire_u64(&c.ctl.peer_tail) > r.head:
+                busy = True                 # a message is posted that we have not seen
+        got = self._drain(batch, quantum)
+        if got or busy:
+            self.sleeps_refused += 1
+            self._awake()
+            return got
+        # 4. sleep until a wake-up (or the timeout)
+        self.sleeps += 1
+        spent = rs_now_ns() - start
+        if spent < left_ns:
+            left_ns -= spent
+        else:
+            left_ns = 0
+        if left_ns > <uint64_t>1000000000000:
+            left_ns = <uint64_t>1000000000000
+        ms = <int>((left_ns + 999999) // 1000000)
+        n = poll(self._fds, self._nfds, ms)
+        if n > 0:
+            self.wakeups += 1
+            for k in range(self._nfds):
+                if self._fds[k].revents:
+                    while ibv_get_cq_event(self._chs[k], &ev_cq, &ev_ctx) == 0:
+                        ibv_ack_cq_events(ev_cq, 1)
+        self._awake()
+        return self._drain(batch, quantum)
+
+    cdef void _awake(self) noexcept nogil:
+        """Write 0 as my flag in every sender (it stops sending wake-ups); take the ones
+        that came."""
+        cdef uint32_t i
+        cdef rs_rx *r
+        cdef vb_conn *c
+        for i in range(self._n):
+            r = self._arr[i]
+            c = (<vb_rx *>r.ctx).conn
+            if r.dead or c == NULL or c.rcq == NULL or c.failed:
+                continue
+            c.ctl.src_flag = 0
+            c.fwr.send_flags = IBV_SEND_INLINE if c.max_inline >= 4 else 0
+            c.fwr.next = NULL
+            _post(c, &c.fwr, 1)
+            _drain_rcq(c)
+
+    def sleep_stats(self):
+        return {"sleeps": self.sleeps, "wakeups": self.wakeups,
+                "sleeps_refused": self.sleeps_refused}

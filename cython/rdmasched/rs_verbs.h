@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 #include <string.h>
+#include <endian.h>
 #include <infiniband/verbs.h>
 
 static inline void rs_wr_set_rdma(struct ibv_send_wr *wr, uint64_t remote_addr, uint32_t rkey)
@@ -22,6 +23,11 @@ static inline uint64_t rs_wr_remote_addr(const struct ibv_send_wr *wr)
 static inline uint32_t rs_wr_rkey(const struct ibv_send_wr *wr)
 {
     return wr->wr.rdma.rkey;
+}
+
+static inline void rs_wr_set_imm(struct ibv_send_wr *wr, uint32_t imm)
+{
+    wr->imm_data = htobe32(imm);
 }
 
 static inline void rs_ah_set_dgid(struct ibv_ah_attr *ah, const uint8_t *gid)

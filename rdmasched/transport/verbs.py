@@ -48,6 +48,7 @@ __all__ = [
     "Device",
     "Endpoint",
     "GidEntry",
+    "LaneSet",
     "check_route",
     "choose_gid",
     "list_devices",
@@ -228,6 +229,13 @@ def list_devices() -> list[str]:
 
 
 _VERBS: Any = None
+
+
+def LaneSet() -> Any:
+    """A set of verbs inbound lanes whose `wait` sleeps when idle (_verbs.VerbsLaneSet):
+    drain, spin up to `spin_us`, then block on the endpoints' completion channels until a
+    sender wakes it (write-with-immediate) or `timeout_us` passes."""
+    return _verbs_module().VerbsLaneSet()
 
 
 def _verbs_module() -> Any:
@@ -476,7 +484,9 @@ class Connection:
         v = _verbs_module()
         pv = _pyverbs()
         remote_w = int(pv.enums.IBV_ACCESS_LOCAL_WRITE | pv.enums.IBV_ACCESS_REMOTE_WRITE)
-        self.ctl_mr = ep._register(v.CTL_BYTES, remote_w, "the control block")
+        # The peer's sleeping receiver READs our published tail from the control block.
+        ctl_access = remote_w | int(pv.enums.IBV_ACCESS_REMOTE_READ)
+        self.ctl_mr = ep._register(v.CTL_BYTES, ctl_access, "the control block")
         self.qp = v.QueuePair(
             ep.pd,
             self.ctl_mr,
@@ -486,6 +496,7 @@ class Connection:
             ep.max_inline,
             int(ep.cq_timeout_s * 1e9),
             ep.keepalive_ms * 1_000_000,
+            ep.channel,
         )
         self.qp.modify_init()
         if rx is None:
@@ -793,7 +804,11 @@ class Endpoint:
         self._lock = threading.RLock()
         try:
             self.pd = _verbs_module().ProtectionDomain(self.device.context)
+            # Every connection's receive CQ reports here: a VerbsLaneSet sleeps on it.
+            self.channel = _verbs_module().CompletionChannel(self.device.context)
         except BaseException:
+            if getattr(self, "pd", None) is not None:
+                self.pd.close()
             if self._own_device:
                 self.device.close()
             raise
@@ -991,6 +1006,7 @@ class Endpoint:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+        self.channel.close()  # after every CQ on it
         self.pd.close()
         if self._own_device:
             self.device.close()
