@@ -16,8 +16,9 @@ control block (REMOTE_WRITE, its own rkey), the shadow ring (local only). One pr
 domain per endpoint; a peer holds only the rkeys of its own lane and control block.
 
 Teardown order, every resource with one owner: the queue pair (Connection), the memory
-regions (ring: its RxLane; control block and shadow: the Connection), the completion queue
-(Connection), then the protection domain (Endpoint), then the context (Device).
+regions (ring: its RxLane; control block and shadow: the Connection), the completion queues
+(Connection), the completion channel (Endpoint), the protection domain (Endpoint), then the
+context (Device).
 
 Errors: DeviceError (no device, inactive port, a verbs call failed, memlock), ConfigError (a
 GID that cannot be used), BootstrapError (handshake), PeerDeadError (the peer went away).
