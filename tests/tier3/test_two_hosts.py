@@ -49,7 +49,9 @@ def exchange(conn: Any, me: int, n: int, timeout_s: float) -> tuple[int, int]:
                 sent += 1
             except LaneFullError:
                 pass  # the peer has not consumed yet: receive meanwhile
-        while (m := conn.rx.poll(0 if sent < n else 50_000)) is not None:
+        # Stop at n: once the peer has all of ours it closes, and a drained lane whose
+        # peer closed raises PeerDeadError (as it should) on the next poll.
+        while recvd < n and (m := conn.rx.poll(0 if sent < n else 50_000)) is not None:
             assert m.id == recvd and m.seq == recvd, f"expected {recvd}, got {m.id}"
             assert m.arg0 != me and m.src == conn.peer_node
             if recvd % 100 == 0:
