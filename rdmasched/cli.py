@@ -128,6 +128,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     trace.add_argument("dir")
     trace.add_argument("--task", type=int, help="only the events that name this task")
+
+    # --transport verbs (rdmasched/bench/verbs_latency.py): inside the Soft-RoCE VM
+    lat.add_argument(
+        "--device",
+        default=None,
+        help="verbs: RDMA device (default: $RDMASCHED_DEVICE, else the first)",
+    )
+    lat.add_argument(
+        "--gid-index",
+        type=int,
+        default=None,
+        help="verbs: GID index (default: $RDMASCHED_GID_INDEX, else RoCE v2 IPv4)",
+    )
+    lat.add_argument(
+        "--perftest-iterations",
+        type=_positive,
+        default=None,
+        help="verbs: ib_write_lat iterations per round (default: as rdmasched)",
+    )
+
+    doc = sub.add_parser("doctor", help="RDMA devices, ports, GIDs; is Soft-RoCE usable here")
+    doc.add_argument("--json", action="store_true", help="print JSON instead of text")
     return p
 
 
@@ -135,13 +157,10 @@ def cmd_bench_latency(args: argparse.Namespace) -> int:
     from rdmasched.bench import latency
     from rdmasched.bench.common import dump_json, pick_cores, print_table
 
-    if args.transport != "shm":
-        print(
-            "rdmasched bench latency --transport verbs runs inside the Soft-RoCE VM: "
-            "tests/vm/bench-verbs.sh",
-            file=sys.stderr,
-        )
-        return 2
+    if args.transport == "verbs":
+        from rdmasched.bench import verbs_latency
+
+        return verbs_latency.main(args)
     rows = list(args.rows)
 
     def progress(r: int, name: str, row: object) -> None:
@@ -307,6 +326,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "doctor":
+        from rdmasched import doctor
+
+        return doctor.main(args.json)
     if args.command == "bench":
         return {
             "latency": cmd_bench_latency,

@@ -60,6 +60,8 @@ cdef struct rs_tx:
     uint64_t full_waits
     uint64_t wakes
     int (*commit)(rs_tx *t, uint64_t pos, uint32_t n) noexcept nogil
+    # 1 once the receiver accepted `epoch`. rs_tx_wait_room also calls it while the lane is
+    # full (past the spin), so a transport can find a failed peer there and set `dead`.
     int (*ready)(rs_tx *t) noexcept nogil
     void *ctx
 
@@ -103,6 +105,7 @@ cdef class RxLane:
     cdef object __weakref__
     cdef int _check_open(self) except -1
     cdef object _deliver(self, rs_msg *m, const uint8_t *meta)
+    cdef object _dead_message(self)
     cdef void _close_transport(self)
 
 

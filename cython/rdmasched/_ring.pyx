@@ -377,6 +377,10 @@ cdef int rs_tx_wait_room(rs_tx *t, uint32_t n, uint64_t timeout_ns) noexcept nog
             continue
         if rs_now_ns() - start >= timeout_ns:
             return RS_NOTREADY if not t.acked else RS_NOROOM
+        if t.acked and t.ready != NULL:
+            # Past the spin, give the transport a look at its peer while the lane stays
+            # full: a hook may find it failed and set t.dead (verbs polls its send CQ).
+            t.ready(t)
         if k < 4 * SPIN_BEFORE_YIELD:
             sched_yield()
         else:
@@ -533,7 +537,7 @@ cdef class RxLane:
             if _bad_total(&self.st) != self._reported:
                 self._report()
             if self.st.dead and self._open:
-                raise PeerDeadError(f"lane {self.name!r}: transport failed ({self.st.dead})")
+                raise PeerDeadError(self._dead_message())
             return None
 
     def drain(self, Batch batch not None):
@@ -571,6 +575,10 @@ cdef class RxLane:
     @property
     def closed(self):
         return not self._open
+
+    cdef object _dead_message(self):
+        """Why the lane is dead, for PeerDeadError; a transport says more."""
+        return f"lane {self.name!r}: transport failed ({self.st.dead})"
 
     cdef void _close_transport(self):
         pass
