@@ -14,9 +14,10 @@ import hashlib
 import logging
 import time
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 from rdmasched._ring import LaneSet, RxLane, TxLane
+from rdmasched.cluster import ClusterConfig
 from rdmasched.errors import ConfigError, LaneError, PeerDeadError
 from rdmasched.transport import shm
 
@@ -25,6 +26,8 @@ _log = logging.getLogger("rdmasched.daemon")
 
 class Links(Protocol):
     me: int
+    #: whether `wake` really wakes a sleeping loop; if not the loop naps at most 1 ms
+    can_wake: bool
     inbound: LaneSet
     #: inbound lane index in `inbound` -> the peer it comes from
     inbound_peer: list[int]
@@ -38,6 +41,8 @@ class Links(Protocol):
 
 class ShmLinks:
     """Lanes in shared memory between node processes on one host."""
+
+    can_wake = True
 
     def __init__(
         self,
@@ -118,3 +123,89 @@ def close_quietly(links: Links | None) -> None:
         links.close()
     except LaneError as exc:  # closing must not hide the error that got us here
         _log.warning("closing links: %s", exc)
+
+
+class VerbsLinks:
+    """Lanes over RDMA verbs: one RC connection per peer, set up through the TCP bootstrap
+    at each node's configured address (docs/VERBS.md). A node dials the peers with higher
+    ids and accepts the lower ones, accepting on a thread so start-up order cannot deadlock.
+
+    The inbound `LaneSet` sleeps on the endpoint's completion channel when idle and senders
+    wake it with a write-with-immediate; a call from another thread of this process cannot
+    ring that channel, so `can_wake` is False and the loop naps at most 1 ms at a time.
+    """
+
+    can_wake = False
+
+    def __init__(
+        self,
+        cluster: ClusterConfig,
+        me: int,
+        *,
+        device: str | None = None,
+        gid_index: int | None = None,
+        connect_timeout_s: float = 60.0,
+    ) -> None:
+        import os
+        import threading
+
+        from rdmasched.cluster import parse_address
+        from rdmasched.transport import verbs
+
+        self.me = me
+        self.outbound: dict[int, TxLane] = {}
+        self.inbound_peer: list[int] = []
+        device = device or os.environ.get("RDMASCHED_DEVICE") or None
+        if gid_index is None and os.environ.get("RDMASCHED_GID_INDEX"):
+            gid_index = int(os.environ["RDMASCHED_GID_INDEX"])
+        self.endpoint = verbs.Endpoint(
+            device, me, token=cluster.token, nslots=cluster.slots_per_lane, gid_index=gid_index
+        )
+        self.inbound = verbs.LaneSet()
+        self._conns: dict[int, Any] = {}
+        try:
+            me_spec = cluster.node(me)
+            host, port = parse_address(me_spec.address, f"node {me_spec.name} address")
+            self.endpoint.listen(host, port)
+            lower = [n.id for n in cluster.nodes if n.id < me]
+            errors: list[BaseException] = []
+
+            def accept_all() -> None:
+                try:
+                    for _ in lower:
+                        c = self.endpoint.accept(timeout_s=connect_timeout_s)
+                        self._conns[c.peer_node] = c
+                except BaseException as exc:  # reported by the constructor below
+                    errors.append(exc)
+
+            t = threading.Thread(target=accept_all, name=f"rdmasched-accept{me}", daemon=True)
+            t.start()
+            for n in cluster.nodes:
+                if n.id > me:
+                    h, p = parse_address(n.address, f"node {n.name} address")
+                    c = self.endpoint.connect(
+                        h, p, timeout_s=connect_timeout_s, attempts=max(5, int(connect_timeout_s))
+                    )
+                    self._conns[n.id] = c
+            t.join(connect_timeout_s)
+            if errors:
+                raise errors[0]
+            missing = sorted(set(lower) - set(self._conns))
+            if missing:
+                raise PeerDeadError(
+                    f"node {me}: peers {missing} did not connect within {connect_timeout_s:g} s"
+                )
+            for peer in sorted(self._conns):
+                c = self._conns[peer]
+                self.outbound[peer] = c.tx
+                self.inbound.add(c.rx)
+                self.inbound_peer.append(peer)
+        except BaseException:
+            self.close()
+            raise
+
+    def wake(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.endpoint.close()

@@ -193,7 +193,8 @@ class Loop:
                 elif inbox:
                     timeout_ns = 0
                 else:
-                    timeout_ns = self.idle_wake_ns
+                    # a loop other threads cannot wake must look at its inbox often
+                    timeout_ns = self.idle_wake_ns if self.links.can_wake else 1_000_000
                     if timers:
                         timeout_ns = max(0, min(timeout_ns, timers[0][0] - now))
                 batch.clear()

@@ -27,7 +27,7 @@ from typing import Any
 
 from rdmasched._wire import Message
 from rdmasched.cluster import ClusterConfig
-from rdmasched.daemon.links import Links, ShmLinks, close_quietly
+from rdmasched.daemon.links import Links, ShmLinks, VerbsLinks, close_quietly
 from rdmasched.daemon.loop import Loop
 from rdmasched.errors import ConfigError, RdmaschedError
 from rdmasched.scheduler import (
@@ -174,12 +174,9 @@ class Node:
         if self.loop is not None:
             return
         links = self._links_given
-        if links is None:
-            if self.cluster.transport != "shm":
-                raise ConfigError(
-                    f"transport {self.cluster.transport!r}: pass links= made "
-                    "by that transport (the daemon builds shm links itself)"
-                )
+        if links is None and self.cluster.transport == "verbs":
+            links = VerbsLinks(self.cluster, self.id)
+        elif links is None:
             links = ShmLinks(
                 self.cluster.name,
                 self.id,
