@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--nodes", type=_positive, default=4)
     demo.add_argument("--slots", type=_positive, default=4, help="execution slots per node")
-    demo.add_argument("--steps", type=_positive, default=40, help="training steps")
+    demo.add_argument("--steps", type=_positive, default=200, help="training steps")
     demo.add_argument("--compute-ms", type=float, default=4.0)
     demo.add_argument(
         "--jitter", type=float, default=0.25, help="compute task length varies by +- this fraction"

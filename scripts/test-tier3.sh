@@ -34,7 +34,7 @@ fi
 mkdir -p "$RESULTS/vm1" "$RESULTS/vm2"
 echo "-- one VM: tier 3 and the verbs conformance tests"
 tests/vm/run-in-vm.sh --results "$RESULTS/vm1" --env RDMASCHED_REQUIRE_RDMA=1 -- \
-    'python3 -m pytest -p no:cacheprovider -q -m tier3 tests/tier3 tests/conformance --junitxml=$RDMASCHED_RESULTS/tier3.xml'
+    'python3 -m pytest -p no:cacheprovider -q -m tier3 tests/tier3 tests/conformance --ignore=tests/tier3/test_two_hosts.py --junitxml=$RDMASCHED_RESULTS/tier3.xml'
 echo "-- two VMs: one node per kernel over a virtual wire"
 tests/vm/run-in-vm.sh --hosts 2 --results "$RESULTS/vm2" --env RDMASCHED_REQUIRE_RDMA=1 -- \
     'python3 -m pytest -p no:cacheprovider -q tests/tier3/test_two_hosts.py --junitxml=$RDMASCHED_RESULTS/two-hosts.xml'

@@ -58,7 +58,7 @@ def test_good_arguments_parse() -> None:
     )
     assert a.rows == ["c-shm-floor", "zmq-ipc"] and a.json and a.slots == 256
     d = build_parser().parse_args(["demo", "--nodes", "3", "--spin-us", "10"])
-    assert (d.nodes, d.slots, d.spin_us, d.steps) == (3, 4, 10, 40)
+    assert (d.nodes, d.slots, d.spin_us, d.steps) == (3, 4, 10, 200)
 
 
 def test_trace_of_a_missing_directory(tmp_path: object) -> None:
