@@ -73,37 +73,47 @@ def _sync(rx: Any, tx: Any) -> None:
         raise TimeoutError("peer did not answer the start-up message")
 
 
+def ping_loop(tx: Any, rx: Any, n: int, warmup: int) -> bytes:
+    """The pinger through the public Python API, on any transport: send, then poll for the
+    echo; one sample per round trip, timed from the previous sample's end."""
+    send, poll, perf = tx.send, rx.poll, time.perf_counter_ns
+    out = samples_array(n)
+    for i in range(warmup):
+        send(PING, i)
+        poll(TIMEOUT_US)
+    t_prev = perf()
+    for i in range(n):
+        send(PING, i)
+        if poll(TIMEOUT_US) is None:
+            raise TimeoutError(f"no echo for message {i}")
+        t = perf()
+        out[i] = t - t_prev
+        t_prev = t
+    return out.tobytes()
+
+
+def echo_loop(tx: Any, rx: Any, count: int) -> None:
+    """The echo side through the public Python API: poll, send the fields straight back."""
+    send, poll = tx.send, rx.poll
+    for _ in range(count):
+        m = poll(TIMEOUT_US)
+        if m is None:
+            raise TimeoutError("pinger went quiet")
+        send(m.kind, m.id, m.job, m.priority)
+
+
 def py_ping(cfg: dict[str, Any]) -> bytes:
     rx, tx = _lanes(cfg, "a", "b")
     with rx, tx:
         _sync(rx, tx)
-        send, poll, perf = tx.send, rx.poll, time.perf_counter_ns
-        n, warm = cfg["n"], cfg["warmup"]
-        out = samples_array(n)
-        for i in range(warm):
-            send(PING, i)
-            poll(TIMEOUT_US)
-        t_prev = perf()
-        for i in range(n):
-            send(PING, i)
-            if poll(TIMEOUT_US) is None:
-                raise TimeoutError(f"no echo for message {i}")
-            t = perf()
-            out[i] = t - t_prev
-            t_prev = t
-        return out.tobytes()
+        return ping_loop(tx, rx, cfg["n"], cfg["warmup"])
 
 
 def py_echo(cfg: dict[str, Any]) -> None:
     rx, tx = _lanes(cfg, "b", "a")
     with rx, tx:
         _sync(rx, tx)
-        send, poll = tx.send, rx.poll
-        for _ in range(cfg["n"] + cfg["warmup"]):
-            m = poll(TIMEOUT_US)
-            if m is None:
-                raise TimeoutError("pinger went quiet")
-            send(m.kind, m.id, m.job, m.priority)
+        echo_loop(tx, rx, cfg["n"] + cfg["warmup"])
 
 
 def hot_echo(cfg: dict[str, Any]) -> None:

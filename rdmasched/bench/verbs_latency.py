@@ -31,7 +31,8 @@ import time
 from array import array
 from typing import Any
 
-from rdmasched.bench.common import Row, dump_json, pick_cores, print_table, run_pair, samples_array
+from rdmasched.bench.common import Row, dump_json, pick_cores, print_table, run_pair
+from rdmasched.bench.latency import echo_loop, ping_loop
 
 PING = 1  # Kind.DISPATCH
 TIMEOUT_US = 10_000_000
@@ -72,33 +73,13 @@ def _connect(cfg: dict[str, Any], me: str) -> tuple[Any, Any]:
 def py_ping(cfg: dict[str, Any]) -> bytes:
     ep, conn = _connect(cfg, "a")
     with ep:
-        send, poll, perf = conn.tx.send, conn.rx.poll, time.perf_counter_ns
-        n = cfg["n"]
-        out = samples_array(n)
-        for i in range(cfg["warmup"]):
-            send(PING, i)
-            poll(TIMEOUT_US)
-        t_prev = perf()
-        for i in range(n):
-            send(PING, i)
-            if poll(TIMEOUT_US) is None:
-                raise TimeoutError(f"no echo for message {i}")
-            t = perf()
-            out[i] = t - t_prev
-            t_prev = t
-        return out.tobytes()
+        return ping_loop(conn.tx, conn.rx, cfg["n"], cfg["warmup"])
 
 
 def py_echo(cfg: dict[str, Any]) -> None:
     ep, conn = _connect(cfg, "b")
     with ep:
-        send, poll = conn.tx.send, conn.rx.poll
-        for _ in range(cfg["n"] + cfg["warmup"]):
-            m = poll(TIMEOUT_US)
-            if m is None:
-                raise TimeoutError("pinger went quiet")
-            send(m.kind, m.id, m.job, m.priority)
-        time.sleep(0.2)
+        echo_loop(conn.tx, conn.rx, cfg["n"] + cfg["warmup"])
 
 
 def hot_ping(cfg: dict[str, Any]) -> bytes:
