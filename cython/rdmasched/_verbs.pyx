@@ -1357,6 +1357,11 @@ cdef class VerbsTxLane(TxLane):
         lane.st.commit = _commit
         lane.st.ready = _tx_ready
         lane.st.ctx = &lane.x
+        # As on shm, a new lane's first epoch is accepted in advance: the bootstrap handed us
+        # the ring of a receiver whose head is 0, so there is nothing to wait for. Only a
+        # reconnecting sender (epoch >= 2) waits for the credit carrying its epoch, sent once
+        # the receiver has drained the previous one.
+        lane.st.acked = 1 if epoch == 1 else 0
         lane._open = True
         return lane
 

@@ -899,7 +899,7 @@ class Endpoint:
             if reuse is not None:
                 epoch = max(int(reuse.epoch), int(reuse.pending_epoch)) + 1
                 if epoch > 0xFFFFFFFF:
-                    epoch = 1
+                    epoch = 2  # 1 means "a new lane" (accepted in advance), never a reuse
             conn = Connection(self, peer, ch.peer)
             try:
                 local = conn._build(reuse, epoch, nslots)
