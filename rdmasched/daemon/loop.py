@@ -58,7 +58,7 @@ class Loop:
         self._timers: list[tuple[int, int, Callable[[], None]]] = []
         self._tseq = itertools.count()
         self._outbox: dict[int, deque[Outgoing]] = {}
-        self._inbox: deque[Callable[[], None]] = deque()
+        self._inbox: deque[Callable[[], object]] = deque()
         self._stop = threading.Event()
         self._thread: int | None = None
         self.dead_peers: set[int] = set()
@@ -80,7 +80,7 @@ class Loop:
     def in_loop(self) -> bool:
         return self._thread == threading.get_ident()
 
-    def post(self, fn: Callable[[], None]) -> None:
+    def post(self, fn: Callable[[], object]) -> None:
         """Run `fn` on the loop's thread (now, if this is that thread)."""
         if self.in_loop():
             fn()

@@ -232,7 +232,7 @@ class Node:
         self.stop()
 
     # ---- the API ---------------------------------------------------------------------------
-    def _call(self, fn: Callable[[], None]) -> None:
+    def _call(self, fn: Callable[[], object]) -> None:
         if self.loop is None:
             raise RdmaschedError(f"node {self.id} is not running")
         self.loop.post(fn)
@@ -296,7 +296,9 @@ class Node:
         self._check_peer(node)
         flags = (Flag.CANCEL if cancel else 0) | (Flag.JOB if job is not None else 0)
         tid, jid = task_id or 0, job or 0
-        self._call(lambda: self._send(node, Kind.PREEMPT, tid, jid, 0, int(flags), self.clock()))
+        self._call(
+            lambda: self._loop().send(node, Kind.PREEMPT, tid, jid, 0, int(flags), self.clock())
+        )
 
     def define_group(self, group: int, members: Iterable[int]) -> None:
         """Declare sync group `group` (its member node ids); every member declares it too."""
@@ -335,7 +337,7 @@ class Node:
             now = self.clock()
             for m in mem:
                 if m != self.id:
-                    self._send(m, Kind.SYNC_READY, group, group, 0, 0, step, now, self.id)
+                    self._loop().send(m, Kind.SYNC_READY, group, group, 0, 0, step, now, self.id)
             self._trigger_ns = now
             self._act(self._guard(lambda: self.scheduler.sync_ready(group, step, self.id)))
 
@@ -352,7 +354,7 @@ class Node:
                 return
             actions = self._guard(lambda: self.scheduler.complete(task_id), task_id)
             if task.origin != self.id:
-                self._send(
+                self._loop().send(
                     task.origin,
                     Kind.COMPLETE,
                     task_id,
@@ -462,25 +464,9 @@ class Node:
             self._reject(type(exc).__name__, str(exc))
             return []
 
-    def _send(
-        self,
-        peer: int,
-        kind: int,
-        id: int = 0,
-        job: int = 0,
-        priority: int = 0,
-        flags: int = 0,
-        arg0: int = 0,
-        arg1: int = 0,
-        arg2: int = 0,
-        hops: int = 0,
-        meta: dict[str, Any] | None = None,
-    ) -> None:
-        self._loop().send(peer, kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta)
-
     def _send_task(self, peer: int, task: Task, submitted: bool) -> None:
         flags = Flag.SUBMITTED if submitted else 0
-        self._send(
+        self._loop().send(
             peer,
             Kind.DISPATCH,
             task.id,

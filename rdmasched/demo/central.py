@@ -14,6 +14,7 @@ from typing import Any
 from rdmasched._wire import Message
 from rdmasched.daemon.loop import Loop
 from rdmasched.daemon.node import Reactions, sync_task_id
+from rdmasched.demo.workload import GROUP
 from rdmasched.scheduler import Action, Cancel, Forward, Preempt, Scheduler, Start, Task
 from rdmasched.wire import Flag, Kind
 
@@ -140,8 +141,6 @@ class Executor:
         )
 
     def sync_ready(self, step: int) -> None:
-        from rdmasched.demo.workload import GROUP
-
         self.loop.send(
             self.coord, Kind.SYNC_READY, GROUP, GROUP, 0, 0, step, self.clock(), self.node
         )

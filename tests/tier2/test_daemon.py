@@ -263,7 +263,7 @@ def test_sync_released_only_when_every_member_reported(pair: Any) -> None:
 def test_bad_input_is_counted_and_the_node_keeps_running(pair: Any) -> None:
     a, b, seen = pair
     a.preempt(999, node=1)  # unknown task on b
-    a._call(lambda: a._send(1, Kind.SYNC_READY, 77, 77, 0, 0, 1, 0, 0))  # unknown group
+    a._call(lambda: a._loop().send(1, Kind.SYNC_READY, 77, 77, 0, 0, 1, 0, 0))  # unknown group
     b.complete(12345)  # never dispatched
     wait_for(lambda: sum(b.rejected.values()) >= 3)
     assert set(b.rejected) >= {"UnknownGroupError", "unknown-task"}
