@@ -82,3 +82,19 @@ class DeviceError(RdmaschedError, OSError):
     @property
     def is_unsupported(self) -> bool:
         return self.errno_value in (_errno.EOPNOTSUPP, _errno.ENOTSUP, _errno.ENOSYS)
+
+
+# ---- the node daemon's API -------------------------------------------------------------------
+class ArgumentError(RdmaschedError, ValueError):
+    """A `Node` call's argument out of range (or naming nothing). Raised in the caller;
+    nothing was queued for the node's loop."""
+
+
+class ArgumentTypeError(ArgumentError, TypeError):
+    """A `Node` call's argument of the wrong type (a float or bool where an integer is
+    needed, a payload that is not a dict). Raised in the caller; nothing was queued."""
+
+
+class NodeFailedError(RdmaschedError, RuntimeError):
+    """The node's loop stopped on an error and the node cannot go on; `__cause__` (and
+    `Node.error`) is that error. Every later call on the node raises this."""

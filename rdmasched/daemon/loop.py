@@ -2,7 +2,8 @@
 
 One thread runs `Loop.run`; everything the loop owns (the scheduler, the handlers' calls)
 happens on that thread. Other threads hand work over with `post`, which rings the node's
-doorbell.
+doorbell; a `post` from the loop's own thread (a handler calling the API) is queued too and
+runs as soon as the current message or timer is done, so handlers never recurse.
 
 Polling is adaptive: after a message the loop spins for `spin_us` (busy, GIL released in
 `LaneSet.wait`), then sleeps on the node's doorbell futex until a sender rings it, a timer is
@@ -80,13 +81,43 @@ class Loop:
     def in_loop(self) -> bool:
         return self._thread == threading.get_ident()
 
+    @property
+    def running(self) -> bool:
+        """A thread is in `run` (or `run_pending`)."""
+        return self._thread is not None
+
     def post(self, fn: Callable[[], object]) -> None:
-        """Run `fn` on the loop's thread (now, if this is that thread)."""
-        if self.in_loop():
-            fn()
-            return
+        """Run `fn` on the loop's thread, in the order posted.
+
+        Never at once, even from the loop's own thread: a call made by a handler runs right
+        after the handler's message (or timer) is done, so handlers that call the API queue
+        work instead of recursing. From another thread it wakes the loop.
+        """
         self._inbox.append(fn)
-        self.links.wake()
+        if self._thread != threading.get_ident():
+            self.links.wake()
+
+    def run_pending(self) -> None:
+        """Run the queued calls on this thread, when no thread runs the loop."""
+        if self._thread is not None:
+            raise RuntimeError("the loop is running on another thread")
+        self._thread = threading.get_ident()
+        try:
+            inbox = self._inbox
+            while inbox:
+                inbox.popleft()()
+        finally:
+            self._thread = None
+
+    def flush_outbox(self, timeout_s: float) -> bool:
+        """Retry the queued messages until they are sent or `timeout_s` passes (at stop,
+        with the loop not running); True if none is left."""
+        deadline = time.monotonic() + timeout_s
+        while self._outbox and self._flush():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.0002)
+        return True
 
     def stop(self) -> None:
         self._stop.set()
@@ -183,6 +214,8 @@ class Loop:
                 now = clock()
                 while timers and timers[0][0] <= now:
                     heapq.heappop(timers)[2]()
+                    while inbox:  # what the timer asked for, before the next timer
+                        inbox.popleft()()
                     now = clock()
                 while inbox:
                     inbox.popleft()()
@@ -203,6 +236,8 @@ class Loop:
                     self.msgs_in += got
                     for m in batch:
                         on_message(m, peer_of[m.lane])
+                        while inbox:  # what its handlers asked for, before the next one
+                            inbox.popleft()()
         finally:
             self._thread = None
 

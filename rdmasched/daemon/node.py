@@ -23,13 +23,27 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from rdmasched._wire import Message
 from rdmasched.cluster import ClusterConfig
+from rdmasched.daemon.checks import (
+    U64_MAX,
+    check_bool,
+    check_callable,
+    check_int,
+    check_node,
+    check_payload,
+)
 from rdmasched.daemon.links import Links, ShmLinks, VerbsLinks, close_quietly
 from rdmasched.daemon.loop import Loop
-from rdmasched.errors import ConfigError, RdmaschedError
+from rdmasched.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    ConfigError,
+    NodeFailedError,
+    RdmaschedError,
+)
 from rdmasched.scheduler import (
     Action,
     Cancel,
@@ -45,10 +59,11 @@ from rdmasched.scheduler import (
 from rdmasched.wire import Flag, Kind
 
 _log = logging.getLogger("rdmasched.daemon")
+_T = TypeVar("_T")
 
 DispatchHandler = Callable[[Task, int], None]
 PreemptHandler = Callable[[Task, int, bool], int]
-SyncHandler = Callable[[Task, int], None]
+SyncHandler = Callable[[Task, int], object]
 CompleteHandler = Callable[[int, int], None]
 
 _DISPATCH, _PREEMPT, _SYNC_READY = int(Kind.DISPATCH), int(Kind.PREEMPT), int(Kind.SYNC_READY)
@@ -61,6 +76,25 @@ SYNC_ID_BASE = 1 << 63
 
 def sync_task_id(group: int, step: int) -> int:
     return SYNC_ID_BASE | ((group & 0x7FFFFFFF) << 32) | (step & 0xFFFFFFFF)
+
+
+GROUP_MAX = (1 << 31) - 1
+#: steps are 0..2**32-1 (a sync task's id holds the step in 32 bits)
+STEP_MAX = (1 << 32) - 1
+#: SYNC_READYs kept for groups not (yet) defined here, at most (over it: rejected)
+EARLY_SYNC_MAX = 4096
+
+
+class _Later:
+    """The type of `LATER`."""
+
+    def __repr__(self) -> str:
+        return "LATER"
+
+
+#: what a sync handler returns to keep its slot until `node.complete(task.id)`; any other
+#: return (None) completes the sync task when the handler returns
+LATER = _Later()
 
 
 class Reactions:
@@ -136,6 +170,7 @@ class Node:
         self.loop: Loop | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._init_api_state()
 
     # ---- construction --------------------------------------------------------------------
     @classmethod
@@ -159,7 +194,13 @@ class Node:
         return fn
 
     def on_sync(self, fn: SyncHandler) -> SyncHandler:
-        """`fn(task, slot)`: run a group's sync task (its `group`; step in `task.payload`)."""
+        """`fn(task, slot)`: run a group's sync task (its `group`; step in `task.payload`).
+
+        The sync task holds slot `slot` until `fn` returns, then it is complete: do not call
+        `complete` for it. To keep the slot for work that goes on after `fn` returns, return
+        `LATER` and call `node.complete(task.id)` when that work is done. Without a sync
+        handler a released step completes at once.
+        """
         self._sync = fn
         return fn
 
@@ -190,7 +231,11 @@ class Node:
         """Run the loop on this thread until `stop()` (or `until()` is true)."""
         self.open()
         assert self.loop is not None
-        self.loop.run(self._on_message, until)
+        try:
+            self.loop.run(self._on_message, until)
+        except Exception as exc:  # raised here; later calls raise NodeFailedError
+            self._error = exc
+            raise
 
     def start(self) -> Node:
         """Open and run the loop on a background thread."""
@@ -204,24 +249,40 @@ class Node:
     def _run_thread(self) -> None:
         try:
             self.run()
-        except BaseException as exc:  # surfaced by stop()
+        except BaseException as exc:  # later calls raise it; so does stop()
             self._error = exc
-            _log.exception("node %d: loop failed", self.id)
+            self._error_unreported = True
+            _log.exception("node %d: the loop failed; the node cannot go on", self.id)
 
     def stop(self) -> None:
-        """Stop the loop, close the lanes. Safe to call twice."""
+        """Carry out the calls made before, stop the loop, close the lanes. Safe to call
+        twice. Raises `NodeFailedError` if the loop thread had failed."""
         loop = self.loop
         if loop is None:
             return
+        self._finish_pending(loop)
         loop.stop()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(10)
             self._thread = None
+        if self._error is None and not loop.running and not loop.flush_outbox(1.0):
+            _log.warning("node %d: stopped with messages still queued for full lanes", self.id)
         self.loop = None
         close_quietly(loop.links)
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise RdmaschedError(f"node {self.id}: the loop failed: {err}") from err
+        if self._error_unreported:
+            self._error_unreported = False
+            raise self._failed()
+
+    @property
+    def healthy(self) -> bool:
+        """True while the node is open and its loop has not failed (see `error`)."""
+        return self.loop is not None and self._error is None
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error that stopped the loop, if it failed (then every call raises
+        `NodeFailedError` caused by it)."""
+        return self._error
 
     close = stop
 
@@ -233,6 +294,8 @@ class Node:
 
     # ---- the API ---------------------------------------------------------------------------
     def _call(self, fn: Callable[[], object]) -> None:
+        if self._error is not None:
+            raise self._failed()
         if self.loop is None:
             raise RdmaschedError(f"node {self.id} is not running")
         self.loop.post(fn)
@@ -248,21 +311,23 @@ class Node:
     ) -> None:
         """Run a task here if a slot is free, else on a lighter peer (power of two choices,
         same topology domain first), else queue it here."""
-        task = self._new_task(task_id, job, priority, cost_ns, payload)
+        task = self._checked_task(task_id, job, priority, cost_ns, payload)
         self._call(lambda: self._act(self._guard(lambda: self.scheduler.submit(task))))
 
     def dispatch(
         self,
         task_id: int,
         *,
-        to: int | None = None,
+        to: int | str | None = None,
         job: int = 0,
         priority: int = 0,
         cost_ns: int = 0,
         payload: dict[str, Any] | None = None,
     ) -> None:
-        """DISPATCH a task to node `to` (default: this node), bypassing placement."""
-        task = self._new_task(task_id, job, priority, cost_ns, payload)
+        """DISPATCH a task to node `to` (id or name; default: this node), bypassing
+        placement."""
+        task = self._checked_task(task_id, job, priority, cost_ns, payload)
+        to = None if to is None else check_node(self.cluster, "to", to)
         if to is None or to == self.id:
             self._call(lambda: self._act(self._guard(lambda: self.scheduler.dispatch(task))))
         else:
@@ -274,12 +339,12 @@ class Node:
         task_id: int | None = None,
         *,
         job: int | None = None,
-        node: int | None = None,
+        node: int | str | None = None,
         cancel: bool = False,
     ) -> None:
-        """PREEMPT a task (or every task of `job`) on `node` (default: this node)."""
-        if (task_id is None) == (job is None):
-            raise ValueError("preempt needs exactly one of task_id and job")
+        """PREEMPT a task (or every task of `job`) on `node` (id or name; default: this
+        node)."""
+        task_id, job, node = self._checked_preempt(task_id, job, node, cancel)
         if node is None or node == self.id:
 
             def local() -> None:
@@ -301,14 +366,12 @@ class Node:
         )
 
     def define_group(self, group: int, members: Iterable[int]) -> None:
-        """Declare sync group `group` (its member node ids); every member declares it too."""
-        mem = frozenset(members)
-        for m in mem:
-            self.cluster.node(m)
-        if self.id not in mem:
-            raise ConfigError(f"node {self.id} is not a member of group {group}")
-        if not 0 <= group < (1 << 31):
-            raise ValueError("group ids are 0..2**31-1")
+        """Declare sync group `group` (its members: node ids or names); every member
+        declares it too. May come before `open()`; declaring it again alike does nothing.
+        SYNC_READYs from members that declared it first are kept until it is declared here.
+        """
+        group = check_int("group", group, 0, GROUP_MAX)
+        mem = self._checked_members(group, members)
 
         def step_task(g: int, step: int) -> Task:
             return Task(
@@ -323,11 +386,27 @@ class Node:
         def define() -> None:
             self.scheduler.define_group(group, mem, step_task)
             self._groups[group] = mem
+            self._replay_early_sync(group)
 
-        self._call(define)
+        with self._defs_lock:
+            old = self._group_defs.get(group)
+            if old == mem:
+                return
+            if old is not None:
+                raise ArgumentError(f"group {group} is already defined, with members {sorted(old)}")
+            if self.loop is None and self._error is None:  # not open: no loop to race
+                define()
+            else:
+                self._call(define)
+            self._group_defs[group] = mem
 
     def sync_ready(self, group: int, step: int) -> None:
-        """This node reached `step` of `group`: tell every member (and count itself)."""
+        """This node reached `step` (0..2**32-1) of `group`: tell every member (and count
+        itself). `group` must have been declared with `define_group` on this node."""
+        group = check_int("group", group, 0, GROUP_MAX)
+        step = check_int("step", step, 0, STEP_MAX)
+        if group not in self._group_defs:
+            raise ArgumentError(f"sync_ready for group {group}, which define_group never declared")
 
         def announce() -> None:
             mem = self._groups.get(group)
@@ -345,6 +424,8 @@ class Node:
 
     def complete(self, task_id: int, *, runtime_ns: int = 0) -> None:
         """The work of `task_id` finished: free its slot, start the next, tell its origin."""
+        task_id = check_int("task_id", task_id)
+        runtime_ns = check_int("runtime_ns", runtime_ns)
 
         def done() -> None:
             try:
@@ -370,27 +451,34 @@ class Node:
         self._call(done)
 
     def call_later(self, delay_ns: int, fn: Callable[[], None]) -> None:
-        """Run `fn` on the loop thread after `delay_ns` (timers for simulated work)."""
-        self._call(lambda: self._loop().call_later(delay_ns, fn))
+        """Run `fn()` on the loop thread after `delay_ns` (timers for simulated work). An
+        exception in `fn` is logged and counted in `stats()["handler_errors"]`."""
+        delay_ns = check_int("delay_ns", delay_ns)
+        check_callable("call_later's fn", fn)
+
+        def guarded() -> None:
+            try:
+                fn()
+            except Exception as exc:
+                self._handler_failed("call_later", exc, 0)
+
+        self._call(lambda: self._loop().call_later(delay_ns, guarded))
 
     def flush(self, timeout_s: float = 10.0) -> None:
         """Return once the loop has carried out every call made before this one.
 
-        Calls from other threads are handed to the loop and return at once; this is how a
-        caller knows that, say, `define_group` has taken effect before peers send SYNC_READY.
+        Calls from other threads are handed to the loop and return at once; `flush` is how
+        such a caller knows they have taken effect. From a handler it does nothing (the
+        handler's calls run when it returns).
         """
-        if self.loop is None or self.loop.in_loop():
-            return
-        done = threading.Event()
-        self._call(done.set)
-        if not done.wait(timeout_s):
-            raise RdmaschedError(
-                f"node {self.id}: the loop did not catch up within {timeout_s:g} s"
-            )
+        self._ask(lambda: None, timeout_s)
 
     def explain(self, task_id: int) -> list[Event]:
-        """Every recorded decision about `task_id`: when, what, why, and what it beat."""
-        return self.scheduler.explain(task_id)
+        """Every recorded decision about `task_id`: when, what, why, and what it beat.
+
+        Sees every call made before it (it waits for the loop, as `flush` does)."""
+        task_id = check_int("task_id", task_id)
+        return self._ask(lambda: self.scheduler.explain(task_id))
 
     def events_jsonl(self) -> Iterator[str]:
         return self.scheduler.events_jsonl()
@@ -427,9 +515,178 @@ class Node:
             "preempt_reaction_p50_us": self.reactions.percentile_us(0.5),
             "preempt_reaction_p99_us": self.reactions.percentile_us(0.99),
             "rejected": dict(self.rejected),
+            "handler_errors": dict(self.handler_errors),
+            "sync_early_kept": self.sync_early_kept,
             "bad_slots": bad,
             "scheduler": self.scheduler.stats().as_dict(),
         }
+
+    # ---- internals: the API's checks and plumbing ---------------------------------------------
+    def _init_api_state(self) -> None:
+        #: handler (or call_later callback) -> exceptions it raised (or bad results)
+        self.handler_errors: dict[str, int] = {}
+        #: SYNC_READYs that came before their group was defined here, kept and replayed
+        self.sync_early_kept = 0
+        self._early_sync: dict[int, list[tuple[int, int]]] = {}
+        self._early_sync_n = 0
+        #: groups declared through the API (caller side; the loop's copy is `_groups`)
+        self._group_defs: dict[int, frozenset[int]] = {}
+        self._defs_lock = threading.Lock()
+        self._error_unreported = False
+
+    def _failed(self) -> NodeFailedError:
+        err = NodeFailedError(f"node {self.id} cannot go on: its loop failed: {self._error!r}")
+        err.__cause__ = self._error
+        return err
+
+    def _checked_task(
+        self, task_id: int, job: int, priority: int, cost_ns: int, payload: dict[str, Any] | None
+    ) -> Task:
+        """`_new_task` with every argument checked (types, the wire's ranges, the payload)."""
+        task_id = check_int("task_id", task_id, 0, SYNC_ID_BASE - 1)
+        job = check_int("job", job)
+        priority = check_int("priority", priority, 0, 254)
+        cost_ns = check_int("cost_ns", cost_ns)
+        check_payload(payload)
+        return self._new_task(task_id, job, priority, cost_ns, payload)
+
+    def _checked_preempt(
+        self, task_id: object, job: object, node: object, cancel: object
+    ) -> tuple[int | None, int | None, int | None]:
+        if (task_id is None) == (job is None):
+            raise ArgumentError("preempt needs exactly one of task_id and job")
+        check_bool("cancel", cancel)
+        return (
+            None if task_id is None else check_int("task_id", task_id),
+            None if job is None else check_int("job", job),
+            None if node is None else check_node(self.cluster, "node", node),
+        )
+
+    def _checked_members(self, group: int, members: Iterable[int | str]) -> frozenset[int]:
+        if isinstance(members, str | bytes) or not isinstance(members, Iterable):
+            raise ArgumentTypeError(f"members must be node ids or names, not {members!r}")
+        mem = frozenset(check_node(self.cluster, "group member", m) for m in members)
+        if self.id not in mem:
+            raise ConfigError(f"node {self.id} is not a member of group {group}")
+        return mem
+
+    def _ask(self, fn: Callable[[], _T], timeout_s: float = 10.0) -> _T:
+        """`fn()` run on the loop after every call made before this one; its result."""
+        loop = self.loop
+        if self._error is not None:
+            raise self._failed()
+        if loop is None or loop.in_loop():
+            return fn()
+        if not loop.running:  # opened, not running (or between runs): run the calls here
+            loop.run_pending()
+            return fn()
+        done = threading.Event()
+        box: list[tuple[bool, Any]] = []
+
+        def ask() -> None:
+            try:
+                box.append((True, fn()))
+            except Exception as exc:  # raised in the caller, not in the loop
+                box.append((False, exc))
+            finally:
+                done.set()
+
+        self._call(ask)
+        while not done.wait(min(timeout_s, 0.05)):
+            timeout_s -= 0.05
+            if self._error is not None:
+                raise self._failed()
+            if timeout_s <= 0:
+                raise RdmaschedError(f"node {self.id}: the loop did not catch up in time")
+        ok, value = box[0]
+        if not ok:
+            raise value
+        result: _T = value
+        return result
+
+    def _finish_pending(self, loop: Loop) -> None:
+        """At stop: carry out the calls made before it (not after a failure)."""
+        if self._error is not None or loop.in_loop():
+            return  # from a handler: the loop runs them before it stops
+        try:
+            self._ask(lambda: None)
+        except Exception as exc:
+            _log.warning("node %d: stopping before the calls made earlier ran: %s", self.id, exc)
+
+    def _handler_failed(self, name: str, exc: BaseException, task_id: int) -> None:
+        """A user handler raised (or returned what it must not): log, count, go on."""
+        self.handler_errors[name] = self.handler_errors.get(name, 0) + 1
+        _log.error(
+            "node %d: %s failed (task %d); the node goes on: %s",
+            self.id,
+            name,
+            task_id,
+            exc,
+            exc_info=exc if exc.__traceback__ is not None else None,
+        )
+
+    def _preempt_progress(self, a: Preempt) -> int:
+        """Call the preempt handler; its progress, or the task's last one if it failed."""
+        victim = a.victim
+        assert self._preempt is not None
+        try:
+            got = self._preempt(victim, a.slot, a.cancel)
+        except Exception as exc:
+            self._handler_failed("on_preempt", exc, victim.id)
+            return victim.progress_ns
+        if type(got) is not int or not 0 <= got <= U64_MAX:
+            self._handler_failed(
+                "on_preempt",
+                ArgumentTypeError(
+                    f"on_preempt returned {got!r} for task {victim.id}; it must return the "
+                    f"task's progress in ns, an int >= 0 (kept {victim.progress_ns})"
+                ),
+                victim.id,
+            )
+            return victim.progress_ns
+        return got
+
+    def _start_sync(self, t: Task, slot: int) -> list[Action]:
+        """Run the sync handler; complete the sync task when it returns, unless LATER."""
+        result: object = None
+        if self._sync is not None:
+            try:
+                result = self._sync(t, slot)
+            except Exception as exc:  # a failed sync must not keep its slot
+                self._handler_failed("on_sync", exc, t.id)
+            if result is LATER:
+                return []
+            if result is not None:
+                self._handler_failed(
+                    "on_sync",
+                    ArgumentTypeError(
+                        f"on_sync returned {result!r}; return None (done) or LATER "
+                        "(complete it later); completed it"
+                    ),
+                    t.id,
+                )
+        return self._guard(lambda: self.scheduler.complete(t.id), t.id)
+
+    def _keep_early_sync(self, group: int, step: int, member: int) -> None:
+        """A SYNC_READY for a group not defined here yet: keep it (bounded) for define."""
+        if self._early_sync_n >= EARLY_SYNC_MAX:
+            self._reject("unknown-group", f"SYNC_READY for undefined group {group}; none kept")
+            return
+        self._early_sync.setdefault(group, []).append((step, member))
+        self._early_sync_n += 1
+        self.sync_early_kept += 1
+
+    def _replay_early_sync(self, group: int) -> None:
+        kept = self._early_sync.pop(group, ())
+        self._early_sync_n -= len(kept)
+        for step, member in kept:
+            self._act(
+                self._guard(
+                    lambda step=step, member=member: self.scheduler.sync_ready(  # type: ignore[misc]
+                        group, step, member
+                    )
+                )
+            )
 
     # ---- internals -------------------------------------------------------------------------
     def _loop(self) -> Loop:
@@ -489,16 +746,18 @@ class Node:
             if isinstance(a, Start):
                 t = a.task
                 if t.group is not None:
-                    if self._sync is not None:
-                        self._sync(t, a.slot)
+                    actions[i:i] = self._start_sync(t, a.slot)
                 elif self._dispatch is not None:
-                    self._dispatch(t, a.slot)
+                    try:
+                        self._dispatch(t, a.slot)
+                    except Exception as exc:  # the task keeps its slot: complete or preempt it
+                        self._handler_failed("on_dispatch", exc, t.id)
             elif isinstance(a, Preempt):
                 if self._trigger_ns:
                     self.reactions.add(self.clock() - self._trigger_ns)
                 progress = a.victim.progress_ns
                 if self._preempt is not None:
-                    progress = int(self._preempt(a.victim, a.slot, a.cancel))
+                    progress = self._preempt_progress(a)
                 victim_id = a.victim.id
 
                 def requeue(victim_id: int = victim_id, progress: int = progress) -> list[Action]:
@@ -535,12 +794,18 @@ class Node:
                 # Placed work may move on to a lighter peer; work sent here is for here.
                 self._act(sched.submit(task) if m.flags & _SUBMITTED else sched.dispatch(task))
             elif kind == _SYNC_READY:
+                if m.id not in self._groups:  # before our define_group: keep it
+                    self._keep_early_sync(m.id, m.arg0, m.arg2)
+                    return
                 self._trigger_ns = m.arg1
                 self._act(sched.sync_ready(m.id, m.arg0, m.arg2))
             elif kind == _COMPLETE:
                 sched.remote_complete(peer, m.id)
                 if self._complete is not None:
-                    self._complete(m.id, peer)
+                    try:
+                        self._complete(m.id, peer)
+                    except Exception as exc:
+                        self._handler_failed("on_complete", exc, m.id)
             elif kind != _HEARTBEAT:  # a heartbeat is all in `seen` above
                 self._reject("unknown-kind", f"kind {kind} from node {peer}")
         except (SchedulerError, ValueError) as exc:

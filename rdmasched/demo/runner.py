@@ -71,7 +71,7 @@ def _progress_timer(loop: Any, trainer: Trainer, shared: _Shared, idx: int) -> N
 
 def rdmasched_node(cfg: DemoConfig, cluster_name: str, i: int, shared: _Shared) -> dict[str, Any]:
     from rdmasched.cluster import local_cluster
-    from rdmasched.daemon.node import Node
+    from rdmasched.daemon.node import LATER, Node
     from rdmasched.scheduler import Task
 
     w = cfg.workload
@@ -103,7 +103,12 @@ def rdmasched_node(cfg: DemoConfig, cluster_name: str, i: int, shared: _Shared) 
 
     trainer = Trainer(i, cfg.slots, w, Backend())
     node.on_dispatch(trainer.on_start)
-    node.on_sync(trainer.on_start)
+
+    @node.on_sync
+    def sync(task: Task, slot: int) -> object:
+        trainer.on_start(task, slot)
+        return LATER  # it runs on simulated time: the trainer completes it
+
     node.on_preempt(trainer.on_preempt)
     node.open()
     try:
