@@ -292,3 +292,52 @@ def test_single_node_cluster_runs_without_peers() -> None:
         node.on_dispatch(lambda t, s: started.append(t.id))
         node.submit(1, priority=3)
         wait_for(lambda: started == [1])
+
+
+# ---- item 3: sync groups defined and used at once by several processes ---------------------------
+def sync_member(
+    c: ClusterConfig, i: int, stagger_s: float, steps: int, out: Any, bars: Any
+) -> None:
+    """Define group 9 and report every step as soon as the last one is released."""
+    node = Node(c, i, spin_us=50)
+    released: list[int] = []
+    node.on_sync(lambda t, s: released.append(t.payload["step"]))
+    node.open()
+    try:
+        node.start()
+        bars[0].wait(60)  # every node is up; now all define and report at once
+        time.sleep(i * stagger_s)
+        node.define_group(9, range(len(c.nodes)))
+        for step in range(steps):
+            node.sync_ready(9, step)
+            deadline = time.monotonic() + 15
+            while step not in released and time.monotonic() < deadline:
+                time.sleep(0.001)
+        out.put((i, list(released), node.stats()["sync_early_kept"]))
+        bars[1].wait(60)  # nobody closes its lanes while a peer may still send to it
+    finally:
+        node.stop()
+
+
+@pytest.mark.parametrize("stagger_ms", [0, 0, 30, 100])
+def test_group_defined_and_used_at_once_releases_on_every_node(stagger_ms: int) -> None:
+    n, steps = 3, 4
+    c = cluster(n, 1)
+    q = ctx.Queue()
+    bars = (ctx.Barrier(n), ctx.Barrier(n))
+    procs = [
+        ctx.Process(target=sync_member, args=(c, i, stagger_ms / 1000, steps, q, bars))
+        for i in range(n)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        got = sorted(q.get(timeout=120) for _ in range(n))
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    assert [r[1] for r in got] == [list(range(steps))] * n, got
+    if stagger_ms >= 100:  # the first node's reports reached the last before its define
+        assert got[-1][2] > 0
