@@ -236,6 +236,8 @@ class Node:
         except Exception as exc:  # raised here; later calls raise NodeFailedError
             self._error = exc
             raise
+        if self._stop_asked:  # stop() from a handler: close now that the loop is out
+            self.stop()
 
     def start(self) -> Node:
         """Open and run the loop on a background thread."""
@@ -260,6 +262,11 @@ class Node:
         loop = self.loop
         if loop is None:
             return
+        if loop.in_loop():  # from a handler: the loop runs what is queued, then run() closes
+            self._stop_asked = True
+            loop.stop()
+            return
+        self._stop_asked = False
         self._finish_pending(loop)
         loop.stop()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -533,6 +540,7 @@ class Node:
         self._group_defs: dict[int, frozenset[int]] = {}
         self._defs_lock = threading.Lock()
         self._error_unreported = False
+        self._stop_asked = False
 
     def _failed(self) -> NodeFailedError:
         err = NodeFailedError(f"node {self.id} cannot go on: its loop failed: {self._error!r}")
