@@ -13,8 +13,10 @@ scheduler: each node decides what runs on its own execution slots.
         ...
         node.complete(1)                    # the user's work for task 1 finished
 
-Handlers run on the loop thread. Every public method may be called from the loop thread
-(a handler) or any other thread; from another thread it is handed to the loop.
+Handlers run on the loop thread. Every public method may be called from a handler or any
+other thread: it checks its arguments at once (raising in the caller), then is queued for
+the loop, which carries the calls out in order; a handler's calls run when it returns.
+`flush`, `explain` and `stop` wait for the calls made before them. docs/DAEMON.md.
 """
 
 from __future__ import annotations
