@@ -374,7 +374,7 @@ class Node:
             lambda: self._loop().send(node, Kind.PREEMPT, tid, jid, 0, int(flags), self.clock())
         )
 
-    def define_group(self, group: int, members: Iterable[int]) -> None:
+    def define_group(self, group: int, members: Iterable[int | str]) -> None:
         """Declare sync group `group` (its members: node ids or names); every member
         declares it too. May come before `open()`; declaring it again alike does nothing.
         SYNC_READYs from members that declared it first are kept until it is declared here.
@@ -587,7 +587,8 @@ class Node:
             raise self._failed()
         if loop is None or loop.in_loop():
             return fn()
-        if not loop.running:  # opened, not running (or between runs): run the calls here
+        own_thread = self._thread is not None  # start()ed: only that thread runs the calls
+        if not own_thread and not loop.running:  # opened, not running: run the calls here
             loop.run_pending()
             return fn()
         done = threading.Event()
@@ -606,6 +607,9 @@ class Node:
             timeout_s -= 0.05
             if self._error is not None:
                 raise self._failed()
+            if not own_thread and not loop.running and not done.is_set():  # run() returned
+                loop.run_pending()
+                continue
             if timeout_s <= 0:
                 raise RdmaschedError(f"node {self.id}: the loop did not catch up in time")
         ok, value = box[0]
