@@ -10,6 +10,7 @@ the cluster's `ConfigError`.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -23,11 +24,16 @@ U64_MAX = (1 << 64) - 1
 def check_int(name: str, value: object, lo: int = 0, hi: int = U64_MAX) -> int:
     """`value` as an int in lo..hi, or ArgumentTypeError / ArgumentError naming `name`."""
     if type(value) is not int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        # an int subclass (IntEnum) or an integer type (numpy's): its plain value; never a
+        # float (which would be truncated) nor a bool
+        try:
+            if isinstance(value, bool) or type(value).__name__ == "bool_":
+                raise TypeError
+            value = operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
             raise ArgumentTypeError(
                 f"{name} must be an integer, not {type(value).__name__} {value!r}"
-            )
-        value = int(value)  # an int subclass (an IntEnum): its plain value
+            ) from None
     if not lo <= value <= hi:
         raise ArgumentError(f"{name} must be {_span(lo, hi)}, not {value}")
     return value

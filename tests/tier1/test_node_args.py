@@ -7,6 +7,7 @@ for the loop (where a bad value used to kill the loop thread).
 
 from __future__ import annotations
 
+import enum
 import math
 from typing import Any
 
@@ -17,6 +18,10 @@ from rdmasched.daemon.node import Node
 from rdmasched.errors import ArgumentError, ConfigError, RdmaschedError
 
 BIG = 2**64
+
+
+class Level(enum.IntEnum):
+    ONE = 1
 
 
 @pytest.fixture
@@ -111,7 +116,16 @@ def test_bad_argument_raises_at_once(node: Node, fn: Any, exc: type, match: str)
         assert isinstance(info.value, ArgumentError)
 
 
+class Index:
+    """An integer type that is not an int (as numpy's are): taken by its __index__."""
+
+    def __index__(self) -> int:
+        return 3
+
+
 GOOD: list[tuple[str, Any]] = [
+    ("an __index__ integer", lambda n: n.submit(Index(), priority=Index())),
+    ("an IntEnum", lambda n: n.submit(Level.ONE)),
     ("preempt by node name", lambda n: n.preempt(1, node="n1")),
     ("preempt by node id", lambda n: n.preempt(1, node=1)),
     ("preempt a job", lambda n: n.preempt(job=2**64 - 1, node=2)),
