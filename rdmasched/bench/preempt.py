@@ -66,19 +66,27 @@ def _preemptor(cfg: dict[str, Any]) -> dict[str, Any]:
     done = cfg["done"]
     interval = cfg["interval_us"] * 1000
 
+    last_sent = [0.0]
+
     def fire() -> None:
         nonlocal sent
-        if sent < total + 50:  # a few spare, in case some find the slot changing
+        if sent < total + 50 and not done[1]:  # a few spare, in case some find the slot changing
             node.preempt(1 + sent % cfg["slots"], node=1)
             sent += 1
+            last_sent[0] = time.monotonic()
             assert node.loop is not None
             node.loop.call_later(interval, fire)
+
+    def finished() -> bool:
+        # the victim has its samples; or all are sent and it had 5 s to read them
+        now = time.monotonic()
+        return bool(done[1]) or now > deadline or (sent >= total + 50 and now > last_sent[0] + 5)
 
     try:
         assert node.loop is not None
         node.loop.call_later(50_000_000, fire)  # let node 1 start its tasks first
         deadline = time.monotonic() + 60 + total * interval / 1e9
-        node.run(until=lambda: sent >= total + 50 or bool(done[1]) or time.monotonic() > deadline)
+        node.run(until=finished)
         return {"sent": sent, "stats": _end(node, 0, cfg)}
     finally:
         node.stop()
