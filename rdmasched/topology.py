@@ -897,3 +897,81 @@ def _eccentricity(adj: Sequence[array[int]], src: int) -> int:
     if reached != n:
         raise AssertionError(f"BFS from {src} reaches {reached} of {n} nodes")
     return depth
+
+
+# ---- the `rdmasched topology` command ---------------------------------------------------------
+def _arg_int(value: str | None, option: str, default: int, least: int = 1) -> int:
+    if value is None:
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        raise ConfigError(f"{option} must be an integer, not {value!r}") from None
+    if n < least:
+        raise ConfigError(f"{option} must be >= {least}, not {n}")
+    return n
+
+
+def cli(args: Any) -> int:
+    """`rdmasched topology`: build, plan, verify, print. Bad input raises ConfigError."""
+    import json
+
+    budget = _arg_int(args.budget, "--budget", DEFAULT_BUDGET)
+    slots = _arg_int(args.slots, "--slots", DEFAULT_SLOTS_PER_LANE, 16)
+    if slots > (1 << 20) or slots & (slots - 1):
+        raise ConfigError(f"--slots must be a power of two in 16..{1 << 20}, not {slots}")
+    generated = [o for o in ("nodes", "leaf", "pod") if getattr(args, o) is not None]
+    if (args.config or args.slurm) and generated:
+        raise ConfigError(
+            f"--{generated[0]} generates a topology; it cannot be combined with "
+            f"{'--config' if args.config else '--slurm'}"
+        )
+    if args.config:
+        topo = Topology.load(args.config, budget=budget if args.budget is not None else None)
+    elif args.slurm:
+        topo = Topology.load_slurm(args.slurm, budget=budget)
+    else:
+        topo = Topology.generate(
+            _arg_int(args.nodes, "--nodes", 1024),
+            _arg_int(args.leaf, "--leaf", 32),
+            _arg_int(args.pod, "--pod", 1024),
+            budget=budget,
+        )
+    rep = verify(
+        topo,
+        slots_per_lane=slots,
+        exhaustive_limit=_arg_int(args.exhaustive, "--exhaustive", 2048, 0),
+        sources=_arg_int(args.sources, "--sources", 4),
+        bfs_sources=_arg_int(args.bfs, "--bfs", 2, 0),
+    )
+    if args.json:
+        print(json.dumps(rep.as_dict(), indent=2))
+    else:
+        print(format_report(rep))
+    return 0
+
+
+def _mib(b: float) -> str:
+    return f"{b / (1 << 20):.2f} MiB"
+
+
+def format_report(r: Report) -> str:
+    if r.scheme == "leaf-dragonfly":
+        how = f"leaf mesh + rail-aligned gateways, {r.copies} link(s) per pair of leaves"
+    else:
+        how = f"leaf mesh + rail planes, plane groups of <= {r.group_leaves} leaves in a pod"
+    lines = [
+        f"topology: {r.nodes} nodes, {r.leaves} leaves (largest {r.largest_leaf}), {r.pods} pods",
+        f"links: {r.scheme} ({how}); budget {r.budget} lanes per node",
+        f"lanes per node (one RC QP each): max {r.max_lanes}, mean {r.mean_lanes:.1f}, "
+        f"min {r.min_lanes}",
+        f"RC QPs per node: max {r.max_qps}, mean {r.mean_qps:.1f}",
+        f"ring memory per node: max {_mib(r.max_ring_bytes)}, mean {_mib(r.mean_ring_bytes)} "
+        f"(inbound lanes x ({r.slots_per_lane} slots x {SLOT_BYTES} B + "
+        f"{LANE_HEADER_BYTES} B header))",
+        f"hops: bound {r.hop_bound}; max {r.max_hops} over {r.paths_checked} routes "
+        f"({r.path_check}); BFS from {r.bfs_sources} sources: max {r.bfs_max_distance}; "
+        f"one dead relay: max {r.max_hops_one_dead}",
+        "targets: " + ", ".join(f"{k} {'ok' if ok else 'MISSED'}" for k, ok in r.targets().items()),
+    ]
+    return "\n".join(lines)
