@@ -499,29 +499,32 @@ class Topology:
     # ---- the plan's arithmetic ----------------------------------------------------------
     def _apply(self, plan: Plan) -> None:
         self._groups = []
+        self._group_min: list[int] = []
+        self._present_cache: dict[tuple[int, int], list[int]] = {}
         self._group_of = array("i", [0] * len(self.leaf_size))
         if plan.scheme != "rail-mesh":
             return
-        s = plan.group_leaves
-        # consecutive leaves of one pod; a pod of L leaves makes ceil(L/s) groups, balanced
         x = 0
-        g = len(self.leaf_size)
-        while x < g:
-            p = self.leaf_pod[x]
-            end = x
-            while end < g and self.leaf_pod[end] == p:
-                end += 1
-            n = end - x
-            k = -(-n // s)
-            q, rem = divmod(n, k)
-            for j in range(k):
-                size = q + (1 if j < rem else 0)
-                for y in range(x, x + size):
-                    self._group_of[y] = len(self._groups)
-                self._groups.append((x, size))
-                x += size
+        for size in _rail_mesh_groups(self, plan.group_leaves):
+            for y in range(x, x + size):
+                self._group_of[y] = len(self._groups)
+            self._groups.append((x, size))
+            self._group_min.append(min(self.leaf_size[x : x + size]))
+            x += size
         ng = len(self._groups)
         self._m_group = ng - 1 if ng % 2 == 0 else ng
+
+    def _present(self, u: int, r: int) -> Sequence[int]:
+        """The leaves of plane group u that have a node on rail r (so are in plane r)."""
+        start, size = self._groups[u]
+        if r < self._group_min[u]:
+            return range(start, start + size)
+        key = (u, r)
+        got = self._present_cache.get(key)
+        if got is None:
+            got = [y for y in range(start, start + size) if self.leaf_size[y] > r]
+            self._present_cache[key] = got
+        return got
 
     @staticmethod
     def _partner(x: int, k: int, m: int) -> int:
@@ -539,9 +542,6 @@ class Topology:
         if y == m:
             return x
         return (x + y) * ((m + 1) // 2) % m
-
-    def _rep(self, leaf: int, rail: int) -> int:
-        return self.leaf_start[leaf] + rail % self.leaf_size[leaf]
 
     # ---- links ---------------------------------------------------------------------------
     def links(self, node: int) -> list[int]:
@@ -565,21 +565,23 @@ class Topology:
                         )
                     k += n
         else:
+            # rail plane p: my rail peers in the leaves of my plane group, and the plane's
+            # links to other groups that fall on my leaf
             u = self._group_of[x]
-            gstart, gsize = self._groups[u]
-            i = x - gstart
+            mine = self._present(u, p)
+            for y in mine:
+                out.add(self.leaf_start[y] + p)
             m = self._m_group
             ng = len(self._groups)
-            for r in range(p, self.rails, n):  # the rail planes this node stands for
-                for y in range(gstart, gstart + gsize):
-                    out.add(self._rep(y, r))
-                k = (i - r) % gsize
-                while k < m:
-                    v = self._partner(u, k, m)
-                    if v < ng:
-                        vs, vn = self._groups[v]
-                        out.add(self._rep(vs + (k + r) % vn, r))
-                    k += gsize
+            size = len(mine)
+            k = (mine.index(x) - p) % size
+            while k < m:
+                v = self._partner(u, k, m)
+                if v < ng:
+                    theirs = self._present(v, p)
+                    if theirs:
+                        out.add(self.leaf_start[theirs[(k + p) % len(theirs)]] + p)
+                k += size
         out.discard(node)
         return sorted(out)
 
@@ -588,18 +590,11 @@ class Topology:
         """Leaves x -> y inside rail plane r, as nodes (rail-mesh plans)."""
         u, v = self._group_of[x], self._group_of[y]
         if u == v:
-            return [self._rep(x, r), self._rep(y, r)] if x != y else [self._rep(x, r)]
+            return [self.leaf_start[x] + r, self.leaf_start[y] + r]
         k = self._round(u, v, self._m_group)
-        us, un = self._groups[u]
-        vs, vn = self._groups[v]
-        gx, gy = us + (k + r) % un, vs + (k + r) % vn
-        path = [self._rep(x, r)]
-        if gx != x:
-            path.append(self._rep(gx, r))
-        path.append(self._rep(gy, r))
-        if gy != y:
-            path.append(self._rep(y, r))
-        return path
+        pu, pv = self._present(u, r), self._present(v, r)
+        gx, gy = pu[(k + r) % len(pu)], pv[(k + r) % len(pv)]
+        return [self.leaf_start[z] + r for z in (x, gx, gy, y)]
 
     def candidates(self, src: int, dst: int) -> Iterator[list[int]]:
         """Paths src -> dst, in the order a sender prefers them; the first is `path()`."""
@@ -628,15 +623,23 @@ class Topology:
                 zs, zn = self.leaf_start[z], self.leaf_size[z]
                 yield _join([src, xs + k1 % xn, zs + k1 % zn, zs + k2 % zn, ys + k2 % yn, dst])
             return
+        # plane p if the destination's leaf has rail p, plane q if mine has rail q: one of
+        # the two always holds (p < n_x, q < n_y; p >= n_y and q >= n_x would need
+        # n_y <= p < n_x <= q < n_y). Then the other planes both leaves share.
         p, q = src - self.leaf_start[x], dst - self.leaf_start[y]
-        planes = [p] + ([q] if q != p else [])
-        planes += [(p + j) % self.rails for j in range(1, self.rails) if (p + j) % self.rails != q]
+        both = min(self.leaf_size[x], self.leaf_size[y])
+        planes = [r for r in (p, q) if r < both]
+        if p == q:
+            planes = planes[:1]
+        planes += [r for r in range(both) if r not in (p, q)]
         for r in planes:
             yield _join([src, *self._plane_path(x, y, r), dst])
 
     def path(self, src: int, dst: int, dead: Iterable[int] = ()) -> list[int]:
         """The route of a message src -> dst: the first candidate with no dead relay."""
         dead = frozenset(dead)
+        if not dead:
+            return next(self.candidates(src, dst))
         for c in self.candidates(src, dst):
             if not dead.intersection(c[1:-1]):
                 return c
@@ -695,15 +698,14 @@ def _rail_mesh_bound(topo: Topology, s: int) -> tuple[int, int]:
     sizes = _rail_mesh_groups(topo, s)
     ng = len(sizes)
     m = 0 if ng == 1 else (ng - 1 if ng % 2 == 0 else ng)
-    rails = topo.rails
     worst = 0
     x = 0
     for size in sizes:
-        glob = -(-m // size)
-        for y in range(x, x + size):
-            n = topo.leaf_size[y]
-            planes = -(-rails // n)
-            worst = max(worst, n - 1 + planes * (size - 1 + glob))
+        leaves = sorted(topo.leaf_size[x : x + size])
+        # plane r holds the leaves with more than r nodes; they share the group's m links
+        for r in range(leaves[-1]):
+            present = sum(1 for n in leaves if n > r)
+            worst = max(worst, leaves[-1] - 1 + present - 1 + -(-m // present))
         x += size
     return worst, ng
 
@@ -720,7 +722,8 @@ def choose_plan(topo: Topology) -> Plan:
         hops = 2 if ng == 1 else 4
         if len(topo.leaf_size) == 1:
             hops = 1
-        options.append((hops, 1, bound, Plan("rail-mesh", hops, bound, group_leaves=s)))
+        biggest = max(_rail_mesh_groups(topo, s))
+        options.append((hops, 1, bound, Plan("rail-mesh", hops, bound, group_leaves=biggest)))
     for copies in (2, 1):
         bound = _dragonfly_bound(topo, copies)
         hops = 3 if len(topo.leaf_size) > 1 else 1
@@ -759,6 +762,7 @@ class Report:
     hop_bound: int
     max_hops: int
     max_hops_one_dead: int
+    no_alternative: int
     paths_checked: int
     path_check: str
     bfs_sources: int
@@ -821,6 +825,7 @@ def verify(
         mode = f"{len(srcs)} sampled sources x all destinations"
     max_hops = 0
     max_dead = 0
+    no_alternative = 0
     paths = 0
     linkset = [frozenset(a) for a in adj] if n <= exhaustive_limit else None
     for s in srcs:
@@ -835,7 +840,11 @@ def verify(
             max_hops = max(max_hops, hops)
             paths += 1
             if hops >= 2 and (d - s) % 7 == 0:  # one dead relay, on a sample of the pairs
-                alt = topo.path(s, d, dead=(p[1],))
+                try:
+                    alt = topo.path(s, d, dead=(p[1],))
+                except ConfigError:
+                    no_alternative += 1
+                    continue
                 for a, b in itertools.pairwise(alt):
                     if b not in adj[a]:
                         raise AssertionError(f"alternative path {alt}: {a} holds no lane to {b}")
@@ -866,6 +875,7 @@ def verify(
         hop_bound=topo.plan.hops,
         max_hops=max_hops,
         max_hops_one_dead=max_dead,
+        no_alternative=no_alternative,
         paths_checked=paths,
         path_check=mode,
         bfs_sources=len(bsrcs),
@@ -971,7 +981,8 @@ def format_report(r: Report) -> str:
         f"{LANE_HEADER_BYTES} B header))",
         f"hops: bound {r.hop_bound}; max {r.max_hops} over {r.paths_checked} routes "
         f"({r.path_check}); BFS from {r.bfs_sources} sources: max {r.bfs_max_distance}; "
-        f"one dead relay: max {r.max_hops_one_dead}",
+        f"first relay dead: max {r.max_hops_one_dead}"
+        + (f" ({r.no_alternative} pairs without an alternative)" if r.no_alternative else ""),
         "targets: " + ", ".join(f"{k} {'ok' if ok else 'MISSED'}" for k, ok in r.targets().items()),
     ]
     return "\n".join(lines)
