@@ -354,6 +354,8 @@ class Topology:
         leaf_of: dict[str, str] = {}
         for sw in switches:
             for n in sw.nodes:
+                if leaf_of.get(n) == sw.name:
+                    raise ConfigError(f"{sw.where or source}: switch {sw.name} lists {n} twice")
                 if n in leaf_of:
                     raise ConfigError(
                         f"{sw.where or source}: node {n} is under two leaf switches "

@@ -115,6 +115,7 @@ def test_toml_switches_and_slurm_build_the_same_model() -> None:
         ("SwitchName=top Switches=a\nSwitchName=a", "no switch lists any Nodes"),
         ("# nothing\n\n", "no switches configured"),
         ("SwitchName=s1 Nodes=n[3-1]", "backwards"),
+        ("SwitchName=s1 Nodes=n[1-3],n2", "lists n2 twice"),
     ],
 )
 def test_slurm_errors(text: str, why: str) -> None:
@@ -452,3 +453,18 @@ def _row(r: tp.Report) -> list[str]:
         str(max(r.max_hops, r.bfs_max_distance)),
         str(r.max_hops_one_dead),
     ]
+
+
+def test_a_one_node_leaf_costs_no_extra_lanes() -> None:
+    """33,825 nodes: 1,057 full leaves and one of a single node. That node stands only in
+    rail plane 0, so it needs no more lanes than the others and every route stays in 4."""
+    t = Topology.generate(33_825, leaf=32, pod=1024)
+    last = len(t) - 1
+    assert t.leaf_size[-1] == 1 and t.plan.scheme == "rail-mesh"
+    assert len(t.links(last)) <= 64
+    for s in range(0, len(t), 997):
+        for a, b in ((s, last), (last, s)):
+            p = t.path(a, b)
+            assert len(p) - 1 <= 4
+            for u, v in itertools.pairwise(p):
+                assert v in t.links(u) and u in t.links(v)
