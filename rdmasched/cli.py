@@ -150,6 +150,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     doc = sub.add_parser("doctor", help="RDMA devices, ports, GIDs; is Soft-RoCE usable here")
     doc.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    # values are checked in cmd_topology (one line on stderr), not by argparse types
+    topo = sub.add_parser(
+        "topology",
+        help="lanes, QPs and ring memory per node and the hop bound of a cluster topology",
+        description="Build a topology (generated, --config TOML or --slurm topology.conf), "
+        "choose each node's links within the lane budget and verify them: lanes, RC QPs and "
+        "ring memory per node, and the hops of every checked route (docs/SCALE.md).",
+    )
+    tsrc = topo.add_mutually_exclusive_group()
+    tsrc.add_argument("--config", metavar="FILE", help="a TOML file with a [topology] table")
+    tsrc.add_argument("--slurm", metavar="FILE", help="a Slurm topology.conf (tree plugin)")
+    topo.add_argument("--nodes", help="generate this many nodes (default 1024)")
+    topo.add_argument("--leaf", help="generated: nodes per leaf switch (default 32)")
+    topo.add_argument("--pod", help="generated: nodes per pod, a multiple of --leaf (default 1024)")
+    topo.add_argument("--budget", help="most lanes (and RC QPs) per node (default 64)")
+    topo.add_argument("--slots", help="slots per lane, as cluster.slots_per_lane (default 256)")
+    topo.add_argument(
+        "--exhaustive",
+        metavar="N",
+        help="check every (src, dst) route up to N nodes, else sample sources (default 2048)",
+    )
+    topo.add_argument(
+        "--sources", help="above --exhaustive: sources whose routes are all checked (default 4)"
+    )
+    topo.add_argument("--bfs", help="sources of a BFS over the links (default 2)")
+    topo.add_argument("--json", action="store_true", help="print JSON instead of text")
     return p
 
 
@@ -324,6 +351,16 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_topology(args: argparse.Namespace) -> int:
+    from rdmasched import topology
+    from rdmasched.errors import ConfigError
+
+    try:
+        return topology.cli(args)
+    except ConfigError as exc:
+        raise SystemExit(f"rdmasched topology: {exc}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "doctor":
@@ -342,6 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_demo(args)
     if args.command == "trace":
         return cmd_trace(args)
+    if args.command == "topology":
+        return cmd_topology(args)
     raise AssertionError(args.command)
 
 
