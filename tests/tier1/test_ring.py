@@ -397,7 +397,10 @@ def test_lane_size_is_checked(lane_name: Names, nslots: int) -> None:
 
 
 def test_second_receiver_is_busy(lane_name: Names) -> None:
-    with shm.create_lane(lane_name(), 16), pytest.raises(LaneBusyError, match="in use by pid"):
+    with (
+        shm.create_lane(lane_name(), 16),
+        pytest.raises(LaneBusyError, match="belongs to a running process"),
+    ):
         shm.create_lane(lane_name(), 16)
 
 
@@ -450,3 +453,21 @@ def test_attach_to_something_that_is_not_a_lane(lane_name: Names) -> None:
             shm.attach_lane(lane_name())
     finally:
         seg.close()
+
+
+def test_second_sender_in_the_same_process_is_refused(lane_name: Names) -> None:
+    # issue 7 item 20: the second attach took a new epoch; the first kept "succeeding" and
+    # its messages were never delivered
+    with shm.create_lane(lane_name(), 16) as rx, shm.attach_lane(lane_name()) as first:
+        with pytest.raises(LaneBusyError, match="already has a sender in this process"):
+            shm.attach_lane(lane_name())
+        first.send(Kind.DISPATCH, 1)
+        assert drain_ids(rx) == [1]
+    # once the first is closed, a new sender of this process may attach
+    with shm.create_lane(lane_name("-2"), 16) as rx:
+        shm.attach_lane(lane_name("-2")).close()
+        with shm.attach_lane(lane_name("-2")) as again:
+            again.send(Kind.DISPATCH, 2, timeout_us=0) if again.acked else None
+            assert drain_ids(rx, polls=200) == []  # epoch 1 had nothing; epoch 2 accepted
+            again.send(Kind.DISPATCH, 3)
+            assert drain_ids(rx) == [3]
