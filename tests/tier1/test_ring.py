@@ -471,3 +471,54 @@ def test_second_sender_in_the_same_process_is_refused(lane_name: Names) -> None:
             assert drain_ids(rx, polls=200) == []  # epoch 1 had nothing; epoch 2 accepted
             again.send(Kind.DISPATCH, 3)
             assert drain_ids(rx) == [3]
+
+
+# ---- protocol points an outside writer had to guess (issue 7) -------------------------------
+def test_new_lane_credit_word_and_idle_credit(lane_name: Names) -> None:
+    with shm.create_lane(lane_name(), 64) as rx, shm.attach_lane(lane_name()) as tx:
+        assert shm.read_header(rx.segment)["credit"] == 1 << 32  # epoch 1, head 0
+        tx.send(Kind.DISPATCH, 1)
+        assert rx.poll() is not None  # 1 slot: far below the S/4 rule
+        assert shm.read_header(rx.segment)["credit"] == 1 << 32
+        for _ in range(64):  # idle: the 64th empty poll in a row publishes it
+            assert rx.poll() is None
+        assert shm.read_header(rx.segment)["credit"] == (1 << 32) | 1
+
+
+def test_epoch_request_that_jumped_goes_to_the_newest(lane_name: Names) -> None:
+    with shm.create_lane(lane_name(), 16) as rx:
+        shm.attach_lane(lane_name()).close()  # epoch 1
+        second = shm.attach_lane(lane_name())  # epoch 2, never accepted
+        second.close()
+        with shm.attach_lane(lane_name()) as third:
+            assert third.epoch == 3
+            for _ in range(200):
+                rx.poll()
+            assert rx.epoch == 3 and third.acked
+            third.send(Kind.DISPATCH, 3, timeout_us=0)
+            assert drain_ids(rx) == [3]
+
+
+def test_epoch_wrap_never_revives_a_slot_of_the_first_epoch_one(lane_name: Names) -> None:
+    with shm.create_lane(lane_name(), 16) as rx:
+        with shm.attach_lane(lane_name()) as first:  # epoch 1: positions 0 and 1
+            first.send(Kind.DISPATCH, 1)
+            first.send(Kind.DISPATCH, 2)
+        assert drain_ids(rx) == [1, 2]
+        # many restarts later: the next epoch is 2**32 - 1
+        ctypes.memmove(rx.segment.address + 64, struct.pack("<I", 0xFFFFFFFE), 4)
+        with shm.attach_lane(lane_name()) as late:
+            assert late.epoch == 0xFFFFFFFF
+            for _ in range(200):
+                rx.poll()
+            late.send(Kind.DISPATCH, 3, timeout_us=0)  # position 0 only
+            assert drain_ids(rx) == [3]
+        with shm.attach_lane(lane_name()) as wrapped:
+            assert wrapped.epoch == 1  # 0 is never an epoch
+            for _ in range(200):
+                rx.poll()
+            assert wrapped.acked
+            wrapped.send(Kind.DISPATCH, 4, timeout_us=0)
+            # position 1 held epoch 1's message 2 (stamp (1, lap 0)): zeroed at the wrap
+            assert drain_ids(rx, polls=5000) == [4]
+            assert rx.stats()["delivered"] == 4
