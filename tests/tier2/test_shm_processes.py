@@ -352,3 +352,36 @@ def test_a_killed_unreaped_sender_does_not_block_reattach(lane_name: Names) -> N
                 assert got is not None and got.id == 5
         finally:
             p.join()
+
+
+def _links_node(cluster: str, me: int, ready: Any, hold_s: float) -> None:
+    from rdmasched.daemon.links import ShmLinks
+
+    links = ShmLinks(cluster, me, [0, 1], connect_timeout_s=30)
+    ready.set()
+    time.sleep(hold_s)
+    links.close()
+
+
+def test_a_killed_daemon_node_comes_back_up(lane_name: Names) -> None:
+    # The issue's report: node 0 killed, restarted, failed with "LaneBusyError: ...bell.0 is
+    # in use by pid <node 1>" because node 1 maps node 0's doorbell to ring it.
+    from rdmasched.daemon.links import ShmLinks
+
+    cluster = lane_name("-c")
+    ready = ctx.Event()
+    first = spawn(_links_node, cluster, 0, ready, 60.0)
+    links = ShmLinks(cluster, 1, [0, 1], connect_timeout_s=30)
+    try:
+        assert ready.wait(30)
+        first.kill()
+        first.join()
+        ready2 = ctx.Event()
+        again = spawn(_links_node, cluster, 0, ready2, 0.5)
+        assert ready2.wait(30), "the restarted node did not come up"
+        assert wait_exit(again) == 0
+    finally:
+        links.close()
+    for seg in shm.list_segments():  # the killed node's segments were replaced, then closed
+        if cluster in seg:
+            shm.ShmSegment.unlink_name(seg)
