@@ -18,6 +18,9 @@ Header (little-endian; offsets in bytes):
   line 3, written by the receiver once, when it closes (apart from the credit line, so the
   sender's check of it stays a cache hit):
     192 u32 closed
+
+A doorbell segment (rdmasched/transport/shm.py) is 64 bytes: u32 futex word at 0, magic
+"RSBELL01" at 8, creator pid at 16 and start time at 24. docs/PROTOCOL.md section 9.
 """
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t

@@ -7,9 +7,10 @@ local to both sides, so keeping it there (rather than in a segment of the sender
 no cache traffic and saves a second mapping; the verbs transport keeps it in the sender's
 memory, as the design says.
 
-Crashes: the header records the receiver's and the sender's pid and process start time. A
-new receiver that finds a segment whose owner is gone removes it and starts afresh; one
-whose owner is alive gets LaneBusyError. A restarted sender takes the next epoch, and the
+Crashes: the header records the receiver's and the sender's pid and process start time (a
+doorbell records its creator's the same way). A new receiver that finds a segment whose
+owner is gone (or a zombie) removes it and starts afresh, even while senders of the old
+incarnation still map it; one whose owner is alive gets LaneBusyError naming that process. A restarted sender takes the next epoch, and the
 receiver accepts it once it has drained the previous one, so nothing already written is
 lost and nothing stale is delivered.
 """
