@@ -333,3 +333,44 @@ def test_what_the_check_accepts_msgpack_decodes_to_a_map(raw: bytes) -> None:
 def test_what_a_sender_packs_the_check_accepts(meta: dict) -> None:
     raw = msgpack.packb(meta, use_bin_type=True)
     assert _wire.check_meta(raw) is None
+
+
+def _mirror_accepts(raw: bytes) -> bool:
+    try:
+        value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception:
+        return False
+    return isinstance(value, dict) and wire.meta_ok(value)
+
+
+@settings(max_examples=300)
+@given(
+    st.dictionaries(
+        st.text(max_size=6),
+        st.recursive(
+            st.one_of(
+                st.none(),
+                st.integers(-(2**63), 2**64 - 1),
+                st.floats(),
+                st.text(max_size=10),
+                st.binary(),
+            ),
+            lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=3),
+            max_leaves=12,
+        ),
+        max_size=4,
+    ),
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),
+    st.integers(-2, 2),
+)
+def test_c_check_and_mirror_agree_on_mutated_metadata(
+    meta: dict, flips: list[tuple[int, int]], cut: int
+) -> None:
+    raw = bytearray(msgpack.packb(meta, use_bin_type=True))
+    for at, byte in flips:
+        raw[at % len(raw)] = byte
+    if cut < 0:
+        raw = raw[:cut] or raw
+    elif cut > 0:
+        raw += bytes(cut)
+    assert (_wire.check_meta(bytes(raw)) is None) == _mirror_accepts(bytes(raw))
