@@ -214,6 +214,8 @@ cdef int rs_rx_scrub(rs_rx *r, uint64_t now, uint32_t budget) noexcept nogil:
         r.found = 0
         return 0
     _skip_run(r, q)
+    # Damage comes in runs: look again at the next idle tick, not 4096 polls from now.
+    r.idle = (r.idle | SCRUB_EVERY) - IDLE_EVERY
     return 1
 
 

@@ -120,22 +120,23 @@ class Reader:
         # Counted in polls, not time, so a loaded machine cannot cut it short: idle work runs
         # every 64 empty polls in a row, the look-ahead scan every 4096 (PROTOCOL.md 7.3).
         empty = 0
-        while empty < 9000:
+        head = self.rx.stats()["head"]
+        while empty < 9000:  # 9000 empty polls in a row without the head moving: stuck
             if self.api == "poll":
                 m = self.rx.poll()
+                n = 0 if m is None else 1
                 if m is not None:
                     self.got.append((m.id, m.seq, m.meta))
-                    empty = 0
-                else:
-                    empty += 1
-                continue
-            self.batch.clear()
-            n = self.rx.drain(self.batch) if self.api == "drain" else self.ls.drain(self.batch)
-            if n:
-                self.got += [(m.id, m.seq, m.meta) for m in self.batch]
-                empty = 0
             else:
-                empty += 1
+                self.batch.clear()
+                n = self.rx.drain(self.batch) if self.api == "drain" else self.ls.drain(self.batch)
+                self.got += [(m.id, m.seq, m.meta) for m in self.batch]
+            empty += 1
+            if n or empty % 64 == 0:
+                now = self.rx.stats()["head"]
+                if n or now != head:
+                    empty = 0
+                    head = now
         if self.api == "laneset":  # and the sleeping path (no doorbell here: it naps)
             self.batch.clear()
             if self.ls.wait(self.batch, timeout_us=1000, spin_us=0):
