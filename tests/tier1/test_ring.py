@@ -522,3 +522,19 @@ def test_epoch_wrap_never_revives_a_slot_of_the_first_epoch_one(lane_name: Names
             # position 1 held epoch 1's message 2 (stamp (1, lap 0)): zeroed at the wrap
             assert drain_ids(rx, polls=5000) == [4]
             assert rx.stats()["delivered"] == 4
+
+
+def test_new_epoch_waits_until_a_lost_slot_of_the_old_one_is_skipped(rx: shm.ShmRxLane) -> None:
+    # epoch 1 wrote messages at 0 and 1; the slot at 0 was lost. A restarted sender asks for
+    # epoch 2: the receiver must still deliver 1 (behind the lost slot) before it switches.
+    put(rx, 1, slots_of(Fields(kind=Kind.DISPATCH, id=11, seq=1), 1, 64))
+    hdr = rx.segment.address + 64
+    ctypes.memmove(hdr, struct.pack("<I", 2), 4)  # epoch_req: 2
+    got = []
+    for _ in range(20_000):
+        m = rx.poll()
+        if m is not None:
+            got.append(m.id)
+    assert got == [11]
+    assert rx.epoch == 2
+    assert rx.stats()["bad_crc"] == 1  # the never-written slot 0
