@@ -10,9 +10,9 @@ memory, as the design says.
 Crashes: the header records the receiver's and the sender's pid and process start time (a
 doorbell records its creator's the same way). A new receiver that finds a segment whose
 owner is gone (or a zombie) removes it and starts afresh, even while senders of the old
-incarnation still map it; one whose owner is alive gets LaneBusyError naming that process. A restarted sender takes the next epoch, and the
-receiver accepts it once it has drained the previous one, so nothing already written is
-lost and nothing stale is delivered.
+incarnation still map it; one whose owner is alive gets LaneBusyError naming that process.
+A restarted sender takes the next epoch, and the receiver accepts it once it has drained the
+previous one, so nothing already written is lost and nothing stale is delivered.
 """
 
 from __future__ import annotations
