@@ -601,7 +601,9 @@ cdef class RxLane:
         try:
             return message_from_c(m, meta)
         except CorruptSlotError as exc:
+            # Only if msgpack refuses what the C check accepted: counted once, not delivered.
             self.st.bad_meta += 1
+            self.st.delivered -= 1
             _log.warning("lane %r: skipped message seq=%d: %s", self.name, m.seq, exc)
             return None
 
