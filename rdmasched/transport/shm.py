@@ -288,7 +288,11 @@ def attach_lane(name: str, *, src: int = 0, timeout_us: int = DEFAULT_TIMEOUT_US
     try:
         hdr = _check_header(seg, name)
         if not alive(hdr["receiver_pid"], hdr["receiver_start"]) or hdr["closed"]:
-            raise PeerDeadError(f"lane {name!r}{describe_receiver(hdr)[1:]}")
+            raise PeerDeadError(
+                f"lane {name!r}{describe_receiver(hdr)[1:]}: its receiver must start again "
+                "(a new receiver replaces the lane; then attach again). To clean up segments "
+                "whose creators are gone: rdmasched.transport.shm.remove_stale()"
+            )
         mine = _senders.get(name)
         held = mine[1]() if mine is not None and mine[0] == os.getpid() else None
         if (
