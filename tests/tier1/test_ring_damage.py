@@ -232,6 +232,20 @@ def test_random_damage_against_the_model(
         run(rx, msgs, api)
 
 
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_random_damage_with_a_grace_period(lane_name: Names, data: st.DataObject) -> None:
+    # The same with a grace period: a skip waits for it, then happens by itself. The reader
+    # gives up only after 9000 empty polls at one head, far longer than 50 us on any machine.
+    msgs = data.draw(messages(32))
+    with shm.create_lane(lane_name(), 32, grace_us=50) as rx:
+        run(rx, msgs, "poll")
+
+
 # ---- the patterns that stopped a lane for good, pinned ----------------------------------------
 @pytest.mark.parametrize("api", ["poll", "drain", "laneset"])
 @pytest.mark.parametrize(
