@@ -144,6 +144,28 @@ def encode(f: Fields, *, epoch: int, pos: int, nslots: int) -> list[bytes]:
     return slots
 
 
+META_DEPTH = 32
+_SCALAR_KEYS = (type(None), bool, int, float, str, bytes)
+
+
+def meta_ok(value: Any, depth: int = 1) -> bool:
+    """The metadata rules msgpack itself does not check (docs/PROTOCOL.md section 5):
+    scalar map keys, no extension types, containers nested at most META_DEPTH deep."""
+    if isinstance(value, (msgpack.ExtType, msgpack.Timestamp)):
+        return False
+    if isinstance(value, (list, dict)):
+        if depth > META_DEPTH:
+            return False
+        if isinstance(value, dict):
+            if not all(isinstance(k, _SCALAR_KEYS) for k in value):
+                return False
+            items: Any = value.values()
+        else:
+            items = value
+        return all(meta_ok(v, depth + 1) for v in items)
+    return True
+
+
 class Reject(ValueError):
     """Why `decode` refused a message (the receiver's reasons, docs/PROTOCOL.md)."""
 
@@ -207,11 +229,13 @@ def decode(slots: list[bytes], *, epoch: int, pos: int, nslots: int) -> Fields:
         raw += c[1:52]
     meta = None
     if meta_len:
+        if raw[meta_len:].strip(b"\0"):
+            raise Reject("bad-meta")  # non-zero padding
         try:
             meta = msgpack.unpackb(raw[:meta_len], raw=False, strict_map_key=False)
-        except Exception:
+        except Exception:  # not msgpack, cut short, trailing bytes, bad UTF-8, unhashable key
             raise Reject("bad-meta") from None
-        if not isinstance(meta, dict):
+        if not isinstance(meta, dict) or not meta_ok(meta):
             raise Reject("bad-meta")
     return Fields(
         kind=kind,

@@ -34,7 +34,12 @@ cdef struct rs_rx:
     uint64_t orphans            # continuation slots found without their head
     uint64_t gaps               # message numbers never delivered (seq jumped)
     uint64_t credits            # credit words published
-    uint64_t bad_meta           # messages whose metadata was not a msgpack map
+    uint64_t bad_meta           # messages whose metadata was not valid (PROTOCOL.md section 5)
+    uint64_t seq_behind         # delivered messages whose seq was behind the expected one
+    # look-ahead scrub state (rare path): valid only while scan_base == head
+    uint64_t scan_base          # the head the scan below belongs to
+    uint64_t scan               # next position to look at
+    uint64_t found              # first current valid head seen beyond head, 0 if none yet
     int (*publish)(rs_rx *r, uint64_t credit) noexcept nogil
     int (*idle_hook)(rs_rx *r) noexcept nogil
     void *ctx                   # the transport's own state
@@ -78,7 +83,8 @@ cdef void rs_rx_init(rs_rx *r, rs_slot *ring, uint32_t nslots, uint32_t epoch,
 cdef int rs_rx_poll(rs_rx *r, rs_msg *out, uint8_t *meta) noexcept nogil
 cdef void rs_rx_begin_epoch(rs_rx *r, uint32_t epoch) noexcept nogil
 cdef int rs_rx_publish_credit(rs_rx *r) noexcept nogil
-cdef int rs_rx_scrub(rs_rx *r, uint64_t now) noexcept nogil
+cdef int rs_rx_scrub(rs_rx *r, uint64_t now, uint32_t budget) noexcept nogil
+cdef int rs_rx_drained(rs_rx *r) noexcept nogil
 
 cdef void rs_tx_init(rs_tx *t, rs_slot *ring, uint32_t nslots, uint32_t epoch,
                      const volatile uint64_t *credit) noexcept nogil

@@ -22,6 +22,7 @@ cimport cython
 
 from rdmasched._wire cimport (
     rs_slot, rs_cont, rs_msg, Message, message_from_c, msg_from_args, rs_stamp, rs_ncont,
+    rs_meta_check, META_OK,
     rs_store_slot, rs_fill_head, rs_fill_cont, rs_read_slot, rs_head_valid, rs_msg_from_head,
     rs_load_acquire_u64, rs_store_release_u32, rs_load_acquire_u32, rs_fence, rs_pause,
     rs_now_ns, rs_futex_wait, rs_slot_crc, rs_crc32c_init,
@@ -45,8 +46,9 @@ rs_crc32c_init()
 _log = logging.getLogger("rdmasched.ring")
 
 cdef enum:
-    IDLE_EVERY = 63          # empty polls between transport idle work (epoch requests)
-    SCRUB_EVERY = 4095       # empty polls between look-ahead scrubs and idle credit
+    IDLE_EVERY = 63          # empty polls between idle work (transport hook, credit)
+    SCRUB_EVERY = 4095       # empty polls between look-ahead scans (each tick once one found)
+    SCRUB_BUDGET = 1024      # positions one idle scan looks at; the next resumes there
     META_ROOM = MAX_CONT * CONT_PAYLOAD
     SPIN_BEFORE_YIELD = 4096
     GIL_SPIN = 256           # polls (about 2-10 us) before `poll` releases the GIL to wait
@@ -103,6 +105,8 @@ cdef void rs_rx_begin_epoch(rs_rx *r, uint32_t epoch) noexcept nogil:
     r.seq_next = 0
     r.bad_since = 0
     r.idle = 0
+    r.scan = 0
+    r.found = 0
     rs_rx_publish_credit(r)
 
 
@@ -122,33 +126,82 @@ cdef inline bint _bad_ripe(rs_rx *r) noexcept nogil:
     return now - r.bad_since >= r.grace_ns
 
 
-cdef int rs_rx_scrub(rs_rx *r, uint64_t now) noexcept nogil:
-    """Find a slot at head whose stamp is wrong although later slots arrived; skip it.
+cdef inline bint _is_head(rs_rx *r, uint64_t q, rs_slot *tmp) noexcept nogil:
+    """Position q holds a head that proves the sender wrote every position before it: current
+    stamp, good checksum, valid fields, and a seq not behind the expected one (a slot left
+    from a later lap, which only a faulty writer makes, would be current there otherwise)."""
+    return (rs_read_slot(&r.ring[q & r.mask], rs_stamp(r.epoch, q, r.shift), tmp) == SLOT_OK
+            and tmp.kind != KIND_CONT and rs_head_valid(tmp, r.nslots)
+            and <int32_t>(tmp.seq - r.seq_next) >= 0)
 
-    A slot whose stamp is not current looks unwritten. If a later position holds a valid
-    head slot (only continuation slots in between), the sender wrote past it, so it was lost:
-    a flipped stamp, a slot of an earlier epoch or lap that was never overwritten. After the
-    grace period it is counted by what it holds and skipped. Returns 1 if it skipped.
+
+cdef uint64_t _next_head(rs_rx *r, uint64_t start, uint64_t end) noexcept nogil:
+    """The first position in [start, end) holding a current valid head; 0 if there is none."""
+    cdef rs_slot tmp
+    cdef uint64_t q = start
+    while q < end:
+        if _is_head(r, q, &tmp):
+            return q
+        q += 1
+    return 0
+
+
+cdef void _skip_run(rs_rx *r, uint64_t q) noexcept nogil:
+    """Skip positions [head, q), counting each slot once by what it holds (PROTOCOL.md 7.2)."""
+    cdef rs_slot tmp
+    cdef uint64_t p = r.head
+    while p < q:
+        memcpy(&tmp, &r.ring[p & r.mask], sizeof(rs_slot))
+        if rs_slot_crc(&tmp) != tmp.crc:
+            r.bad_crc += 1
+        elif tmp.stamp == rs_stamp(r.epoch, p, r.shift):
+            if tmp.kind == KIND_CONT:
+                r.orphans += 1
+            else:
+                r.malformed += 1
+        elif <uint32_t>(tmp.stamp >> 32) != r.epoch:
+            r.stale_epoch += 1
+        else:
+            r.stale_lap += 1                   # an earlier lap, or (a faulty writer) a later one
+        p += 1
+    _advance(r, <uint32_t>(q - r.head))
+
+
+cdef int rs_rx_scrub(rs_rx *r, uint64_t now, uint32_t budget) noexcept nogil:
+    """Find a slot at head that was lost (its stamp is not current although the sender wrote
+    past it) and, after the grace period, skip to the next message. Returns 1 if it skipped.
+
+    The sender writes positions in order, so a current valid head at a later position q means
+    every position before q was written: what is not current there was lost (a damaged stamp,
+    a slot of an earlier epoch or lap never overwritten). The look-ahead covers positions
+    head+1 .. head+S-1, the most a sender can have written; it looks at up to `budget` of them
+    per call and resumes where it stopped. Every slot in [head, q) is skipped and counted
+    once by what it holds; q is re-found just before skipping, so a head that landed meanwhile
+    between head and q is never skipped.
     """
     cdef uint64_t pos = r.head
-    cdef uint64_t q = pos + 1
-    cdef uint64_t limit
+    cdef uint64_t end = pos + r.nslots
+    cdef uint64_t q
+    cdef uint32_t k = 0
     cdef rs_slot tmp
-    cdef bint found = False
     if r.dead or r.ring == NULL:
         return 0
     if rs_load_acquire_u64(&r.ring[pos & r.mask].stamp) == rs_stamp(r.epoch, pos, r.shift):
-        return 0                                   # poll's business
-    limit = pos + (r.nslots - 1 if r.nslots - 1 < MAX_CONT + 1 else MAX_CONT + 1)
-    while q <= limit:
-        if rs_read_slot(&r.ring[q & r.mask], rs_stamp(r.epoch, q, r.shift), &tmp) != SLOT_OK:
+        return 0                                   # current: poll's business
+    if r.scan_base != pos or r.scan <= pos:
+        r.scan_base = pos
+        r.scan = pos + 1
+        r.found = 0
+    while r.found == 0 and k < budget:
+        if r.scan >= end:
+            r.scan = pos + 1                       # a whole round found nothing: start again
             break
-        if tmp.kind != KIND_CONT:
-            found = True
+        if _is_head(r, r.scan, &tmp):
+            r.found = r.scan
             break
-        q += 1
-    if not found:
-        r.bad_since = 0
+        r.scan += 1
+        k += 1
+    if r.found == 0:
         return 0
     if r.bad_since == 0:
         r.bad_since = now
@@ -156,25 +209,72 @@ cdef int rs_rx_scrub(rs_rx *r, uint64_t now) noexcept nogil:
             return 0
     elif now - r.bad_since < r.grace_ns:
         return 0
-    memcpy(&tmp, &r.ring[pos & r.mask], sizeof(rs_slot))
-    if rs_slot_crc(&tmp) == tmp.crc:
-        if <uint32_t>(tmp.stamp >> 32) != r.epoch:
-            r.stale_epoch += q - pos
-        else:
-            r.stale_lap += q - pos
-    else:
-        r.bad_crc += q - pos
-    _advance(r, <uint32_t>(q - pos))
+    q = _next_head(r, pos + 1, r.found + 1)
+    if q == 0:                                     # only a faulty writer takes a head back
+        r.found = 0
+        return 0
+    _skip_run(r, q)
+    # Damage comes in runs: look again at the next idle tick, not 4096 polls from now.
+    r.idle = (r.idle | SCRUB_EVERY) - IDLE_EVERY
     return 1
 
 
+cdef int rs_rx_drained(rs_rx *r) noexcept nogil:
+    """1 if no message of the current epoch can still be delivered: the slot at head is not
+    current and no current valid head lies in the look-ahead window (a transport checks this
+    before it accepts a new sender epoch)."""
+    cdef uint64_t pos = r.head
+    if r.ring == NULL:
+        return 1
+    if rs_load_acquire_u64(&r.ring[pos & r.mask].stamp) == rs_stamp(r.epoch, pos, r.shift):
+        return 0
+    return _next_head(r, pos + 1, pos + r.nslots) == 0
+
+
 cdef inline void _idle(rs_rx *r) noexcept nogil:
+    """Idle work, every IDLE_EVERY + 1 empty polls in a row (docs/PROTOCOL.md 7.3)."""
     if r.idle_hook != NULL:
         r.idle_hook(r)
-    if (r.idle & SCRUB_EVERY) == 0:
-        if r.head != r.credited:
-            rs_rx_publish_credit(r)
-        rs_rx_scrub(r, rs_now_ns())
+    if r.head != r.credited:
+        rs_rx_publish_credit(r)
+    if (r.found != 0 and r.scan_base == r.head) or (r.idle & SCRUB_EVERY) == 0:
+        rs_rx_scrub(r, rs_now_ns(), SCRUB_BUDGET)
+
+
+cdef uint64_t _before_sleep(rs_rx *r, uint64_t now) noexcept nogil:
+    """Idle work before the receiver sleeps: credit, then a scan of the whole look-ahead
+    window. Returns how long it may sleep (ns): 0 if it just skipped, the rest of the grace
+    period if a skip is pending, else no limit (~0)."""
+    if r.dead or r.ring == NULL:
+        return <uint64_t>-1
+    if r.head != r.credited:
+        rs_rx_publish_credit(r)
+    if rs_rx_scrub(r, now, r.nslots):
+        return 0
+    if r.found != 0 and r.scan_base == r.head:
+        if r.bad_since == 0 or now - r.bad_since >= r.grace_ns:
+            return 0
+        return r.grace_ns - (now - r.bad_since)
+    return <uint64_t>-1
+
+
+cdef inline void _take_seq(rs_rx *r, uint32_t seq) noexcept nogil:
+    """Account the seq of a head with a good checksum, delivered or skipped (PROTOCOL.md 7.4):
+    compared modulo 2**32, ahead by 1..2**31-1 counts a gap, further is behind."""
+    cdef int32_t gap = <int32_t>(seq - r.seq_next)
+    if gap > 0:
+        r.gaps += <uint32_t>gap
+    elif gap < 0:
+        r.seq_behind += 1
+    r.seq_next = seq + 1
+
+
+cdef inline bint _padding_zero(const uint8_t *meta, uint32_t meta_len, uint32_t n) noexcept nogil:
+    cdef uint32_t i
+    for i in range(meta_len, n * CONT_PAYLOAD):
+        if meta[i] != 0:
+            return False
+    return True
 
 
 cdef int rs_rx_poll(rs_rx *r, rs_msg *out, uint8_t *meta) noexcept nogil:
@@ -184,10 +284,9 @@ cdef int rs_rx_poll(rs_rx *r, rs_msg *out, uint8_t *meta) noexcept nogil:
     counts what cannot become valid (see the rules in docs/PROTOCOL.md).
     """
     cdef rs_slot h, c
-    cdef uint64_t pos
+    cdef uint64_t pos, q
     cdef uint32_t i, n
     cdef int st
-    cdef int32_t gap
     if r.dead:
         return 0
     while True:
@@ -201,8 +300,14 @@ cdef int rs_rx_poll(rs_rx *r, rs_msg *out, uint8_t *meta) noexcept nogil:
         if st == SLOT_BAD_CRC:
             if not _bad_ripe(r):
                 return 0
-            r.bad_crc += 1
-            _advance(r, 1)
+            # Damaged past the grace: skip it, and with it whatever follows up to the next
+            # valid head (its own continuation slots, lost slots), counting each slot.
+            q = _next_head(r, pos + 1, pos + r.nslots)
+            if q:
+                _skip_run(r, q)
+            else:
+                r.bad_crc += 1
+                _advance(r, 1)
             continue
         if h.kind == KIND_CONT:
             r.orphans += 1
@@ -227,6 +332,7 @@ cdef int rs_rx_poll(rs_rx *r, rs_msg *out, uint8_t *meta) noexcept nogil:
             i += 1
         if st == SLOT_MALFORMED:
             r.malformed += 1
+            _take_seq(r, h.seq)
             _advance(r, 1 + i)
             continue
         if st != SLOT_OK:
@@ -234,14 +340,19 @@ cdef int rs_rx_poll(rs_rx *r, rs_msg *out, uint8_t *meta) noexcept nogil:
                 return 0
             # The head passed its checksum, so its length is trusted: skip the whole message.
             r.truncated += 1
+            _take_seq(r, h.seq)
+            _advance(r, 1 + n)
+            continue
+        if n and (rs_meta_check(meta, h.meta_len) != META_OK
+                  or not _padding_zero(meta, h.meta_len, n)):
+            # Never delivered on any API; its head is good, so it takes its seq like the rest.
+            r.bad_meta += 1
+            _take_seq(r, h.seq)
             _advance(r, 1 + n)
             continue
         rs_msg_from_head(out, &h)
         out.meta_off = 0
-        gap = <int32_t>(h.seq - r.seq_next)
-        if gap > 0:
-            r.gaps += <uint32_t>gap
-        r.seq_next = h.seq + 1
+        _take_seq(r, h.seq)
         r.peer_load = h.load
         r.delivered += 1
         r.idle = 0
@@ -266,7 +377,7 @@ cdef uint32_t _drain_limited(rs_rx *r, Batch b, uint32_t lane, uint32_t limit) n
 
 cdef inline uint64_t _bad_total(const rs_rx *r) noexcept nogil:
     return (r.bad_crc + r.malformed + r.stale_epoch + r.stale_lap + r.truncated + r.orphans
-            + r.gaps + r.bad_meta)
+            + r.gaps + r.bad_meta + r.seq_behind)
 
 
 cdef int _spin_poll(rs_rx *r, rs_msg *m, uint8_t *meta, uint64_t timeout_ns) noexcept nogil:
@@ -458,7 +569,8 @@ cdef _stats_dict(const rs_rx *r):
     return {
         "delivered": r.delivered, "bad_crc": r.bad_crc, "malformed": r.malformed,
         "stale_epoch": r.stale_epoch, "stale_lap": r.stale_lap, "truncated": r.truncated,
-        "orphans": r.orphans, "gaps": r.gaps, "bad_meta": r.bad_meta, "credits": r.credits,
+        "orphans": r.orphans, "gaps": r.gaps, "bad_meta": r.bad_meta,
+        "seq_behind": r.seq_behind, "credits": r.credits,
         "head": r.head, "epoch": r.epoch, "peer_load": r.peer_load,
     }
 
@@ -489,7 +601,9 @@ cdef class RxLane:
         try:
             return message_from_c(m, meta)
         except CorruptSlotError as exc:
+            # Only if msgpack refuses what the C check accepted: counted once, not delivered.
             self.st.bad_meta += 1
+            self.st.delivered -= 1
             _log.warning("lane %r: skipped message seq=%d: %s", self.name, m.seq, exc)
             return None
 
@@ -553,7 +667,7 @@ cdef class RxLane:
     def scrub(self):
         """Run the look-ahead check for a lost slot now (the poller does it when idle)."""
         self._check_open()
-        return bool(rs_rx_scrub(&self.st, rs_now_ns()))
+        return bool(rs_rx_scrub(&self.st, rs_now_ns(), self.st.nslots))
 
     def stats(self):
         """Counters: delivered, and every kind of slot that was skipped (PROTOCOL.md)."""
@@ -846,7 +960,7 @@ cdef class LaneSet:
 
     cdef uint32_t _wait(self, Batch batch, uint64_t timeout_ns, uint64_t spin_ns,
                         uint32_t quantum) noexcept nogil:
-        cdef uint64_t start = rs_now_ns(), now
+        cdef uint64_t start = rs_now_ns(), now, limit, nap
         cdef uint32_t got, k = 0
         cdef timespec ts
         while True:
@@ -872,7 +986,15 @@ cdef class LaneSet:
             if got:
                 rs_store_release_u32(self._bell, 0)
                 return got
-            rs_futex_wait(self._bell, 1, timeout_ns - (now - start))
+            # Idle work before sleeping (PROTOCOL.md 7.3): credit, the look-ahead scrub; a
+            # pending skip bounds the sleep to the rest of its grace period.
+            limit = timeout_ns - (now - start)
+            for k in range(self._n):
+                nap = _before_sleep(self._arr[k], now)
+                if nap < limit:
+                    limit = nap
+            if limit:
+                rs_futex_wait(self._bell, 1, limit)
             rs_store_release_u32(self._bell, 0)
 
     def poll(self, double timeout_us=0):

@@ -18,6 +18,9 @@ Header (little-endian; offsets in bytes):
   line 3, written by the receiver once, when it closes (apart from the credit line, so the
   sender's check of it stays a cache hit):
     192 u32 closed
+
+A doorbell segment (rdmasched/transport/shm.py) is 64 bytes: u32 futex word at 0, magic
+"RSBELL01" at 8, creator pid at 16 and start time at 24. docs/PROTOCOL.md section 9.
 """
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
@@ -34,7 +37,7 @@ from rdmasched._wire cimport (
     rs_store_release_u64, rs_cas_u32, rs_fence, rs_futex_wake, SLOT_SIZE,
 )
 from rdmasched._ring cimport (
-    rs_rx, rs_tx, RxLane, TxLane, rs_rx_init, rs_tx_init, rs_rx_begin_epoch,
+    rs_rx, rs_tx, RxLane, TxLane, rs_rx_init, rs_tx_init, rs_rx_begin_epoch, rs_rx_drained,
 )
 
 import os
@@ -207,10 +210,20 @@ cdef int _publish(rs_rx *r, uint64_t credit) noexcept nogil:
 
 
 cdef int _idle(rs_rx *r) noexcept nogil:
-    """A restarted sender asks for a new epoch in the header; accept it once drained."""
+    """A restarted sender asks for a new epoch in the header; accept it once drained.
+
+    The newest request wins: if epoch_req moved on by more than one (senders that attached
+    and went before being accepted), the receiver goes straight to the last one. When the
+    epoch wraps (2**32 - 1 -> 1) the ring is zeroed before the acknowledgement, so no slot
+    left from the first use of that epoch number can look current again.
+    """
     cdef shm_hdr *h = <shm_hdr *>r.ctx
     cdef uint32_t req = rs_load_acquire_u32(&h.epoch_req)
     if req != 0 and req != r.epoch:
+        if not rs_rx_drained(r):
+            return 0                 # a message of the old epoch can still be delivered
+        if req < r.epoch:
+            memset(r.ring, 0, <size_t>r.nslots * SLOT_SIZE)
         rs_rx_begin_epoch(r, req)
         rs_store_release_u32(&h.epoch_ack, req)
     return 0

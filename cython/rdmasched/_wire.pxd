@@ -59,6 +59,19 @@ cdef enum:
     CONT_PAYLOAD = 51
     MAX_META = 4096          # metadata bytes a message may carry
     MAX_CONT = 81            # ceil(MAX_META / CONT_PAYLOAD)
+    META_DEPTH = 32          # containers nested in metadata, the top map included
+
+# Why metadata bytes are not valid metadata (docs/PROTOCOL.md section 5); 0 when they are.
+cdef enum:
+    META_OK = 0
+    META_NOT_MSGPACK = 1     # a byte that starts no msgpack object, or an object cut short
+    META_NOT_MAP = 2         # the top object is not a map
+    META_TRAILING = 3        # bytes after the map, within meta_len
+    META_EXT = 4             # an extension type (including the timestamp)
+    META_KEY = 5             # a map key that is an array or a map
+    META_UTF8 = 6            # a str that is not valid UTF-8
+    META_DEEP = 7            # containers nested deeper than META_DEPTH
+    META_PADDING = 8         # non-zero bytes after meta_len in the last continuation slot
 
 cdef enum:
     KIND_DISPATCH = 1
@@ -147,6 +160,9 @@ cdef inline void rs_fill_cont(rs_slot *c, const uint8_t *meta, uint32_t meta_len
         cc.data[i] = meta[off + i]
     for i in range(n, <uint32_t>CONT_PAYLOAD):
         cc.data[i] = 0
+
+
+cdef int rs_meta_check(const uint8_t *p, uint32_t n) noexcept nogil
 
 
 cdef inline int rs_read_slot(const rs_slot *s, uint64_t stamp, rs_slot *out) noexcept nogil:

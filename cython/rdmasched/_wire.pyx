@@ -108,15 +108,194 @@ cdef Message message_from_c(const rs_msg *m, const uint8_t *meta):
     out.arg1 = m.arg1
     out.lane = m.lane
     if m.meta_len:
+        # The receiver checked the bytes (rs_meta_check) before it let the message through.
         raw = PyBytes_FromStringAndSize(<const char *>meta + m.meta_off, m.meta_len)
-        out.meta = unpack_meta(raw)
+        try:
+            out.meta = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        except Exception as exc:
+            raise CorruptSlotError("bad-meta", f"metadata is not msgpack ({exc})") from None
     else:
         out.meta = None
     return out
 
 
+META_PROBLEMS = {
+    META_NOT_MSGPACK: "not msgpack (a byte that starts no object, or an object cut short)",
+    META_NOT_MAP: "not a msgpack map",
+    META_TRAILING: "bytes follow the map",
+    META_EXT: "an extension type",
+    META_KEY: "a map key that is an array or a map",
+    META_UTF8: "a str that is not valid UTF-8",
+    META_DEEP: f"containers nested deeper than {META_DEPTH}",
+    META_PADDING: "non-zero padding after the metadata",
+}
+META_NESTING = META_DEPTH
+
+
+cdef inline uint32_t _be(const uint8_t *p, uint32_t k) noexcept nogil:
+    cdef uint32_t v = 0, j
+    for j in range(k):
+        v = (v << 8) | p[j]
+    return v
+
+
+cdef int _utf8_ok(const uint8_t *s, uint32_t n) noexcept nogil:
+    """Strict UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF)."""
+    cdef uint32_t i = 0, k, j
+    cdef uint8_t c, lo, hi
+    while i < n:
+        c = s[i]
+        if c < 0x80:
+            i += 1
+            continue
+        lo = 0x80
+        hi = 0xBF
+        if c < 0xC2:
+            return 0
+        elif c < 0xE0:
+            k = 1
+        elif c < 0xF0:
+            k = 2
+            if c == 0xE0:
+                lo = 0xA0
+            elif c == 0xED:
+                hi = 0x9F
+        elif c < 0xF5:
+            k = 3
+            if c == 0xF0:
+                lo = 0x90
+            elif c == 0xF4:
+                hi = 0x8F
+        else:
+            return 0
+        if n - i - 1 < k:
+            return 0
+        if s[i + 1] < lo or s[i + 1] > hi:
+            return 0
+        for j in range(2, k + 1):
+            if s[i + j] < 0x80 or s[i + j] > 0xBF:
+                return 0
+        i += k + 1
+    return 1
+
+
+cdef int rs_meta_check(const uint8_t *p, uint32_t n) noexcept nogil:
+    """META_OK if p[0:n] is valid metadata (docs/PROTOCOL.md section 5), else why not.
+
+    Valid: exactly one msgpack map filling all n bytes; keys are scalars (nil, bool, int,
+    float, str, bin); no extension types; every str valid UTF-8; containers nested at most
+    META_DEPTH deep (the top map is 1). One pass, no allocation, no GIL.
+    """
+    cdef uint64_t left[META_DEPTH]     # items still to read in each open container
+    cdef uint8_t inmap[META_DEPTH]
+    cdef uint32_t depth = 0, i = 0, k, blen
+    cdef uint64_t cnt
+    cdef uint8_t b
+    cdef int container            # 0 scalar, 1 array, 2 map
+    cdef bint key, top = True
+    while True:
+        key = (not top and inmap[depth - 1] and (left[depth - 1] & 1) == 0)
+        if i >= n:
+            return META_NOT_MSGPACK
+        b = p[i]
+        i += 1
+        container = 0
+        cnt = 0
+        k = 0                     # fixed-size payload bytes after the type byte
+        blen = 0                  # str/bin length bytes (big-endian) after the type byte
+        if b <= 0x7F or b >= 0xE0 or b == 0xC0 or b == 0xC2 or b == 0xC3:
+            pass
+        elif b <= 0x8F:
+            container = 2
+            cnt = b & 0x0F
+        elif b <= 0x9F:
+            container = 1
+            cnt = b & 0x0F
+        elif b <= 0xBF:
+            if n - i < <uint32_t>(b & 0x1F):
+                return META_NOT_MSGPACK
+            if not _utf8_ok(p + i, b & 0x1F):
+                return META_UTF8
+            i += b & 0x1F
+        elif b == 0xC1:
+            return META_NOT_MSGPACK
+        elif b >= 0xC4 and b <= 0xC6:
+            blen = 1u << (b - 0xC4)
+        elif (b >= 0xC7 and b <= 0xC9) or (b >= 0xD4 and b <= 0xD8):
+            return META_EXT
+        elif b == 0xCA:
+            k = 4
+        elif b == 0xCB:
+            k = 8
+        elif b >= 0xCC and b <= 0xCF:
+            k = 1u << (b - 0xCC)
+        elif b >= 0xD0 and b <= 0xD3:
+            k = 1u << (b - 0xD0)
+        elif b >= 0xD9 and b <= 0xDB:
+            blen = 1u << (b - 0xD9)
+        else:                     # 0xDC..0xDF: array16/32, map16/32
+            k = 2 if (b == 0xDC or b == 0xDE) else 4
+            if n - i < k:
+                return META_NOT_MSGPACK
+            cnt = _be(p + i, k)
+            i += k
+            k = 0
+            container = 1 if b <= 0xDD else 2
+        if blen:
+            if n - i < blen:
+                return META_NOT_MSGPACK
+            k = _be(p + i, blen)
+            i += blen
+            if n - i < k:
+                return META_NOT_MSGPACK
+            if b >= 0xD9 and not _utf8_ok(p + i, k):
+                return META_UTF8
+        if n - i < k:
+            return META_NOT_MSGPACK
+        i += k
+        if top and container != 2:
+            return META_NOT_MAP
+        if key and container:
+            return META_KEY
+        if not top:
+            left[depth - 1] -= 1
+        top = False
+        if container:
+            if container == 2:
+                cnt *= 2
+            if cnt > n - i:       # every item takes at least one byte
+                return META_NOT_MSGPACK
+            if cnt:
+                if depth == META_DEPTH:
+                    return META_DEEP
+                left[depth] = cnt
+                inmap[depth] = container == 2
+                depth += 1
+        while depth and left[depth - 1] == 0:
+            depth -= 1
+        if depth == 0:
+            break
+    return META_OK if i == n else META_TRAILING
+
+
+def check_meta(raw) -> str | None:
+    """Why `raw` is not valid metadata (docs/PROTOCOL.md section 5), or None if it is.
+
+    The same check the receiver applies, in C; `pack_meta` applies it to what it encodes.
+    """
+    cdef const uint8_t[::1] view = raw
+    cdef int rc
+    if view.shape[0] == 0 or view.shape[0] > MAX_META:
+        return "empty" if view.shape[0] == 0 else f"more than {MAX_META} bytes"
+    rc = rs_meta_check(&view[0], <uint32_t>view.shape[0])
+    return META_PROBLEMS[rc] if rc else None
+
+
 def unpack_meta(bytes raw):
     """Decode a message's metadata: a msgpack map, or CorruptSlotError."""
+    problem = check_meta(raw)
+    if problem is not None:
+        raise CorruptSlotError("bad-meta", f"metadata is {problem}")
     try:
         value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
@@ -127,7 +306,9 @@ def unpack_meta(bytes raw):
 
 
 def pack_meta(meta):
-    """Encode metadata (a dict) with msgpack, enforcing the size bound. Nothing is written."""
+    """Encode metadata (a dict) with msgpack, enforcing the rules the receiver checks
+    (size bound, scalar keys, no extension types, nesting). Nothing is written."""
+    cdef bytes raw
     if not isinstance(meta, dict):
         raise MessageError(f"meta must be a dict, not {type(meta).__name__}")
     try:
@@ -137,6 +318,10 @@ def pack_meta(meta):
     if len(raw) > MAX_META:
         raise MessageTooLargeError(
             f"meta is {len(raw)} bytes encoded; the bound is {MAX_META} bytes")
+    cdef int rc = rs_meta_check(<const uint8_t *>(<char *>raw), <uint32_t>len(raw))
+    if rc:
+        raise MessageError(f"meta is not valid rdmasched metadata: it has {META_PROBLEMS[rc]} "
+                           "(docs/PROTOCOL.md section 5)")
     return raw
 
 
@@ -262,6 +447,13 @@ def decode(data, unsigned int epoch=1, unsigned long long pos=0,
     m.meta_off = 0
     m.lane = 0
     cdef bytes meta_bytes = bytes(meta)
+    cdef int problem = META_OK
+    if m.meta_len:
+        problem = rs_meta_check(<const uint8_t *>(<char *>meta_bytes), m.meta_len)
+        if problem == META_OK and meta_bytes[m.meta_len:].strip(b"\0"):
+            problem = META_PADDING
+    if problem != META_OK:
+        raise CorruptSlotError("bad-meta", f"metadata is {META_PROBLEMS[problem]}")
     return message_from_c(&m, <const uint8_t *>(<char *>meta_bytes))
 
 

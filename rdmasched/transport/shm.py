@@ -7,18 +7,22 @@ local to both sides, so keeping it there (rather than in a segment of the sender
 no cache traffic and saves a second mapping; the verbs transport keeps it in the sender's
 memory, as the design says.
 
-Crashes: the header records the receiver's and the sender's pid and process start time. A
-new receiver that finds a segment whose owner is gone removes it and starts afresh; one
-whose owner is alive gets LaneBusyError. A restarted sender takes the next epoch, and the
-receiver accepts it once it has drained the previous one, so nothing already written is
-lost and nothing stale is delivered.
+Crashes: the header records the receiver's and the sender's pid and process start time (a
+doorbell records its creator's the same way). A new receiver that finds a segment whose
+owner is gone (or a zombie) removes it and starts afresh, even while senders of the old
+incarnation still map it; one whose owner is alive gets LaneBusyError naming that process.
+A restarted sender takes the next epoch, and the receiver accepts it once it has drained the
+previous one, so nothing already written is lost and nothing stale is delivered.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import re
+import struct
+import weakref
 from typing import Any
 
 from rdmasched._ring import DEFAULT_GRACE_US, DEFAULT_TIMEOUT_US, check_nslots
@@ -61,23 +65,43 @@ def lane_segment_name(name: str) -> str:
     return f"{PREFIX}{name}"
 
 
-def process_start(pid: int) -> int | None:
-    """The start time of process `pid` (clock ticks after boot), or None if it is gone.
-
-    With the pid it names a process uniquely: a recycled pid has another start time.
-    """
+def _stat(pid: int) -> list[bytes] | None:
+    """Fields 3.. of /proc/PID/stat (state first), or None if there is no such process."""
+    if pid <= 0:
+        return None
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except (FileNotFoundError, ProcessLookupError):
         return None
     # The command name (field 2) may hold spaces and parentheses; fields after it are plain.
-    fields = data[data.rindex(b")") + 2 :].split()
-    return int(fields[19])
+    return data[data.rindex(b")") + 2 :].split()
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of process `pid` (clock ticks after boot), or None if it is gone.
+
+    With the pid it names a process uniquely: a recycled pid has another start time.
+    """
+    fields = _stat(pid)
+    return None if fields is None else int(fields[19])
 
 
 def alive(pid: int, start: int) -> bool:
-    return pid > 0 and process_start(pid) == start
+    """Process `pid` started at `start` still runs. A zombie (killed or exited, not yet
+    reaped by its parent: state Z) does not: it holds no mapping and writes nothing."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] != b"Z" and int(fields[19]) == start
+
+
+def describe_pid(pid: int) -> str:
+    """'pid N (command line)' for error messages."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        cmd = ""
+    return f"pid {pid} ({cmd[:120]})" if cmd else f"pid {pid}"
 
 
 def describe_receiver(hdr: dict[str, Any]) -> str:
@@ -88,6 +112,14 @@ def describe_receiver(hdr: dict[str, Any]) -> str:
     if not alive(pid, hdr["receiver_start"]):
         return f"; the receiver (pid {pid}) is no longer running"
     return f"; the receiver (pid {pid}) is running but not consuming"
+
+
+#: A doorbell segment: 64 bytes. u32 futex word at 0; at 8 the magic, stored last; at 16 the
+#: creator's pid (u32) and at 24 its start time (u64), so a restart can tell its own dead
+#: predecessor's doorbell (replaced) from a live one (PROTOCOL.md section 9).
+BELL_BYTES = 64
+BELL_MAGIC = 0x31304C4C45425352  # b"RSBELL01" little-endian
+_BELL_OWNER = struct.Struct("<IIQ")  # pid, 0, start at offset 16
 
 
 class Doorbell:
@@ -106,7 +138,12 @@ class Doorbell:
         seg_name = lane_segment_name(name)
         if len(seg_name) > 31:
             raise ValueError(f"doorbell name {name!r} is too long (at most 21 characters)")
-        seg = _create_segment(seg_name, 64)
+        seg = _create_segment(seg_name, BELL_BYTES)
+        pid = os.getpid()
+        start = process_start(pid)
+        assert start is not None
+        ctypes.memmove(seg.address + 16, _BELL_OWNER.pack(pid, 0, start), _BELL_OWNER.size)
+        ctypes.c_uint64.from_address(seg.address + 8).value = BELL_MAGIC
         return cls(seg, name)
 
     @property
@@ -135,7 +172,13 @@ def _create_segment(seg_name: str, size: int) -> ShmSegment:
         pass
     owner = _owner_of(seg_name)
     if owner is not None:
-        raise LaneBusyError(f"{seg_name} is in use by pid {owner}")
+        what = "doorbell" if size == BELL_BYTES else "lane segment"
+        raise LaneBusyError(
+            f"{what} {SHM_DIR}{seg_name} belongs to a running process, {describe_pid(owner)}: "
+            "is this node (or this lane's receiver) already running? Stop that process "
+            "first, or use another node id or cluster name. If it is not an rdmasched "
+            "process, remove the segment with `rm` once nothing uses it"
+        )
     _log.info("removing stale shared-memory segment %s (its creator is gone)", seg_name)
     ShmSegment.unlink_name(seg_name)
     return ShmSegment.create(seg_name, size)
@@ -148,6 +191,12 @@ def _owner_of(seg_name: str) -> int | None:
     except FileNotFoundError:
         return None
     with seg:
+        if seg.size == BELL_BYTES:
+            if ctypes.c_uint64.from_address(seg.address + 8).value == BELL_MAGIC:
+                # Senders of the node's lanes map its doorbell too: only the creator owns it.
+                pid, _, start = _BELL_OWNER.unpack(ctypes.string_at(seg.address + 16, 16))
+                return pid if alive(pid, start) else None
+            return _any_user(seg_name)  # still being created, or an older format
         if seg.size < HEADER_BYTES:
             return _any_user(seg_name)
         hdr = read_header(seg)
@@ -210,6 +259,16 @@ def create_lane(
         raise
 
 
+def _receiver_of(hdr: dict[str, Any]) -> tuple[int, int]:
+    """The receiver incarnation that created a lane segment."""
+    return int(hdr["receiver_pid"]), int(hdr["receiver_start"])
+
+
+#: the open sender of each lane attached by this process: (pid, lane); the pid tells a
+#: forked child (which holds no sender of its own) from the process that attached
+_senders: dict[str, tuple[int, weakref.ref[ShmTxLane]]] = {}
+
+
 def attach_lane(name: str, *, src: int = 0, timeout_us: int = DEFAULT_TIMEOUT_US) -> ShmTxLane:
     """Attach as the sender of lane `name` (created by its receiver), as node `src`.
 
@@ -229,15 +288,33 @@ def attach_lane(name: str, *, src: int = 0, timeout_us: int = DEFAULT_TIMEOUT_US
     try:
         hdr = _check_header(seg, name)
         if not alive(hdr["receiver_pid"], hdr["receiver_start"]) or hdr["closed"]:
-            raise PeerDeadError(f"lane {name!r}{describe_receiver(hdr)[1:]}")
+            raise PeerDeadError(
+                f"lane {name!r}{describe_receiver(hdr)[1:]}: its receiver must start again "
+                "(a new receiver replaces the lane; then attach again). To clean up segments "
+                "whose creators are gone: rdmasched.transport.shm.remove_stale()"
+            )
+        mine = _senders.get(name)
+        held = mine[1]() if mine is not None and mine[0] == os.getpid() else None
+        if (
+            held is not None
+            and not held.closed
+            and _receiver_of(read_header(held.segment)) == _receiver_of(hdr)
+        ):
+            # (a sender still open on a restarted receiver's old segment does not count)
+            raise LaneBusyError(
+                f"lane {name!r} already has a sender in this process (attached earlier and "
+                "still open); a lane has one sender: send through that one, or close it "
+                "before attaching again"
+            )
         if (
             hdr["sender_pid"]
             and hdr["sender_pid"] != os.getpid()
             and alive(hdr["sender_pid"], hdr["sender_start"])
         ):
             raise LaneBusyError(
-                f"lane {name!r} already has a live sender (pid {hdr['sender_pid']}); a lane "
-                "has one sender"
+                f"lane {name!r} already has a live sender, {describe_pid(hdr['sender_pid'])}; "
+                "a lane has one sender. Stop that process first (a sender that was killed "
+                "frees the lane at once, even before it is reaped)"
             )
         if hdr["bell"]:
             bell = ShmSegment.open(hdr["bell"])
@@ -245,6 +322,7 @@ def attach_lane(name: str, *, src: int = 0, timeout_us: int = DEFAULT_TIMEOUT_US
         start = process_start(pid)
         assert start is not None  # we are running
         lane = ShmTxLane._attach(seg, name, src, pid, start, bell)
+        _senders[name] = (pid, weakref.ref(lane))
     except BaseException:
         seg.close()
         if bell is not None:

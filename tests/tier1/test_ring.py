@@ -397,7 +397,10 @@ def test_lane_size_is_checked(lane_name: Names, nslots: int) -> None:
 
 
 def test_second_receiver_is_busy(lane_name: Names) -> None:
-    with shm.create_lane(lane_name(), 16), pytest.raises(LaneBusyError, match="in use by pid"):
+    with (
+        shm.create_lane(lane_name(), 16),
+        pytest.raises(LaneBusyError, match="belongs to a running process"),
+    ):
         shm.create_lane(lane_name(), 16)
 
 
@@ -450,3 +453,88 @@ def test_attach_to_something_that_is_not_a_lane(lane_name: Names) -> None:
             shm.attach_lane(lane_name())
     finally:
         seg.close()
+
+
+def test_second_sender_in_the_same_process_is_refused(lane_name: Names) -> None:
+    # issue 7 item 20: the second attach took a new epoch; the first kept "succeeding" and
+    # its messages were never delivered
+    with shm.create_lane(lane_name(), 16) as rx, shm.attach_lane(lane_name()) as first:
+        with pytest.raises(LaneBusyError, match="already has a sender in this process"):
+            shm.attach_lane(lane_name())
+        first.send(Kind.DISPATCH, 1)
+        assert drain_ids(rx) == [1]
+    # once the first is closed, a new sender of this process may attach
+    with shm.create_lane(lane_name("-2"), 16) as rx:
+        shm.attach_lane(lane_name("-2")).close()
+        with shm.attach_lane(lane_name("-2")) as again:
+            again.send(Kind.DISPATCH, 2, timeout_us=0) if again.acked else None
+            assert drain_ids(rx, polls=200) == []  # epoch 1 had nothing; epoch 2 accepted
+            again.send(Kind.DISPATCH, 3)
+            assert drain_ids(rx) == [3]
+
+
+# ---- protocol points an outside writer had to guess (issue 7) -------------------------------
+def test_new_lane_credit_word_and_idle_credit(lane_name: Names) -> None:
+    with shm.create_lane(lane_name(), 64) as rx, shm.attach_lane(lane_name()) as tx:
+        assert shm.read_header(rx.segment)["credit"] == 1 << 32  # epoch 1, head 0
+        tx.send(Kind.DISPATCH, 1)
+        assert rx.poll() is not None  # 1 slot: far below the S/4 rule
+        assert shm.read_header(rx.segment)["credit"] == 1 << 32
+        for _ in range(64):  # idle: the 64th empty poll in a row publishes it
+            assert rx.poll() is None
+        assert shm.read_header(rx.segment)["credit"] == (1 << 32) | 1
+
+
+def test_epoch_request_that_jumped_goes_to_the_newest(lane_name: Names) -> None:
+    with shm.create_lane(lane_name(), 16) as rx:
+        shm.attach_lane(lane_name()).close()  # epoch 1
+        second = shm.attach_lane(lane_name())  # epoch 2, never accepted
+        second.close()
+        with shm.attach_lane(lane_name()) as third:
+            assert third.epoch == 3
+            for _ in range(200):
+                rx.poll()
+            assert rx.epoch == 3 and third.acked
+            third.send(Kind.DISPATCH, 3, timeout_us=0)
+            assert drain_ids(rx) == [3]
+
+
+def test_epoch_wrap_never_revives_a_slot_of_the_first_epoch_one(lane_name: Names) -> None:
+    with shm.create_lane(lane_name(), 16) as rx:
+        with shm.attach_lane(lane_name()) as first:  # epoch 1: positions 0 and 1
+            first.send(Kind.DISPATCH, 1)
+            first.send(Kind.DISPATCH, 2)
+        assert drain_ids(rx) == [1, 2]
+        # many restarts later: the next epoch is 2**32 - 1
+        ctypes.memmove(rx.segment.address + 64, struct.pack("<I", 0xFFFFFFFE), 4)
+        with shm.attach_lane(lane_name()) as late:
+            assert late.epoch == 0xFFFFFFFF
+            for _ in range(200):
+                rx.poll()
+            late.send(Kind.DISPATCH, 3, timeout_us=0)  # position 0 only
+            assert drain_ids(rx) == [3]
+        with shm.attach_lane(lane_name()) as wrapped:
+            assert wrapped.epoch == 1  # 0 is never an epoch
+            for _ in range(200):
+                rx.poll()
+            assert wrapped.acked
+            wrapped.send(Kind.DISPATCH, 4, timeout_us=0)
+            # position 1 held epoch 1's message 2 (stamp (1, lap 0)): zeroed at the wrap
+            assert drain_ids(rx, polls=5000) == [4]
+            assert rx.stats()["delivered"] == 4
+
+
+def test_new_epoch_waits_until_a_lost_slot_of_the_old_one_is_skipped(rx: shm.ShmRxLane) -> None:
+    # epoch 1 wrote messages at 0 and 1; the slot at 0 was lost. A restarted sender asks for
+    # epoch 2: the receiver must still deliver 1 (behind the lost slot) before it switches.
+    put(rx, 1, slots_of(Fields(kind=Kind.DISPATCH, id=11, seq=1), 1, 64))
+    hdr = rx.segment.address + 64
+    ctypes.memmove(hdr, struct.pack("<I", 2), 4)  # epoch_req: 2
+    got = []
+    for _ in range(20_000):
+        m = rx.poll()
+        if m is not None:
+            got.append(m.id)
+    assert got == [11]
+    assert rx.epoch == 2
+    assert rx.stats()["bad_crc"] == 1  # the never-written slot 0

@@ -263,3 +263,114 @@ def test_message_too_large_for_small_lane() -> None:
 def test_negative_id_is_refused() -> None:
     with pytest.raises(OverflowError):
         _wire.encode(1, -1)
+
+
+# ---- metadata rules (issue 7: PROTOCOL.md section 5) -------------------------------------------
+BAD_METAS = {
+    "not a map": msgpack.packb([1, 2]),
+    "trailing": msgpack.packb({"a": 1}) + b"\x00",
+    "cut short": msgpack.packb({"a": "xyz"})[:-1],
+    "ext": msgpack.packb({"a": msgpack.ExtType(3, b"zz")}),
+    "timestamp": msgpack.packb({"a": msgpack.Timestamp(1, 0)}),
+    "array key": b"\x81\x91\x01\x02",
+    "map key": b"\x81\x81\x01\x02\x03",
+    "bad utf-8": b"\x81\xa1\xff\x01",
+    "surrogate": b"\x81\xa3\xed\xa0\x80\x01",
+    "0xc1": b"\x81\xc1\x01",
+    "too deep": b"\x81\x01" + b"\x91" * 32 + b"\x01",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_METAS))
+def test_invalid_metadata_is_refused_by_both_codecs(name: str) -> None:
+    raw = BAD_METAS[name]
+    assert _wire.check_meta(raw) is not None
+    ncont = -(-len(raw) // 51)
+    head = wire.HEAD.pack(1, 0, 0, ncont, 0, 0, 0, len(raw), 0, 0, 1, 0, 0, 0, 0, 0, 0)[:52]
+    slots = [wire.seal(head, wire.stamp(1, 0, 256))]
+    for i in range(ncont):
+        body = bytes([wire.CONT_KIND]) + raw[i * 51 : (i + 1) * 51].ljust(51, b"\0")
+        slots.append(wire.seal(body, wire.stamp(1, 1 + i, 256)))
+    with pytest.raises(wire.Reject, match="bad-meta"):
+        wire.decode(slots, epoch=1, pos=0, nslots=256)
+    with pytest.raises(CorruptSlotError, match="bad-meta"):
+        _wire.decode(b"".join(slots), epoch=1, pos=0, nslots=256)
+
+
+def test_valid_metadata_at_the_limits() -> None:
+    deep: dict = {"a": 1}
+    for _ in range(30):
+        deep = {"d": deep}
+    assert _wire.check_meta(msgpack.packb(deep)) is None  # 31 maps deep
+    keys = {None: 1, True: 2, 3: 3, 1.5: 4, "s": 5, b"b": 6}
+    assert _wire.check_meta(msgpack.packb(keys, use_bin_type=True)) is None
+    with pytest.raises(MessageError, match="extension"):
+        _wire.pack_meta({"t": msgpack.Timestamp(1, 0)})
+    with pytest.raises(MessageError, match="nested deeper"):
+        nested: list = [1]
+        for _ in range(32):
+            nested = [nested]
+        _wire.pack_meta({"d": nested})
+
+
+@given(st.binary(max_size=300))
+def test_what_the_check_accepts_msgpack_decodes_to_a_map(raw: bytes) -> None:
+    if raw and _wire.check_meta(raw) is None:
+        assert isinstance(msgpack.unpackb(raw, raw=False, strict_map_key=False), dict)
+
+
+@given(
+    st.dictionaries(
+        st.one_of(st.text(max_size=8), st.integers(-(2**63), 2**64 - 1), st.binary(max_size=8)),
+        st.recursive(
+            st.one_of(st.none(), st.booleans(), st.floats(), st.text(max_size=20), st.binary()),
+            lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=4), c, max_size=4),
+            max_leaves=20,
+        ),
+        max_size=6,
+    )
+)
+def test_what_a_sender_packs_the_check_accepts(meta: dict) -> None:
+    raw = msgpack.packb(meta, use_bin_type=True)
+    assert _wire.check_meta(raw) is None
+
+
+def _mirror_accepts(raw: bytes) -> bool:
+    try:
+        value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception:
+        return False
+    return isinstance(value, dict) and wire.meta_ok(value)
+
+
+@settings(max_examples=300)
+@given(
+    st.dictionaries(
+        st.text(max_size=6),
+        st.recursive(
+            st.one_of(
+                st.none(),
+                st.integers(-(2**63), 2**64 - 1),
+                st.floats(),
+                st.text(max_size=10),
+                st.binary(),
+            ),
+            lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=3),
+            max_leaves=12,
+        ),
+        max_size=4,
+    ),
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),
+    st.integers(-2, 2),
+)
+def test_c_check_and_mirror_agree_on_mutated_metadata(
+    meta: dict, flips: list[tuple[int, int]], cut: int
+) -> None:
+    raw = bytearray(msgpack.packb(meta, use_bin_type=True))
+    for at, byte in flips:
+        raw[at % len(raw)] = byte
+    if cut < 0:
+        raw = raw[:cut] or raw
+    elif cut > 0:
+        raw += bytes(cut)
+    assert (_wire.check_meta(bytes(raw)) is None) == _mirror_accepts(bytes(raw))

@@ -294,3 +294,94 @@ def test_sender_learns_that_the_receiver_died(lane_name: Names) -> None:
             for i in range(17):
                 tx.send(Kind.DISPATCH, i, timeout_us=20_000)
     shm.ShmSegment.unlink_name(shm.lane_segment_name(lane_name()))
+
+
+# ---- issue 7 item 21: restarting a killed node ------------------------------------------------
+def _node_then_die(lane: str, bell: str, ready: Any) -> None:
+    b = shm.Doorbell.create(bell)
+    rx = shm.create_lane(lane, 16, doorbell=b)
+    ready.set()
+    time.sleep(60)
+    rx.close()  # never reached: killed
+    b.close()
+
+
+def test_a_killed_node_restarts_although_its_peers_map_its_doorbell(lane_name: Names) -> None:
+    bell = lane_name("-b")[-20:]
+    ready = ctx.Event()
+    p = spawn(_node_then_die, lane_name(), bell, ready)
+    assert ready.wait(30)
+    tx = attach_when_ready(lane_name())  # a healthy peer: maps the lane and the doorbell
+    try:
+        p.kill()
+        p.join()
+        # the restarted node: its doorbell and lane were its dead predecessor's
+        with (
+            shm.Doorbell.create(bell) as b,
+            shm.create_lane(lane_name(), 16, doorbell=b) as rx,
+            shm.attach_lane(lane_name()) as tx2,
+        ):
+            tx2.send(Kind.DISPATCH, 7)
+            m = rx.poll(timeout_us=1_000_000)
+            assert m is not None and m.id == 7
+            # a live owner is still refused, saying what to do
+            with pytest.raises(LaneBusyError, match="already running\\? Stop that process"):
+                shm.Doorbell.create(bell)
+    finally:
+        tx.close()
+
+
+def test_a_killed_unreaped_sender_does_not_block_reattach(lane_name: Names) -> None:
+    ready, done = ctx.Event(), ctx.Event()
+    with shm.create_lane(lane_name(), 16) as rx:
+        p = spawn(_attach_and_hold, lane_name(), ready, done)
+        assert ready.wait(30)
+        os.kill(p.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while (shm._stat(p.pid) or [b"Z"])[0] != b"Z":  # killed, not reaped: a zombie
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        try:
+            with shm.attach_lane(lane_name(), timeout_us=20_000_000) as tx:
+                assert tx.epoch == 2  # the killed sender's claim is gone: a new incarnation
+                for _ in range(20_000):  # the receiver accepts epoch 2 when it polls
+                    if rx.poll() is None and tx.acked:
+                        break
+                tx.send(Kind.DISPATCH, 5)
+                got = rx.poll(timeout_us=10_000_000)
+                assert got is not None and got.id == 5
+        finally:
+            p.join()
+
+
+def _links_node(cluster: str, me: int, ready: Any, hold_s: float) -> None:
+    from rdmasched.daemon.links import ShmLinks
+
+    links = ShmLinks(cluster, me, [0, 1], connect_timeout_s=30)
+    ready.set()
+    time.sleep(hold_s)
+    links.close()
+
+
+def test_a_killed_daemon_node_comes_back_up(lane_name: Names) -> None:
+    # The issue's report: node 0 killed, restarted, failed with "LaneBusyError: ...bell.0 is
+    # in use by pid <node 1>" because node 1 maps node 0's doorbell to ring it.
+    from rdmasched.daemon.links import ShmLinks
+
+    cluster = lane_name("-c")
+    ready = ctx.Event()
+    first = spawn(_links_node, cluster, 0, ready, 60.0)
+    links = ShmLinks(cluster, 1, [0, 1], connect_timeout_s=30)
+    try:
+        assert ready.wait(30)
+        first.kill()
+        first.join()
+        ready2 = ctx.Event()
+        again = spawn(_links_node, cluster, 0, ready2, 0.5)
+        assert ready2.wait(30), "the restarted node did not come up"
+        assert wait_exit(again) == 0
+    finally:
+        links.close()
+    for seg in shm.list_segments():  # the killed node's segments were replaced, then closed
+        if cluster in seg:
+            shm.ShmSegment.unlink_name(seg)
