@@ -2,8 +2,8 @@
 
 Pure decision logic with no threads, lanes or clock of its own: every input carries `now`
 (nanoseconds on the node's monotonic clock) and every method returns the changes the node
-must carry out. The rules and the argument for them are in docs/DAEMON.md ("Membership
-and incarnations"); in short:
+must carry out. The rules and the argument for them are in docs/DAEMON.md ("Dead peers,
+incarnations and rejoining"); in short:
 
 * Every node runs as an **incarnation**, a number that grows: a process starts with one
   taken from the wall clock (so a restarted node has a larger one), and a node that finds

@@ -114,7 +114,7 @@ class Node:
             if n.id != self.id:
                 self.peers.add(n.id, n.domain)
         # A process starts as an incarnation above any earlier one of this node: the wall
-        # clock in ms (docs/DAEMON.md, "Membership and incarnations").
+        # clock in ms (docs/DAEMON.md, "Dead peers, incarnations and rejoining").
         self.members = Membership(
             self.id,
             (n.id for n in cluster.nodes),
