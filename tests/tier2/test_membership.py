@@ -225,6 +225,8 @@ def test_a_node_stopped_past_dead_after_rejoins_and_nothing_runs_twice() -> None
     ]
     assert twice == {}, f"tasks started without their earlier run cancelled: {twice} {detail}"
     assert sum(r["stats"]["scheduler"]["redispatches"] for r in results.values()) > 0
+    # no record of a forwarded task outlives it (item 16)
+    assert [r["stats"]["held_by_peers"] for r in results.values()] == [0] * n
 
 
 def restart_driver(c: ClusterConfig, out: Any, ctl: Any) -> None:
