@@ -494,18 +494,18 @@ class Node:
         if there is none or the name is ambiguous. Without `origin`: `prefer`'s task (a
         peer's PREEMPT names its own tasks first), this node's own, else the only one."""
         sched = self.scheduler
-        try:
-            if origin is not None:
-                return sched.get(task_id, origin)
-            for o in (prefer, self.id):
-                if o is not None:
-                    try:
-                        return sched.get(task_id, o)
-                    except SchedulerError:
-                        pass
-        except SchedulerError as exc:
-            self._reject("unknown-task", str(exc))
-            return None
+        if origin is not None:
+            t = sched.lookup(task_id, origin)
+            if t is None:
+                self._reject("unknown-task", f"unknown task {task_id} of node {origin}")
+            return t
+        if prefer is not None:
+            t = sched.lookup(task_id, prefer)
+            if t is not None:
+                return t
+        t = sched.lookup(task_id, self.id)
+        if t is not None:
+            return t
         found = sched.find(task_id)
         if len(found) == 1:
             return found[0]

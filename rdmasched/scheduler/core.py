@@ -721,6 +721,10 @@ class Scheduler:
         except KeyError:
             raise UnknownTaskError(f"unknown task {task_id}") from None
 
+    def lookup(self, task_id: int, origin: int | None = None) -> Task | None:
+        """Like ``get``, but None when the task is not held here (no exception)."""
+        return self._tasks.get(((self.node_id if origin is None else origin) << 64) | task_id)
+
     def find(self, task_id: int) -> list[Task]:
         """Every task held here with id ``task_id``, whatever its origin (by origin)."""
         own = self._tasks.get((self.node_id << 64) | task_id)

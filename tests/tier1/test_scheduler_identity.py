@@ -213,3 +213,10 @@ def test_after_a_rejoin_only_what_a_peer_held_before_is_placed_again() -> None:
     assert [t.id for t in table(s).held(1)] == [3]  # ... task 3 stays where it is
     assert [t.id for t in table(s).held(2)] == [2]
     assert s.stats().redispatches == 1 and s.replace_held(1, "again") == []
+
+
+def test_lookup_is_get_without_the_exception() -> None:
+    clock = FakeClock(0)
+    s = node(3, [1], clock, nslots=2)
+    s.receive(T(8, 1), 1)
+    assert s.lookup(8) is None and s.lookup(8, origin=1) is s.get(8, origin=1)
