@@ -107,3 +107,32 @@ def test_bad_settings_are_refused() -> None:
         Membership(0, [1], inc=0, dead_after_ns=DEAD, heartbeat_ns=BEAT, now=0)
     with pytest.raises(ValueError):
         Membership(0, [1], inc=1, dead_after_ns=BEAT, heartbeat_ns=DEAD, now=0)
+
+
+def test_the_loop_reports_its_own_stall_before_the_next_timer() -> None:
+    import os
+    import uuid
+
+    from rdmasched.daemon.links import ShmLinks
+    from rdmasched.daemon.loop import Loop
+
+    links = ShmLinks(f"t{os.getpid()}-{uuid.uuid4().hex[:6]}", 0, [0], nslots=16)
+    now = [0]
+    loop = Loop(links, spin_us=0, clock=lambda: now[0])
+    seen: list[tuple[str, int]] = []
+    loop.stall_ns = 100 * MS
+    loop.on_stall = lambda gap: seen.append(("stall", gap))
+
+    def stopped_here() -> None:  # as if SIGSTOP hit inside this timer, for 1 s
+        seen.append(("first", now[0]))
+        now[0] += 1000 * MS
+
+    loop.call_at(10, stopped_here)
+    loop.call_at(20, lambda: seen.append(("second", now[0])))
+    now[0] = 20
+    try:
+        loop.run(lambda m, p: None, until=lambda: len(seen) >= 3)
+    finally:
+        links.close()
+    assert seen == [("first", 20), ("stall", 1000 * MS), ("second", 20 + 1000 * MS)]
+    assert loop.stalls == 1
