@@ -134,15 +134,15 @@ class ShmLinks:
             tx.close()
             del self.outbound[peer]
 
-    def reconnect(self, peer: int) -> None:
+    def reconnect(self, peer: int) -> bool:
         """A new incarnation of `peer` was heard: if it is a new process, attach to the
-        lane it created (the old one is gone with the old process)."""
+        lane it created (the old one is gone with the old process). True if it is."""
         now = self._receiver(peer)
         tx = self.outbound.get(peer)
         if isinstance(tx, ShmTxLane) and not tx.closed:
             hdr = read_header(tx.segment)
             if now is None or now == (hdr["receiver_pid"], hdr["receiver_start"]):
-                return  # the same process (it was stalled, not restarted)
+                return False  # the same process (it was stalled, not restarted)
             tx.close()
             del self.outbound[peer]
         try:
@@ -151,6 +151,7 @@ class ShmLinks:
             )
         except LaneError as exc:
             _log.warning("node %d: cannot attach to restarted node %d: %s", self.me, peer, exc)
+        return True
 
     def close(self) -> None:
         for tx in self.outbound.values():

@@ -71,6 +71,10 @@ class Loop:
         self.dead_peers: set[int] = set()
         #: peer -> time.monotonic() when it was declared dead
         self.dead_at: dict[int, float] = {}
+        #: kinds of queued message kept for a peer declared dead, and sent first if the same
+        #: process comes back (the daemon keeps COMPLETEs: its origin must not run it again)
+        self.keep_on_death: frozenset[int] = frozenset()
+        self._kept: dict[int, list[Outgoing]] = {}
         #: peers whose transport failed (closed lane), for the daemon to take in
         self.lost: list[tuple[int, str]] = []
         #: a gap in this loop's own running longer than this is reported to `on_stall`
@@ -129,6 +133,10 @@ class Loop:
         `force`: send even to a peer declared dead, but never queue (a heartbeat)."""
         tx = self.links.outbound.get(peer)
         if peer in self.dead_peers:
+            if kind in self.keep_on_death:
+                kept = (kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta)
+                self._kept.setdefault(peer, []).append(kept)
+                return False
             if not force or tx is None:
                 self.dropped += 1
                 return False
@@ -195,18 +203,31 @@ class Loop:
             return
         self.dead_peers.add(peer)
         self.dead_at[peer] = time.monotonic()
-        lost = len(self._outbox.pop(peer, ()))
+        box = self._outbox.pop(peer, ())
+        kept = [a for a in box if a[0] in self.keep_on_death]
+        if kept:
+            self._kept.setdefault(peer, []).extend(kept)
+        lost = len(box) - len(kept)
         self.dropped += lost
         _log.warning(
-            "node %d: peer %d is dead (%s); %d queued messages dropped", self.me, peer, why, lost
+            "node %d: peer %d is dead (%s); %d queued messages dropped, %d kept",
+            self.me,
+            peer,
+            why,
+            lost,
+            len(kept),
         )
 
     def revive(self, peer: int) -> None:
         """Send to `peer` again (a new incarnation of it); re-attach its lane if it is a
         new process (links that can)."""
         reconnect = getattr(self.links, "reconnect", None)
-        if reconnect is not None:
-            reconnect(peer)
+        new_process = bool(reconnect(peer)) if reconnect is not None else False
+        kept = self._kept.pop(peer, [])
+        if kept and not new_process:  # first, ahead of anything sent from now on
+            self._outbox[peer] = deque([*kept, *self._outbox.get(peer, ())])
+        else:
+            self.dropped += len(kept)
         if peer in self.dead_peers:
             self.dead_peers.discard(peer)
             self.dead_at.pop(peer, None)

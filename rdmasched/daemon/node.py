@@ -200,6 +200,7 @@ class Node:
                 nslots=self.cluster.slots_per_lane,
             )
         self.loop = Loop(links, spin_us=self._spin_us, clock=self.clock)
+        self.loop.keep_on_death = frozenset({_COMPLETE})
         self.loop.stall_ns = self.members.stall_ns
         self.loop.on_stall = self._stalled
         self.members.last_tick_ns = self.clock()

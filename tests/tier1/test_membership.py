@@ -136,3 +136,57 @@ def test_the_loop_reports_its_own_stall_before_the_next_timer() -> None:
         links.close()
     assert seen == [("first", 20), ("stall", 1000 * MS), ("second", 20 + 1000 * MS)]
     assert loop.stalls == 1
+
+
+def test_a_complete_queued_for_a_dead_peer_goes_first_when_it_comes_back() -> None:
+    # The lane to peer 1 is full when peer 1 is declared dead (it was stalled): the COMPLETE
+    # waiting behind it must reach peer 1 if it rejoins, ahead of the acknowledging
+    # heartbeat, or peer 1 would place a finished task again. Other messages are dropped.
+    import os
+    import threading
+    import uuid
+
+    from rdmasched._ring import Batch
+    from rdmasched.daemon.links import ShmLinks
+    from rdmasched.daemon.loop import Loop
+    from rdmasched.wire import Kind
+
+    name = f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    got: list[ShmLinks] = []
+    t = threading.Thread(target=lambda: got.append(ShmLinks(name, 1, [0, 1], nslots=16)))
+    t.start()
+    a = ShmLinks(name, 0, [0, 1], nslots=16)
+    t.join()
+    b = got[0]
+    try:
+        loop = Loop(a, spin_us=0)
+        loop.keep_on_death = frozenset({int(Kind.COMPLETE)})
+        sent = 0
+        while not loop._outbox:  # fill the lane until messages queue
+            loop.send(1, Kind.DISPATCH, sent)
+            sent += 1
+        sent -= 1  # the last one waits in the outbox: dropped with it
+        loop.send(1, Kind.COMPLETE, 77)
+        loop.send(1, Kind.DISPATCH, 1000)
+        loop.mark_dead(1, "test")
+        loop.send(1, Kind.COMPLETE, 78)  # made while it is dead: kept too
+        assert loop.send(1, Kind.DISPATCH, 1001) is False
+        loop.revive(1)  # the same process, rejoined
+        loop.send(1, Kind.HEARTBEAT, 0)
+        seen: list[tuple[int, int]] = []
+        batch = Batch(64)
+        deadline = 200
+        while len(seen) < sent + 3 and deadline:
+            loop._flush()  # what each pass of the loop does
+            batch.clear()
+            b.inbound.drain(batch)
+            seen += [(m.kind, m.id) for m in batch]
+            deadline -= 1
+        assert seen[sent:] == [
+            (int(Kind.COMPLETE), 77),
+            (int(Kind.COMPLETE), 78),
+            (int(Kind.HEARTBEAT), 0),
+        ]
+    finally:
+        a.close()
+        b.close()
