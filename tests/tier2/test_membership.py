@@ -29,14 +29,14 @@ HEARTBEAT_MS = 30
 DEAD_AFTER_MS = 300
 
 
-def cluster(n: int, slots: int) -> ClusterConfig:
+def cluster(n: int, slots: int, lane_slots: int = 4096) -> ClusterConfig:
     return ClusterConfig.from_dict(
         {
             "cluster": {
                 "name": f"t{os.getpid()}-{uuid.uuid4().hex[:6]}",
                 "heartbeat_ms": HEARTBEAT_MS,
                 "dead_after_ms": DEAD_AFTER_MS,
-                "slots_per_lane": 4096,
+                "slots_per_lane": lane_slots,
             },
             "node": [{"name": f"n{i}", "slots": slots, "domain": "r0"} for i in range(n)],
         }
@@ -165,12 +165,14 @@ class Ctl:
 
 
 @pytest.mark.slow
-def test_a_node_stopped_past_dead_after_rejoins_and_nothing_runs_twice() -> None:
+@pytest.mark.parametrize("lane_slots", [4096, 64])
+def test_a_node_stopped_past_dead_after_rejoins_and_nothing_runs_twice(lane_slots: int) -> None:
     """Item 17: node 1 is stopped (SIGSTOP) for 5x dead_after_ms while it holds tasks of
-    the others, its lanes fill with DISPATCHes, and then resumed. It must find out, rejoin
-    as a new incarnation and drop what it held; every task completes exactly once."""
+    the others, its lanes fill with DISPATCHes (with 64 slots the lanes to it fill up and
+    messages wait in its peers' outboxes), and then resumed. It must find out, rejoin as a
+    new incarnation and drop what it held; every task completes exactly once."""
     n, n_tasks, cost_ms = 3, 120, 25.0
-    c = cluster(n, 2)
+    c = cluster(n, 2, lane_slots)
     q = ctx.Queue()
     ctl = Ctl(n)
     procs = [
@@ -225,6 +227,8 @@ def test_a_node_stopped_past_dead_after_rejoins_and_nothing_runs_twice() -> None
     ]
     assert twice == {}, f"tasks started without their earlier run cancelled: {twice} {detail}"
     assert sum(r["stats"]["scheduler"]["redispatches"] for r in results.values()) > 0
+    if lane_slots <= 64:  # the small lanes did fill: messages waited, and were dropped
+        assert results[0]["stats"]["outbox_waits"] + results[2]["stats"]["outbox_waits"] > 0
     # no record of a forwarded task outlives it (item 16)
     assert [r["stats"]["held_by_peers"] for r in results.values()] == [0] * n
 
