@@ -271,6 +271,11 @@ class Loop:
                     last = now
                 while inbox:
                     inbox.popleft()()
+                    if stall is not None:
+                        now = clock()
+                        if now - last > stall:
+                            self._stalled(now - last)
+                        last = now
                 if self._stop.is_set() or (until is not None and until()):
                     break
                 if waiting:
