@@ -211,7 +211,6 @@ class Node:
         """Run the loop on this thread until `stop()` (or `until()` is true)."""
         self.open()
         assert self.loop is not None
-        self.members.last_tick_ns = self.clock()  # a pause between open() and run() is no stall
         self.loop.run(self._on_message, until)
 
     def start(self) -> Node:
