@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from rdmasched._ring import LaneSet, RxLane, TxLane
+from rdmasched._shm import ShmTxLane, read_header
 from rdmasched.cluster import ClusterConfig
 from rdmasched.errors import ConfigError, LaneError, PeerDeadError
 from rdmasched.transport import shm
@@ -107,6 +108,50 @@ class ShmLinks:
 
     def wake(self) -> None:
         self.doorbell.ring()
+
+    def _receiver(self, peer: int) -> tuple[int, int] | None:
+        """(pid, start time) of the process that created our lane to `peer` now."""
+        name = shm.lane_segment_name(self.lane_name(self.cluster, peer, self.me))
+        try:
+            seg = shm.ShmSegment.open(name)
+        except FileNotFoundError:
+            return None
+        with seg:
+            if seg.size < shm.HEADER_BYTES:
+                return None
+            hdr = read_header(seg)
+        return hdr["receiver_pid"], hdr["receiver_start"]
+
+    def release_gone(self, peer: int) -> None:
+        """`peer` was declared dead: if its process is gone, unmap our lane to it (and its
+        doorbell), so that a restarted `peer` can create them afresh. A peer that is only
+        stalled keeps its lane: it must still hear that it was declared dead."""
+        tx = self.outbound.get(peer)
+        if not isinstance(tx, ShmTxLane) or tx.closed:
+            return
+        hdr = read_header(tx.segment)
+        if not shm.alive(hdr["receiver_pid"], hdr["receiver_start"]):
+            tx.close()
+            del self.outbound[peer]
+
+    def reconnect(self, peer: int) -> bool:
+        """A new incarnation of `peer` was heard: if it is a new process, attach to the
+        lane it created (the old one is gone with the old process). True if it is."""
+        now = self._receiver(peer)
+        tx = self.outbound.get(peer)
+        if isinstance(tx, ShmTxLane) and not tx.closed:
+            hdr = read_header(tx.segment)
+            if now is None or now == (hdr["receiver_pid"], hdr["receiver_start"]):
+                return False  # the same process (it was stalled, not restarted)
+            tx.close()
+            del self.outbound[peer]
+        try:
+            self.outbound[peer] = shm.attach_lane(
+                self.lane_name(self.cluster, peer, self.me), src=self.me
+            )
+        except LaneError as exc:
+            _log.warning("node %d: cannot attach to restarted node %d: %s", self.me, peer, exc)
+        return True
 
     def close(self) -> None:
         for tx in self.outbound.values():

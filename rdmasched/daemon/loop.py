@@ -13,7 +13,13 @@ fenced load per send on a lane with a doorbell; docs/PROTOCOL.md section 9).
 A send never blocks the loop: a message that finds its lane full waits in that peer's
 outbox, and every later message to that peer queues behind it, so order is kept. Outboxes
 are retried every pass; a peer declared dead has its outbox dropped (its tasks are recovered
-by the scheduler, not by resending).
+by the scheduler, not by resending), and only heartbeats go to it (`send(force=True)`), so it
+can learn that it was declared dead and rejoin.
+
+The loop also watches its own running: a pass that starts, or a wait that returns, much
+later than it should (the process was stopped, or not scheduled) is reported to `on_stall`
+before any message or timer of that pass is handled, and `listened_ns` says up to when the
+lanes were read, so that silence is only counted while this node was listening.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any
 from rdmasched._ring import Batch
 from rdmasched._wire import Message
 from rdmasched.daemon.links import Links
-from rdmasched.errors import LaneFullError, PeerDeadError
+from rdmasched.errors import EpochError, LaneFullError, PeerDeadError
 
 _log = logging.getLogger("rdmasched.daemon")
 
@@ -56,6 +62,7 @@ class Loop:
         self.idle_wake_ns = idle_wake_ms * 1_000_000
         self.clock = clock
         self._batch = Batch(batch)
+        self._batch_cap = batch
         self._timers: list[tuple[int, int, Callable[[], None]]] = []
         self._tseq = itertools.count()
         self._outbox: dict[int, deque[Outgoing]] = {}
@@ -65,6 +72,18 @@ class Loop:
         self.dead_peers: set[int] = set()
         #: peer -> time.monotonic() when it was declared dead
         self.dead_at: dict[int, float] = {}
+        #: kinds of queued message kept for a peer declared dead, and sent first if the same
+        #: process comes back (the daemon keeps COMPLETEs: its origin must not run it again)
+        self.keep_on_death: frozenset[int] = frozenset()
+        self._kept: dict[int, list[Outgoing]] = {}
+        #: peers whose transport failed (closed lane), for the daemon to take in
+        self.lost: list[tuple[int, str]] = []
+        #: a gap in this loop's own running longer than this is reported to `on_stall`
+        self.stall_ns: int | None = None
+        self.on_stall: Callable[[int], None] | None = None
+        self.stalls = 0
+        #: the last time every inbound lane had been read (clock of this loop)
+        self.listened_ns = clock()
         self.msgs_in = 0
         self.msgs_out = 0
         self.outbox_waits = 0
@@ -137,14 +156,31 @@ class Loop:
         arg2: int = 0,
         hops: int = 0,
         meta: dict[str, Any] | None = None,
+        *,
+        force: bool = False,
     ) -> bool:
-        """Send without blocking; False if the peer is dead (nothing sent)."""
+        """Send without blocking; False if the peer is dead (nothing sent).
+
+        `force`: send even to a peer declared dead, but never queue (a heartbeat)."""
+        tx = self.links.outbound.get(peer)
         if peer in self.dead_peers:
+            if kind in self.keep_on_death:
+                kept = (kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta)
+                self._kept.setdefault(peer, []).append(kept)
+                return False
+            if not force or tx is None:
+                self.dropped += 1
+                return False
+            try:
+                tx.send(kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta, timeout_us=0)
+            except (LaneFullError, EpochError, PeerDeadError):
+                self.dropped += 1
+                return False
+            self.msgs_out += 1
+            return True
+        if tx is None:  # a peer whose lane is gone (its process exited)
             self.dropped += 1
             return False
-        tx = self.links.outbound.get(peer)
-        if tx is None:
-            raise PeerDeadError(f"node {self.me} has no lane to node {peer}")
         box = self._outbox.get(peer)
         args: Outgoing = (kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta)
         if box:
@@ -153,12 +189,13 @@ class Loop:
         try:
             tx.send(*args, timeout_us=0)
             self.msgs_out += 1
-        except LaneFullError:
+        except (LaneFullError, EpochError):  # full, or a restarted sender not yet accepted
             self.outbox_waits += 1
             self._outbox.setdefault(peer, deque()).append(args)
         except PeerDeadError as exc:  # it closed its lane, or its transport failed
             self.dropped += 1
             self.mark_dead(peer, str(exc))
+            self.lost.append((peer, str(exc)))
             return False
         return True
 
@@ -166,15 +203,20 @@ class Loop:
         """Retry queued messages; True if any are still waiting."""
         waiting = False
         for peer, box in list(self._outbox.items()):
-            tx = self.links.outbound[peer]
+            tx = self.links.outbound.get(peer)
+            if tx is None:
+                self.dropped += len(box)
+                del self._outbox[peer]
+                continue
             while box:
                 try:
                     tx.send(*box[0], timeout_us=0)
-                except LaneFullError:
+                except (LaneFullError, EpochError):
                     waiting = True
                     break
                 except PeerDeadError as exc:
                     self.mark_dead(peer, str(exc))
+                    self.lost.append((peer, str(exc)))
                     break
                 box.popleft()
                 self.msgs_out += 1
@@ -192,11 +234,41 @@ class Loop:
             return
         self.dead_peers.add(peer)
         self.dead_at[peer] = time.monotonic()
-        lost = len(self._outbox.pop(peer, ()))
+        box = self._outbox.pop(peer, ())
+        kept = [a for a in box if a[0] in self.keep_on_death]
+        if kept:
+            self._kept.setdefault(peer, []).extend(kept)
+        lost = len(box) - len(kept)
         self.dropped += lost
         _log.warning(
-            "node %d: peer %d is dead (%s); %d queued messages dropped", self.me, peer, why, lost
+            "node %d: peer %d is dead (%s); %d queued messages dropped, %d kept",
+            self.me,
+            peer,
+            why,
+            lost,
+            len(kept),
         )
+
+    def revive(self, peer: int) -> None:
+        """Send to `peer` again (a new incarnation of it); re-attach its lane if it is a
+        new process (links that can)."""
+        reconnect = getattr(self.links, "reconnect", None)
+        new_process = bool(reconnect(peer)) if reconnect is not None else False
+        kept = self._kept.pop(peer, [])
+        if kept and not new_process:  # first, ahead of anything sent from now on
+            self._outbox[peer] = deque([*kept, *self._outbox.get(peer, ())])
+        else:
+            self.dropped += len(kept)
+        if peer in self.dead_peers:
+            self.dead_peers.discard(peer)
+            self.dead_at.pop(peer, None)
+            _log.warning("node %d: peer %d is alive again", self.me, peer)
+
+    def _stalled(self, gap_ns: int) -> None:
+        self.stalls += 1
+        _log.warning("node %d: this loop did not run for %.0f ms", self.me, gap_ns / 1e6)
+        if self.on_stall is not None:
+            self.on_stall(gap_ns)
 
     # ---- the loop --------------------------------------------------------------------------
     def run(self, on_message: Handler, until: Callable[[], bool] | None = None) -> None:
@@ -208,8 +280,18 @@ class Loop:
         timers = self._timers
         inbox = self._inbox
         clock = self.clock
+        cap = self._batch_cap
+        # `last`: the last instant this loop is known to have been running. Before every
+        # timer, inbox call and message the clock is read: a jump past `stall_ns` (outside
+        # the wait) means this process did not run, and is reported before going on.
+        last = clock()
         try:
             while not self._stop.is_set() and not (until is not None and until()):
+                stall = self.stall_ns
+                now = clock()
+                if stall is not None and now - last > stall:
+                    self._stalled(now - last)
+                last = now
                 waiting = self._flush() if self._outbox else False
                 now = clock()
                 while timers and timers[0][0] <= now:
@@ -217,8 +299,16 @@ class Loop:
                     while inbox:  # what the timer asked for, before the next timer
                         inbox.popleft()()
                     now = clock()
+                    if stall is not None and now - last > stall:
+                        self._stalled(now - last)
+                    last = now
                 while inbox:
                     inbox.popleft()()
+                    if stall is not None:
+                        now = clock()
+                        if now - last > stall:
+                            self._stalled(now - last)
+                        last = now
                 if self._stop.is_set() or (until is not None and until()):
                     break
                 if waiting:
@@ -231,10 +321,20 @@ class Loop:
                     if timers:
                         timeout_ns = max(0, min(timeout_ns, timers[0][0] - now))
                 batch.clear()
+                before = clock()
                 got = inbound.wait(batch, timeout_ns / 1000, self.spin_us)
+                last = now = clock()
+                if stall is not None and now - before - timeout_ns > stall:
+                    self._stalled(now - before - timeout_ns)
+                self.listened_ns = before if got >= cap else now
                 if got:
                     self.msgs_in += got
                     for m in batch:
+                        if stall is not None:
+                            now = clock()
+                            if now - last > stall:
+                                self._stalled(now - last)
+                            last = now
                         on_message(m, peer_of[m.lane])
                         while inbox:  # what its handlers asked for, before the next one
                             inbox.popleft()()

@@ -39,6 +39,7 @@ from rdmasched.daemon.checks import (
 )
 from rdmasched.daemon.links import Links, ShmLinks, VerbsLinks, close_quietly
 from rdmasched.daemon.loop import Loop
+from rdmasched.daemon.membership import Change, Membership, PeerGone, PeerJoined, Rejoined, Replace
 from rdmasched.errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -148,6 +149,21 @@ class Node:
         for n in cluster.nodes:
             if n.id != self.id:
                 self.peers.add(n.id, n.domain)
+        # A process starts as an incarnation above any earlier one of this node: the wall
+        # clock in ms (docs/DAEMON.md, "Dead peers, incarnations and rejoining").
+        self.members = Membership(
+            self.id,
+            (n.id for n in cluster.nodes),
+            inc=max(1, time.time_ns() // 1_000_000),
+            dead_after_ns=cluster.dead_after_ms * 1_000_000,
+            heartbeat_ns=cluster.heartbeat_ms * 1_000_000,
+            now=clock(),
+        )
+        #: peers whose messages are ignored (their incarnation ended)
+        self._shunned: set[int] = set()
+        #: peers that have not acknowledged this node's current incarnation
+        self._unacked: set[int] = set()
+        self.stale_msgs = 0
         self.scheduler = Scheduler(
             self.spec.slots,
             clock=clock,
@@ -227,6 +243,11 @@ class Node:
                 nslots=self.cluster.slots_per_lane,
             )
         self.loop = Loop(links, spin_us=self._spin_us, clock=self.clock)
+        self.loop.keep_on_death = frozenset({_COMPLETE})
+        self.loop.stall_ns = self.members.stall_ns
+        self.loop.on_stall = self._stalled
+        self.members.last_tick_ns = self.clock()
+        self._heartbeats()  # first, so that peers know this incarnation before anything else
         self._schedule_heartbeat()
 
     def run(self, until: Callable[[], bool] | None = None) -> None:
@@ -341,7 +362,7 @@ class Node:
             self._call(lambda: self._act(self._guard(lambda: self.scheduler.dispatch(task))))
         else:
             self._check_peer(to)
-            self._call(lambda: self._send_task(to, task, submitted=False))
+            self._call(lambda: self._dispatch_to(to, task))
 
     def preempt(
         self,
@@ -358,9 +379,17 @@ class Node:
 
             def local() -> None:
                 self._trigger_ns = self.clock()
+                origin = None
+                if task_id is not None:
+                    t = self._resolve(task_id, None)
+                    if t is None:
+                        return
+                    origin = t.origin
                 self._act(
                     self._guard(
-                        lambda: self.scheduler.preempt(task_id, job=job, cancel=cancel),
+                        lambda: self.scheduler.preempt(
+                            task_id, job=job, cancel=cancel, origin=origin
+                        ),
                         task_id or 0,
                     )
                 )
@@ -431,18 +460,26 @@ class Node:
 
         self._call(announce)
 
-    def complete(self, task_id: int, *, runtime_ns: int = 0) -> None:
-        """The work of `task_id` finished: free its slot, start the next, tell its origin."""
+    def complete(self, task_id: int, *, origin: int | None = None, runtime_ns: int = 0) -> None:
+        """The work of `task_id` finished: free its slot, start the next, tell its origin.
+
+        Task ids are unique per origin node: `origin` names the node that submitted the
+        task (`task.origin` in the dispatch handler). Without it: this node's own task
+        `task_id` if it holds one, else the only task with that id held here."""
         task_id = check_int("task_id", task_id)
         runtime_ns = check_int("runtime_ns", runtime_ns)
+        if origin is not None:
+            origin = check_node(self.cluster, "origin", origin)
 
         def done() -> None:
-            try:
-                task = self.scheduler.get(task_id)
-            except SchedulerError as exc:
-                self._reject("unknown-task", str(exc))
+            task = self._resolve(task_id, origin)
+            if task is None:
                 return
-            actions = self._guard(lambda: self.scheduler.complete(task_id), task_id)
+            try:
+                actions = self.scheduler.complete(task.id, task.origin)
+            except (SchedulerError, ValueError) as exc:
+                self._reject(type(exc).__name__, str(exc))
+                return
             if task.origin != self.id:
                 self._loop().send(
                     task.origin,
@@ -519,6 +556,11 @@ class Node:
             "outbox_waits": loop.outbox_waits if loop else 0,
             "dropped": loop.dropped if loop else 0,
             "dead_peers": sorted(loop.dead_peers) if loop else [],
+            "incarnation": self.members.inc,
+            "rejoins": self.members.rejoins,
+            "stale_msgs": self.stale_msgs,
+            "stalls": loop.stalls if loop else 0,
+            "held_by_peers": self.peers.held_count(),
             "dead_detected_s": dict(loop.dead_at) if loop else {},
             "preempt_reactions": self.reactions.count,
             "preempt_reaction_p50_us": self.reactions.percentile_us(0.5),
@@ -720,6 +762,33 @@ class Node:
             raise ValueError("job must be a u64 and cost_ns >= 0")
         return Task(task_id, job, priority, cost_ns, payload=payload, origin=self.id)
 
+    def _resolve(self, task_id: int, origin: int | None, prefer: int | None = None) -> Task | None:
+        """The task held here that `task_id` (of `origin`) names; None (and a rejection)
+        if there is none or the name is ambiguous. Without `origin`: `prefer`'s task (a
+        peer's PREEMPT names its own tasks first), this node's own, else the only one."""
+        sched = self.scheduler
+        if origin is not None:
+            t = sched.lookup(task_id, origin)
+            if t is None:
+                self._reject("unknown-task", f"unknown task {task_id} of node {origin}")
+            return t
+        if prefer is not None:
+            t = sched.lookup(task_id, prefer)
+            if t is not None:
+                return t
+        t = sched.lookup(task_id, self.id)
+        if t is not None:
+            return t
+        found = sched.find(task_id)
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            self._reject("unknown-task", f"unknown task {task_id}")
+        else:
+            origins = [t.origin for t in found]
+            self._reject("ambiguous-task", f"tasks {task_id} of nodes {origins}: pass origin=")
+        return None
+
     def _check_peer(self, node: int) -> None:
         self.cluster.node(node)
 
@@ -734,6 +803,15 @@ class Node:
         except (SchedulerError, ValueError) as exc:
             self._reject(type(exc).__name__, str(exc))
             return []
+
+    def _dispatch_to(self, peer: int, task: Task) -> None:
+        """`dispatch(to=peer)`: recorded as held by `peer` (see Scheduler.place_on)."""
+        try:
+            self.scheduler.place_on(task, peer)
+        except (SchedulerError, ValueError) as exc:
+            self._reject(type(exc).__name__, str(exc))
+            return
+        self._send_task(peer, task, submitted=False)
 
     def _send_task(self, peer: int, task: Task, submitted: bool) -> None:
         flags = Flag.SUBMITTED if submitted else 0
@@ -772,10 +850,12 @@ class Node:
                 progress = a.victim.progress_ns
                 if self._preempt is not None:
                     progress = self._preempt_progress(a)
-                victim_id = a.victim.id
+                victim_id, victim_origin = a.victim.id, a.victim.origin
 
-                def requeue(victim_id: int = victim_id, progress: int = progress) -> list[Action]:
-                    return self.scheduler.yielded(victim_id, progress)
+                def requeue(
+                    victim_id: int = victim_id, progress: int = progress, o: int = victim_origin
+                ) -> list[Action]:
+                    return self.scheduler.yielded(victim_id, progress, o)
 
                 actions[i:i] = self._guard(requeue)
             elif isinstance(a, Forward):
@@ -790,8 +870,15 @@ class Node:
 
     def _on_message(self, m: Message, peer: int) -> None:
         # The hot path of a node: plain ints, not the enums (an IntFlag `&` costs ~0.5 us).
-        self.peers.seen(peer, m.load)
         kind = m.kind
+        if kind == _HEARTBEAT:
+            changes = self.members.on_heartbeat(peer, m.meta, self.clock())
+            if changes:
+                self._apply(changes)
+        if peer in self._shunned:  # a message of an incarnation that ended
+            self.stale_msgs += 1
+            return
+        self.peers.seen(peer, m.load)
         sched = self.scheduler
         try:
             if kind == _PREEMPT:
@@ -800,13 +887,20 @@ class Node:
                 if m.flags & _JOB:
                     self._act(sched.preempt(job=m.job, cancel=cancel))
                 else:
-                    self._act(sched.preempt(m.id, cancel=cancel))
+                    t = self._resolve(m.id, None, prefer=peer)
+                    if t is not None:
+                        self._act(sched.preempt(m.id, cancel=cancel, origin=t.origin))
             elif kind == _DISPATCH:
+                origin = int(m.arg2)
+                if origin != self.id and peer in self._unacked:
+                    # sent to this node's previous incarnation: its origin places it again
+                    self.stale_msgs += 1
+                    return
                 task = Task(
-                    m.id, m.job, m.priority, m.arg0, m.arg1, m.meta, origin=int(m.arg2), hops=m.hops
+                    m.id, m.job, m.priority, m.arg0, m.arg1, m.meta, origin=origin, hops=m.hops
                 )
-                # Placed work may move on to a lighter peer; work sent here is for here.
-                self._act(sched.submit(task) if m.flags & _SUBMITTED else sched.dispatch(task))
+                # Placed work may move on (back to its origin); work sent here is for here.
+                self._act(sched.receive(task, peer, bool(m.flags & _SUBMITTED)))
             elif kind == _SYNC_READY:
                 if m.id not in self._groups:  # before our define_group: keep it
                     self._keep_early_sync(m.id, m.arg0, m.arg2)
@@ -827,20 +921,86 @@ class Node:
             self._trigger_ns = 0
             self._reject(type(exc).__name__, str(exc))
 
+    # ---- membership (rules in membership.py and docs/DAEMON.md) --------------------------
+    def _heartbeat(self, peer: int, now: int, queued: int, running: int) -> None:
+        """A HEARTBEAT to `peer`, also one declared dead: its metadata says which
+        incarnation of it this node knows as alive, or declared dead."""
+        self._loop().send(
+            peer,
+            _HEARTBEAT,
+            0,
+            0,
+            0,
+            0,
+            now,
+            queued,
+            running,
+            0,
+            self.members.heartbeat_meta(peer),
+            force=True,
+        )
+
+    def _heartbeats(self, peers: Iterable[int] | None = None) -> None:
+        now = self.clock()
+        queued = self.scheduler.stats().queue_len
+        running = len(self.scheduler.running())
+        for p in self.members.views if peers is None else peers:
+            self._heartbeat(p, now, queued, running)
+
+    def _stalled(self, gap_ns: int) -> None:
+        """The loop did not run for `gap_ns`: maybe declared dead meanwhile."""
+        self._apply(self.members.stalled(gap_ns, self.clock()))
+
+    def _apply(self, changes: list[Change]) -> None:
+        """Carry out membership changes, in order."""
+        loop = self._loop()
+        sched = self.scheduler
+        for c in changes:
+            if isinstance(c, PeerGone):
+                _log.warning(
+                    "node %d: node %d (incarnation %d) is gone: %s", self.id, c.peer, c.inc, c.why
+                )
+                loop.mark_dead(c.peer, c.why)
+                release = getattr(loop.links, "release_gone", None)
+                if release is not None:
+                    release(c.peer)
+                self._act(sched.peer_gone(c.peer))
+            elif isinstance(c, PeerJoined):
+                self.peers.revive(c.peer)
+                if c.again or c.peer in loop.dead_peers:
+                    loop.revive(c.peer)
+                self._heartbeats([c.peer])  # answer at once: it waits for our ack
+            elif isinstance(c, Rejoined):
+                _log.warning(
+                    "node %d: rejoining as incarnation %d (was %d): %s",
+                    self.id,
+                    c.new,
+                    c.old,
+                    c.why,
+                )
+                self.peers.refresh()  # their silence was ours
+                self.peers.mark_stale()  # what they hold now, they drop (Replace below)
+                self._act(sched.drop_origin(None))
+                self._heartbeats()
+            elif isinstance(c, Replace):
+                self._act(sched.replace_held(c.peer, f"node {c.peer} dropped it (rejoin)"))
+        views = self.members.views
+        self._shunned = {p for p, v in views.items() if not v.alive}
+        self._unacked = {p for p, v in views.items() if not v.acked}
+
     def _schedule_heartbeat(self) -> None:
         period = self.cluster.heartbeat_ms * 1_000_000
 
         def beat() -> None:
             loop = self._loop()
+            changes: list[Change] = []
+            for p, why in loop.lost:
+                changes += self.members.gone(p, why)
+            loop.lost.clear()
             now = self.clock()
-            queued = len(self.scheduler.queued())
-            running = len(self.scheduler.running())
-            for p in self.peers.alive():
-                loop.send(p, Kind.HEARTBEAT, 0, 0, 0, 0, now, queued, running)
-            for p in self.peers.dead():
-                if p not in loop.dead_peers:
-                    loop.mark_dead(p)
-            self._act(self.scheduler.check_peers())
+            changes += self.members.tick(now, self.peers.expired(loop.listened_ns))
+            self._apply(changes)
+            self._heartbeats()
             loop.call_later(period, beat)
 
         self._loop().call_later(period, beat)

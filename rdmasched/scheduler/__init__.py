@@ -26,7 +26,7 @@ from rdmasched.scheduler.placement import (
     can_spill,
     choose_peer,
 )
-from rdmasched.scheduler.task import SYNC_PRIORITY, Task, TaskState
+from rdmasched.scheduler.task import SYNC_PRIORITY, Task, TaskState, task_key
 
 __all__ = [
     "DEFAULT_MAX_HOPS",
@@ -56,4 +56,5 @@ __all__ = [
     "UnknownTaskError",
     "can_spill",
     "choose_peer",
+    "task_key",
 ]

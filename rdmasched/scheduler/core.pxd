@@ -37,17 +37,17 @@ cdef class Scheduler:
     cdef readonly long long _n_starts, _n_queued, _n_preemptions, _n_peer_preemptions
     cdef readonly long long _n_requeues, _n_cancels, _n_keeps, _n_completions
     cdef readonly long long _n_sync_releases, _n_sync_reports, _n_forwards
-    cdef readonly long long _n_redispatches, _n_starved_starts
+    cdef readonly long long _n_redispatches, _n_drops, _n_starved_starts
 
     @cython.locals(free=list, slot=Py_ssize_t)
     cpdef list dispatch(self, task)
     @cython.locals(slot=Py_ssize_t, out=list)
-    cpdef list complete(self, task_id)
-    cpdef list yielded(self, task_id, progress_ns)
-    cdef list _complete_other(self, task_id, task, now)
+    cpdef list complete(self, task_id, origin=*)
+    cpdef list yielded(self, task_id, progress_ns, origin=*)
+    cdef list _complete_other(self, task_id, key, task, now)
     cdef _admit(self, task, now, bint sync)
     cdef list _place(self, task, now)
-    @cython.locals(run=list, victim=tuple, e=tuple)
+    @cython.locals(run=list, victim=tuple)
     cdef list _place_busy(self, task, now)
     cdef list _preempt_for(self, task, tuple victim_entry, now)
     @cython.locals(seq=cython.longlong, e=tuple, run=list)

@@ -106,6 +106,7 @@ _COUNTERS = (
     "sync_reports",
     "forwards",
     "redispatches",
+    "drops",
     "starved_starts",
 )
 _NOT_DECISIONS = frozenset({"completions", "sync_reports", "starved_starts"})
@@ -135,7 +136,8 @@ class SchedulerStats:
     decisions: int = field(
         metadata=_help(
             "decisions taken: starts, queues, preemptions, requeues, cancels, keeps, "
-            "releases, forwards, redispatches and rejections (completions are not decisions)"
+            "releases, forwards, redispatches, drops and rejections (completions are not "
+            "decisions)"
         )
     )
     starts: int = field(metadata=_help("tasks started on a slot"))
@@ -163,6 +165,12 @@ class SchedulerStats:
     sync_reports: int = field(metadata=_help("SYNC_READY reports accepted"))
     forwards: int = field(metadata=_help("tasks submit() forwarded to a peer"))
     redispatches: int = field(metadata=_help("tasks taken back from a dead peer for dispatch"))
+    drops: int = field(
+        metadata=_help(
+            "tasks of another node dropped here because that node's incarnation ended "
+            "(declared dead, restarted, or this node rejoined)"
+        )
+    )
     starved_starts: int = field(
         metadata=_help("starts that jumped the priority order by the starvation cap")
     )
@@ -216,6 +224,7 @@ class Scheduler:
         "_max_hops",
         "_n_cancels",
         "_n_completions",
+        "_n_drops",
         "_n_forwards",
         "_n_keeps",
         "_n_peer_preemptions",
@@ -307,6 +316,7 @@ class Scheduler:
         self._n_sync_reports = 0
         self._n_forwards = 0
         self._n_redispatches = 0
+        self._n_drops = 0
         self._n_starved_starts = 0
         #: no queued task can be starved before this instant (a lower bound, see _enqueue)
         self._starve_at = _NEVER
@@ -318,22 +328,24 @@ class Scheduler:
     def dispatch(self, task: Task) -> list[Action]:
         """DISPATCH: take ``task`` here; start it, preempt for it, or queue it."""
         now = self._clock()
-        tid = self._admit(task, now, False)
+        self._admit(task, now, False)
         free = self._free
         if free:  # the common case, inlined: start at once
             slot = free.pop()
             self._run_on(task, slot, now)
-            self._ring.append((now, _START, tid, R_FREE, ()))
+            self._ring.append((now, _START, task.id, R_FREE, ()))
             return [_new(Start, (task, slot))]
         return self._place_busy(task, now)
 
-    def complete(self, task_id: int) -> list[Action]:
-        """COMPLETE: ``task_id`` finished; its slot goes to the head of the queue."""
+    def complete(self, task_id: int, origin: int | None = None) -> list[Action]:
+        """COMPLETE: ``task_id`` (of node ``origin``, default this node) finished; its slot
+        goes to the head of the queue."""
         now = self._clock()
-        task = self._tasks.get(task_id)
+        key = ((self.node_id if origin is None else origin) << 64) | task_id
+        task = self._tasks.get(key)
         if task is None or task.state is not _RUNNING:
-            return self._complete_other(task_id, task, now)
-        del self._tasks[task_id]
+            return self._complete_other(task_id, key, task, now)
+        del self._tasks[key]
         slot: int = task.slot  # type: ignore[assignment]  # a running task has a slot
         task.state = _DONE
         task.slot = None
@@ -345,14 +357,14 @@ class Scheduler:
         self._fill(slot, now, out)
         return out
 
-    def _complete_other(self, task_id: int, task: Task | None, now: int) -> list[Action]:
+    def _complete_other(self, task_id: int, key: int, task: Task | None, now: int) -> list[Action]:
         """``complete`` of a task that is not running: a race, or bad input."""
         if task is None:
             self._reject(UnknownTaskError(f"unknown task {task_id}"), task_id, now)
         state = task.state
         if state is _PREEMPTING or state is _CANCELLING:
             # it finished while the preempt handler ran; its slot is already reused
-            del self._tasks[task_id]
+            del self._tasks[key]
             task.state = _DONE
             self._n_completions += 1
             self._event(now, _COMPLETE, task_id, "completed while being preempted", ())
@@ -363,14 +375,15 @@ class Scheduler:
             now,
         )
 
-    def yielded(self, task_id: int, progress_ns: int) -> list[Action]:
+    def yielded(self, task_id: int, progress_ns: int, origin: int | None = None) -> list[Action]:
         """The preempt handler of ``task_id`` returned: record its progress, requeue it.
 
         A victim of PREEMPT(cancel) is dropped instead.  If a slot is free (work finished
         while the handler ran), the requeued task starts at once.
         """
         now = self._clock()
-        task = self._tasks.get(task_id)
+        key = ((self.node_id if origin is None else origin) << 64) | task_id
+        task = self._tasks.get(key)
         if task is None:
             self._reject(UnknownTaskError(f"unknown task {task_id}"), task_id, now)
         if progress_ns < 0:
@@ -378,7 +391,7 @@ class Scheduler:
         state = task.state
         if state is _CANCELLING:
             task.progress_ns = progress_ns
-            del self._tasks[task_id]
+            del self._tasks[key]
             task.state = TaskState.CANCELLED
             self._n_cancels += 1
             self._event(now, Decision.CANCEL, task_id, R_PEER_CANCEL, ())
@@ -410,8 +423,10 @@ class Scheduler:
         *,
         job: int | None = None,
         cancel: bool = False,
+        origin: int | None = None,
     ) -> list[Action]:
-        """PREEMPT from a peer: stop ``task_id`` (or every task of ``job``) now.
+        """PREEMPT from a peer: stop ``task_id`` of node ``origin`` (default this node), or
+        every task of ``job``, now.
 
         A running task gets a ``Preempt`` (its slot goes to the queue head at once); it is
         requeued behind the tasks of its priority when it yields, or dropped if ``cancel``.
@@ -421,7 +436,7 @@ class Scheduler:
             raise ValueError("preempt needs exactly one of task_id and job")
         now = self._clock()
         if task_id is not None:
-            task = self._tasks.get(task_id)
+            task = self._tasks.get(((self.node_id if origin is None else origin) << 64) | task_id)
             if task is None:
                 self._reject(UnknownTaskError(f"unknown task {task_id}"), task_id, now)
             targets = [task]
@@ -429,17 +444,27 @@ class Scheduler:
             targets = [t for t in self._tasks.values() if t.job == job]
             if not targets:
                 self._reject(UnknownJobError(f"unknown job {job}"), NO_TASK, now)
+        return self._stop(targets, cancel, R_PEER_CANCEL if cancel else R_PEER, now)
+
+    def _stop(
+        self, targets: list[Task], cancel: bool, reason: str, now: int, drop: bool = False
+    ) -> list[Action]:
+        """Preempt (or cancel) ``targets``, tasks held here; free slots go to the queue.
+
+        ``drop``: they are dropped because their origin is gone (counted as ``drops``)."""
         out: list[Action] = []
         freed: list[int] = []
-        reason = R_PEER_CANCEL if cancel else R_PEER
         # queued tasks first, so that a cancelled one cannot take a freed slot
         for t in targets:
             if t.state is _QUEUED:
                 if cancel:
                     self._unqueue(t)
-                    del self._tasks[t.id]
+                    del self._tasks[(t.origin << 64) | t.id]
                     t.state = TaskState.CANCELLED
-                    self._n_cancels += 1
+                    if drop:
+                        self._n_drops += 1
+                    else:
+                        self._n_cancels += 1
                     self._event(now, Decision.CANCEL, t.id, reason, ())
                     out.append(_new(Cancel, (t,)))
                 else:
@@ -447,9 +472,12 @@ class Scheduler:
                     self._event(now, Decision.KEEP, t.id, "PREEMPT of a queued task", ())
             elif t.state is _PREEMPTING and cancel:
                 t.state = _CANCELLING  # dropped instead of requeued when it yields
-                self._n_peer_preemptions += 1
+                if drop:
+                    self._n_drops += 1
+                else:
+                    self._n_peer_preemptions += 1
                 self._event(now, _PREEMPT, t.id, reason, ())
-            elif t.state is _PREEMPTING or t.state is _CANCELLING:
+            elif (t.state is _PREEMPTING or t.state is _CANCELLING) and not drop:
                 self._n_keeps += 1
                 self._event(now, Decision.KEEP, t.id, "already being preempted", ())
         for t in targets:
@@ -458,7 +486,10 @@ class Scheduler:
                 self._off_slot(t, slot)
                 t.state = _CANCELLING if cancel else _PREEMPTING
                 t.enqueued_ns = now  # a requeue goes behind the tasks of its priority
-                self._n_peer_preemptions += 1
+                if drop:
+                    self._n_drops += 1
+                else:
+                    self._n_peer_preemptions += 1
                 self._event(now, _PREEMPT, t.id, reason, ())
                 out.append(_new(Preempt, (t, slot, None, cancel)))
                 freed.append(slot)
@@ -535,8 +566,9 @@ class Scheduler:
 
         The peer is picked by power-of-two choices among live peers whose last load hint
         is below the load this node would have with the task queued, same topology domain
-        first (``placement.choose_peer``).  A task that has already made ``max_hops`` hops,
-        or finds no such peer, is dispatched here.
+        first (``placement.choose_peer``).  Only a task's origin forwards it to a third
+        node: another node may only hand it back to its origin (spill-back).  A task that
+        has already made ``max_hops`` hops, or finds no such peer, is dispatched here.
         """
         peers = self._peers
         if self._free or peers is None or not can_spill(task.hops, self._max_hops):
@@ -545,6 +577,9 @@ class Scheduler:
         self._check_task(task, now, sync=False)
         mine = self._load(1)
         loads = peers.loads()
+        origin = task.origin
+        if origin != self.node_id:  # not ours: back to its origin, or here
+            loads = {origin: loads[origin]} if origin in loads else {}
         peer = choose_peer(
             loads,
             peers.domains,
@@ -557,7 +592,8 @@ class Scheduler:
             return self.dispatch(task)
         task.hops += 1
         task.state = TaskState.FORWARDED
-        peers.hold(peer, task)
+        if origin == self.node_id:
+            peers.hold(peer, task)  # the origin alone keeps track of where its task is
         self._n_forwards += 1
         self._event(
             now,
@@ -568,31 +604,105 @@ class Scheduler:
         )
         return [_new(Forward, (task, peer))]
 
+    def place_on(self, task: Task, peer: int) -> None:
+        """This node sends its ``task`` to ``peer`` itself (a DISPATCH for that node):
+        checked here, recorded as held by ``peer``, like a forward."""
+        now = self._clock()
+        self._check_task(task, now, sync=False)
+        task.hops += 1
+        task.state = TaskState.FORWARDED
+        if self._peers is not None:
+            self._peers.hold(peer, task)
+        self._n_forwards += 1
+        self._event(now, Decision.FORWARD, task.id, f"dispatched to peer {peer}", ())
+
+    def receive(self, task: Task, peer: int, submitted: bool = True) -> list[Action]:
+        """A DISPATCH of ``task`` from ``peer``: placed by ``submit()`` (it may move on,
+        see ``submit``) or, if not ``submitted``, for this node.
+
+        A task of this node that comes back is no longer held by the peer.  A task of
+        another node that this node refuses goes back to its origin, which places it
+        again (a ``Forward`` to the origin), unless it is a duplicate of one held here."""
+        origin = task.origin
+        if origin == self.node_id:
+            peers = self._peers
+            if peers is not None:
+                peers.release(peer, (origin << 64) | task.id)
+            return self.submit(task) if submitted else self.dispatch(task)
+        try:
+            return self.submit(task) if submitted else self.dispatch(task)
+        except DuplicateTaskError:
+            raise
+        except SchedulerError as exc:
+            # refused (counted as a rejection): the origin learns it by the task coming back
+            task.hops += 1
+            task.state = TaskState.FORWARDED
+            self._n_forwards += 1
+            self._event(self._clock(), Decision.FORWARD, task.id, f"back to origin: {exc}", ())
+            return [_new(Forward, (task, origin))]
+
     def check_peers(self) -> list[Action]:
-        """Take back the tasks held by peers that went silent, and place them again."""
+        """Take back the tasks held by peers that went silent, and place them again; drop
+        the tasks of those peers held here (``peer_gone`` for each)."""
         if self._peers is None:
             return []
         out: list[Action] = []
-        for peer, tasks in self._peers.reap():
-            for t in tasks:
-                now = self._clock()
-                t.state = TaskState.NEW
-                self._n_redispatches += 1
-                self._event(now, Decision.REDISPATCH, t.id, f"peer {peer} is dead", ())
-                try:
-                    out.extend(self.submit(t))
-                except SchedulerError:
-                    continue  # counted and recorded as a rejection; place the others
+        for peer in self._peers.expired():
+            out.extend(self.peer_gone(peer))
         return out
 
+    def peer_gone(self, peer: int) -> list[Action]:
+        """``peer``'s incarnation ended (declared dead, or it restarted or rejoined as a new
+        one): place again the tasks of this node it held, and drop the tasks of ``peer``
+        held here (its new incarnation places them again, or it is gone)."""
+        out = self.drop_origin(peer)  # first: the slots it frees serve the others
+        peers = self._peers
+        if peers is not None:
+            peers.mark_dead(peer)
+            out.extend(self._replace(peer, peers.take(peer), f"peer {peer} is dead"))
+        return out
+
+    def replace_held(self, peer: int, why: str) -> list[Action]:
+        """Place again the tasks of this node that ``peer`` held when this node rejoined
+        (``PeerTable.mark_stale``): it dropped them when it learned of the rejoin."""
+        peers = self._peers
+        if peers is None:
+            return []
+        return self._replace(peer, peers.take_stale(peer), why)
+
+    def _replace(self, peer: int, tasks: list[Task], why: str) -> list[Action]:
+        out: list[Action] = []
+        for t in tasks:
+            now = self._clock()
+            t.state = TaskState.NEW
+            self._n_redispatches += 1
+            self._event(now, Decision.REDISPATCH, t.id, why, ())
+            try:
+                out.extend(self.submit(t))
+            except SchedulerError:
+                continue  # counted and recorded as a rejection; place the others
+        return out
+
+    def drop_origin(self, origin: int | None = None) -> list[Action]:
+        """Drop every task held here whose origin is ``origin`` (None: every task of
+        another node): queued ones are cancelled, running ones preempted with cancel."""
+        me = self.node_id
+        targets = [
+            t
+            for t in self._tasks.values()
+            if (t.origin == origin if origin is not None else t.origin != me)
+        ]
+        if not targets:
+            return []
+        why = "this node rejoined" if origin is None else f"origin {origin} is gone"
+        return self._stop(targets, True, why, self._clock(), True)
+
     def remote_complete(self, peer: int, task_id: int) -> None:
-        """A task this node forwarded completed on ``peer`` (the peer it was forwarded to,
-        or one that peer spilled it on to)."""
+        """A task this node forwarded completed on ``peer``."""
         now = self._clock()
         peers = self._peers
-        if peers is None or (
-            peers.release(peer, task_id) is None and peers.release_any(task_id) is None
-        ):
+        key = (self.node_id << 64) | task_id
+        if peers is None or (peers.release(peer, key) is None and peers.release_any(key) is None):
             self._reject(
                 UnknownTaskError(f"task {task_id} is not held by peer {peer}"),
                 task_id,
@@ -603,12 +713,25 @@ class Scheduler:
 
     # --- views ----------------------------------------------------------------------------
 
-    def get(self, task_id: int) -> Task:
-        """The task ``task_id`` held here (queued, running or being preempted)."""
+    def get(self, task_id: int, origin: int | None = None) -> Task:
+        """The task ``task_id`` of node ``origin`` (default: this node) held here (queued,
+        running or being preempted)."""
         try:
-            return self._tasks[task_id]
+            return self._tasks[((self.node_id if origin is None else origin) << 64) | task_id]
         except KeyError:
             raise UnknownTaskError(f"unknown task {task_id}") from None
+
+    def lookup(self, task_id: int, origin: int | None = None) -> Task | None:
+        """Like ``get``, but None when the task is not held here (no exception)."""
+        return self._tasks.get(((self.node_id if origin is None else origin) << 64) | task_id)
+
+    def find(self, task_id: int) -> list[Task]:
+        """Every task held here with id ``task_id``, whatever its origin (by origin)."""
+        own = self._tasks.get((self.node_id << 64) | task_id)
+        found = [t for t in self._tasks.values() if t.id == task_id and t is not own]
+        if own is not None:
+            found.append(own)
+        return sorted(found, key=lambda t: t.origin)
 
     def running(self) -> list[Task]:
         """Running tasks, by slot."""
@@ -707,15 +830,28 @@ class Scheduler:
             self._reject(InvalidTaskError(msg), tid, now)
         if task.cost_ns < 0 or task.progress_ns < 0:
             self._reject(InvalidTaskError(f"task {tid}: negative cost or progress"), tid, now)
-        if tid in self._tasks:
-            self._reject(DuplicateTaskError(f"task {tid} is already here"), tid, now)
+        key = (task.origin << 64) | tid
+        if key in self._tasks:
+            self._reject(
+                DuplicateTaskError(f"task {tid} of node {task.origin} is already here"), tid, now
+            )
+        peers = self._peers
+        if peers is not None and task.origin == self.node_id:
+            holder = peers.holder(key)
+            if holder is not None:  # caught at the origin: ids are unique per origin
+                self._reject(
+                    DuplicateTaskError(f"task {tid} is already placed on peer {holder}"), tid, now
+                )
 
     def _admit(self, task: Task, now: int, sync: bool) -> int:
-        """Check ``task`` and take it in (it is neither queued nor running yet); its id."""
+        """Check ``task`` and take it in (it is neither queued nor running yet); its key."""
         tid = task.id
         p = task.priority
+        key = (task.origin << 64) | tid
+        peers = self._peers
         if (
-            tid in self._tasks
+            key in self._tasks
+            or (peers is not None and peers.holds(key))
             or not 0 <= tid <= U64_MAX
             or not (0 <= p <= COMPUTE_PRIORITY_MAX or (sync and p == SYNC_PRIORITY))
             or task.cost_ns < 0
@@ -723,8 +859,8 @@ class Scheduler:
         ):
             self._check_task(task, now, sync=sync)  # raises the precise error
         task.enqueued_ns = now
-        self._tasks[tid] = task
-        return tid
+        self._tasks[key] = task
+        return key
 
     def _place(self, task: Task, now: int) -> list[Action]:
         """Start ``task`` (just admitted), preempt for it, or queue it."""
@@ -750,9 +886,9 @@ class Scheduler:
             reason = R_BEHIND
         else:
             reason = R_NO_SLOT
-        e = self._enqueue(task, now)
+        self._enqueue(task, now)
         self._n_queued += 1
-        self._ring.append((now, _QUEUE, e[3], reason, ()))
+        self._ring.append((now, _QUEUE, task.id, reason, ()))
         return []
 
     def _preempt_for(self, task: Task, victim_entry: REntry, now: int) -> list[Action]:
@@ -804,7 +940,7 @@ class Scheduler:
         Returns its queue entry ``(key, -priority, enqueued_ns, id, task)``."""
         p = task.priority
         enq = task.enqueued_ns
-        e = (self._offset[p] + enq, -p, enq, task.id, task)
+        e = (self._offset[p] + enq, -p, enq, (task.origin << 64) | task.id, task)
         task.qentry = e
         task.state = _QUEUED
         task.waiting_since_ns = now
@@ -877,7 +1013,7 @@ class Scheduler:
         if p != SYNC_PRIORITY and self._oldest_starved(now) is not None:
             return False
         enq = task.enqueued_ns
-        return (self._offset[p] + enq, -p, enq, task.id) < head[:4]
+        return (self._offset[p] + enq, -p, enq, (task.origin << 64) | task.id) < head[:4]
 
     def _fill(self, slot: int, now: int, out: list[Action]) -> None:
         """Give the free ``slot`` to the head of the queue, or mark it free."""
@@ -905,14 +1041,14 @@ class Scheduler:
             while heap:  # the runner-up
                 nxt = heap[0]
                 if nxt[4].qentry is nxt:
-                    beaten = (nxt[3],)
+                    beaten = (nxt[4].id,)
                     break
                 heappop(heap)
         else:
-            beaten = (head[3],)
+            beaten = (head[4].id,)
         task = pick[4]
         task.qentry = None
         self._nqueued -= 1
         self._run_on(task, slot, now)
-        self._ring.append((now, _START, pick[3], reason, beaten))
+        self._ring.append((now, _START, task.id, reason, beaten))
         out.append(_new(Start, (task, slot)))

@@ -55,25 +55,29 @@ def choose_peer(
 
 
 class _Peer:
-    __slots__ = ("dead", "domain", "held", "last_ns", "load")
+    __slots__ = ("dead", "domain", "held", "last_ns", "load", "stale")
 
     def __init__(self, domain: str, now: int) -> None:
         self.domain = domain
         self.last_ns = now
         self.load: int | None = None
         self.held: dict[int, Task] = {}
+        #: keys of held tasks recorded before this node's last rejoin (``mark_stale``)
+        self.stale: set[int] = set()
         self.dead = False
 
 
 class PeerTable:
     """Liveness, load hints and forwarded tasks of this node's peers.
 
-    A peer is dead once nothing has been heard from it for more than ``dead_after_us``.
-    ``hold()`` records a task this node forwarded to a peer; ``reap()`` hands back, once,
-    the tasks held by peers that have died since the last call, for dispatch elsewhere.
+    A peer is dead once nothing has been heard from it for more than ``dead_after_us``
+    while this node was listening (``expired``), or when ``mark_dead`` says so; it is alive
+    again after ``revive`` (the daemon's membership decides that, docs/DAEMON.md).
+    ``hold()`` records a task this node forwarded to a peer, by ``task_key(origin, id)``;
+    ``take()`` hands the records of a peer back, once, for placing elsewhere.
     """
 
-    __slots__ = ("_clock", "_domains", "_peers", "dead_after_ns")
+    __slots__ = ("_clock", "_domains", "_peers", "_where", "dead_after_ns")
 
     def __init__(self, *, clock: Callable[[], int], dead_after_us: int) -> None:
         if dead_after_us <= 0:
@@ -82,6 +86,8 @@ class PeerTable:
         self.dead_after_ns = dead_after_us * 1000
         self._peers: dict[int, _Peer] = {}
         self._domains: dict[int, str] = {}
+        #: task key -> the peer that holds it
+        self._where: dict[int, int] = {}
 
     def add(self, peer: int, domain: str = "") -> None:
         """Declare a peer from the cluster config; it counts as alive from now."""
@@ -92,19 +98,37 @@ class PeerTable:
             p.domain = domain
         self._domains[peer] = domain
 
+    def _get(self, peer: int) -> _Peer:
+        p = self._peers.get(peer)
+        if p is None:
+            p = self._peers[peer] = _Peer("", self._clock())
+            self._domains[peer] = ""
+        return p
+
     def seen(self, peer: int, load: int) -> None:
         """Any message (heartbeat or other) from ``peer``, with the load hint it carried.
 
         An unknown peer is added (domain ""); a dead one is alive again (it restarted:
-        the tasks it held were already handed back)."""
-        now = self._clock()
-        p = self._peers.get(peer)
-        if p is None:
-            p = self._peers[peer] = _Peer("", now)
-            self._domains[peer] = ""
-        p.last_ns = now
+        the tasks it held were already handed back).  The daemon only calls this for
+        messages of a peer's live incarnation."""
+        p = self._get(peer)
+        p.last_ns = self._clock()
         p.load = load
         p.dead = False
+
+    def revive(self, peer: int) -> None:
+        """``peer`` is alive again (a new incarnation): heard from now, load unknown."""
+        p = self._get(peer)
+        p.dead = False
+        p.last_ns = self._clock()
+
+    def refresh(self) -> None:
+        """Count every live peer as heard from now: this node was not listening (it was
+        stalled), so their silence says nothing."""
+        now = self._clock()
+        for p in self._peers.values():
+            if not p.dead:
+                p.last_ns = max(p.last_ns, now)
 
     @property
     def domains(self) -> Mapping[int, str]:
@@ -120,9 +144,22 @@ class PeerTable:
         return sorted(k for k, p in self._peers.items() if not self._is_dead(p, now))
 
     def dead(self) -> list[int]:
-        """Peers silent for more than ``dead_after_us``, by id."""
+        """Peers silent for more than ``dead_after_us``, or marked dead, by id."""
         now = self._clock()
         return sorted(k for k, p in self._peers.items() if self._is_dead(p, now))
+
+    def is_dead(self, peer: int) -> bool:
+        """Marked dead (``mark_dead``/``reap``), whatever its silence."""
+        p = self._peers.get(peer)
+        return p is not None and p.dead
+
+    def expired(self, listened_ns: int | None = None) -> list[int]:
+        """Peers not yet marked dead that were silent for more than ``dead_after_us`` up
+        to ``listened_ns`` (default now): the last time this node read its lanes."""
+        now = self._clock() if listened_ns is None else listened_ns
+        return sorted(
+            k for k, p in self._peers.items() if not p.dead and now - p.last_ns > self.dead_after_ns
+        )
 
     def loads(self) -> dict[int, int]:
         """Last load hint of every live peer that has sent one."""
@@ -135,41 +172,90 @@ class PeerTable:
 
     def hold(self, peer: int, task: Task) -> None:
         """Record that ``task`` was forwarded to ``peer``."""
+        key = (task.origin << 64) | task.id
+        old = self._where.get(key)
+        if old is not None and old != peer:
+            self._peers[old].held.pop(key, None)
+        self._get(peer).held[key] = task
+        self._where[key] = peer
+
+    def holds(self, key: int) -> bool:
+        """Whether some peer holds the task ``key``."""
+        return key in self._where
+
+    def holder(self, key: int) -> int | None:
+        """The peer that holds the task ``key`` (``task_key(origin, id)``), or None."""
+        return self._where.get(key)
+
+    def release(self, peer: int, key: int) -> Task | None:
+        """``peer`` reported task ``key`` complete, or handed it back: forget it (None if
+        it did not hold it)."""
         p = self._peers.get(peer)
         if p is None:
-            p = self._peers[peer] = _Peer("", self._clock())
-            self._domains[peer] = ""
-        p.held[task.id] = task
+            return None
+        t = p.held.pop(key, None)
+        if t is not None:
+            del self._where[key]
+            p.stale.discard(key)
+        return t
 
-    def release(self, peer: int, task_id: int) -> Task | None:
-        """``peer`` reported ``task_id`` complete: forget it (None if it did not hold it)."""
-        p = self._peers.get(peer)
-        return None if p is None else p.held.pop(task_id, None)
-
-    def release_any(self, task_id: int) -> tuple[int, Task] | None:
-        """Forget ``task_id`` whichever peer holds it: a task that a peer spilled on to a
-        third node completes there, not on the peer it was forwarded to."""
-        for k, p in self._peers.items():
-            t = p.held.pop(task_id, None)
-            if t is not None:
-                return k, t
-        return None
+    def release_any(self, key: int) -> tuple[int, Task] | None:
+        """Forget task ``key`` whichever peer holds it."""
+        peer = self._where.get(key)
+        if peer is None:
+            return None
+        t = self.release(peer, key)
+        return None if t is None else (peer, t)
 
     def held(self, peer: int) -> list[Task]:
         """Tasks this node forwarded to ``peer`` that it has not completed."""
         p = self._peers.get(peer)
         return [] if p is None else list(p.held.values())
 
+    def held_count(self) -> int:
+        """Tasks of this node held by peers, all peers together."""
+        return len(self._where)
+
+    def take(self, peer: int) -> list[Task]:
+        """The tasks ``peer`` holds, forgotten here (to be placed again)."""
+        p = self._peers.get(peer)
+        if p is None:
+            return []
+        tasks = list(p.held.values())
+        for k in p.held:
+            del self._where[k]
+        p.held.clear()
+        p.stale.clear()
+        return tasks
+
+    def mark_stale(self) -> None:
+        """This node rejoined: the tasks held by peers now were sent to its previous
+        incarnation (``take_stale`` hands them back, peer by peer)."""
+        for p in self._peers.values():
+            p.stale = set(p.held)
+
+    def take_stale(self, peer: int) -> list[Task]:
+        """The tasks ``peer`` held when this node last rejoined and still holds, forgotten
+        here; tasks forwarded to it since stay."""
+        p = self._peers.get(peer)
+        if p is None:
+            return []
+        tasks = [p.held.pop(k) for k in sorted(p.stale) if k in p.held]
+        for t in tasks:
+            del self._where[(t.origin << 64) | t.id]
+        p.stale.clear()
+        return tasks
+
+    def mark_dead(self, peer: int) -> None:
+        """``peer`` is dead until ``revive``: no load hint, not a placement candidate."""
+        p = self._get(peer)
+        p.dead = True
+        p.load = None
+
     def reap(self) -> list[tuple[int, list[Task]]]:
         """Peers that died since the last call, each with the tasks it held (by id)."""
-        now = self._clock()
         out: list[tuple[int, list[Task]]] = []
-        for k in sorted(self._peers):
-            p = self._peers[k]
-            if not p.dead and now - p.last_ns > self.dead_after_ns:
-                p.dead = True
-                p.load = None
-                tasks = list(p.held.values())
-                p.held.clear()
-                out.append((k, tasks))
+        for k in self.expired():
+            self.mark_dead(k)
+            out.append((k, self.take(k)))
         return out

@@ -14,6 +14,12 @@ COMPUTE_PRIORITY_MAX = 254
 U64_MAX = (1 << 64) - 1
 
 
+def task_key(origin: int, task_id: int) -> int:
+    """A task's identity on every node: its id is unique only on its origin node, so two
+    nodes may both submit task 42; ``(origin, id)`` packed into one int names it."""
+    return (origin << 64) | task_id
+
+
 class TaskState(enum.IntEnum):
     """Where a task is in its life on this node."""
 
@@ -35,13 +41,13 @@ class Task:
     scheduler that holds the task; callers read them but do not write them.
     """
 
-    id: int  #: u64, unique on the node that holds it
+    id: int  #: u64, unique among the tasks of its origin (identity: ``task_key(origin, id)``)
     job: int  #: the job it belongs to (PREEMPT can name a whole job)
     priority: int  #: 0..254 for compute, 255 for sync tasks; higher is more urgent
     cost_ns: int  #: estimated run time; carried for the daemon and peers, not ranked on
     progress_ns: int = 0  #: work already done (set from the preempt handler on a yield)
     payload: dict[str, Any] | None = None  #: opaque to the scheduler
-    origin: int = 0  #: node id that submitted it
+    origin: int = 0  #: node id that submitted it; it owns the task (docs/SCHEDULER.md)
     hops: int = 0  #: how many times it was forwarded between peers
     group: int | None = None  #: the sync group, for sync tasks
 
@@ -56,6 +62,11 @@ class Task:
     # the scheduler's live heap entries for this task (identity marks an entry live)
     qentry: tuple[int, int, int, int, Task] | None = field(default=None, init=False, repr=False)
     rentry: tuple[int, int, int, Task] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def key(self) -> int:
+        """``task_key(origin, id)``: the task's identity on every node."""
+        return (self.origin << 64) | self.id
 
     @property
     def is_sync(self) -> bool:

@@ -170,6 +170,7 @@ def test_four_nodes_under_load_lose_nothing_and_run_nothing_twice() -> None:
     assert sorted(remote + started0) == list(range(n_tasks))
     assert sched0["forwards"] > 0  # placement really spread work
     assert dead == []
+    assert res[0][2]["held_by_peers"] == 0  # no record of a forwarded task outlives it
     for i in range(4):
         assert not any(res[i][2]["bad_slots"].values())
 
@@ -186,6 +187,7 @@ def test_killed_node_is_detected_and_its_tasks_dispatched_again() -> None:
     assert len(remote) == len(set(remote))  # nothing completed twice
     assert sched0["redispatches"] > 0
     assert st0["dead_peers"] == [2]
+    assert st0["held_by_peers"] == 0  # no stale record left to re-dispatch later (item 16)
     # Detection within the stated bound, measured from the kill to the node being declared
     # dead; 1 s of margin for this shared 2-core machine's scheduling noise.
     assert st0["dead_detected_s"][2] - killed_at[0] < DETECT_BOUND_MS / 1000 + 1.0
@@ -266,7 +268,7 @@ def test_bad_input_is_counted_and_the_node_keeps_running(pair: Any) -> None:
     a._call(lambda: a._loop().send(1, Kind.SYNC_READY, 77, 77, 0, 0, 1, 0, 0))  # unknown group
     b.complete(12345)  # never dispatched
     wait_for(lambda: sum(b.rejected.values()) >= 2 and b.stats()["sync_early_kept"] == 1)
-    assert set(b.rejected) >= {"UnknownTaskError", "unknown-task"}
+    assert b.rejected.get("unknown-task", 0) >= 2  # the PREEMPT and the COMPLETE
     b.dispatch(1, job=1, priority=5, cost_ns=10)  # still serving
     wait_for(lambda: ("b-start", 1) in seen)
 
