@@ -42,7 +42,7 @@ from rdmasched._wire cimport (
 )
 from rdmasched._ring cimport (
     rs_rx, rs_tx, RxLane, TxLane, LaneSet, Batch, rs_rx_init, rs_tx_init, rs_rx_begin_epoch,
-    rs_rx_publish_credit, RS_NOROOM, RS_NOTREADY, RS_CLOSED, RS_DEAD,
+    rs_rx_publish_credit, rs_rx_drained, RS_NOROOM, RS_NOTREADY, RS_CLOSED, RS_DEAD,
 )
 from libc.stdlib cimport realloc
 
@@ -1099,6 +1099,8 @@ cdef int _rx_idle(rs_rx *r) noexcept nogil:
     cdef vb_conn *c
     cdef uint64_t now
     if pending != 0 and pending != r.epoch:
+        if not rs_rx_drained(r):
+            return 0           # a message of the old epoch can still be delivered (PROTOCOL.md 8)
         x.conn = x.next
         x.switches += 1
         rs_rx_begin_epoch(r, pending)      # publishes (pending << 32 | 0): the sender may go
