@@ -158,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             "param_elements": sum(q.numel() for q in params),
             "param_bytes": sum(q.numel() * q.element_size() for q in params),
             "dtype": "Float",
+            # buffers DDP broadcasts from rank 0 at each forward (broadcast_buffers=True)
+            "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
             # DDP's own account of its gradient buckets (bytes each), after its rebuild
             "bucket_sizes": [int(s) for s in str(logging.get("bucket_sizes", "")).split(",") if s],
             "rebuilt_bucket_sizes": [

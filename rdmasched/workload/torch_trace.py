@@ -146,7 +146,8 @@ def read_trace(path: str | Path) -> Any:
     except UnicodeDecodeError as exc:
         raise WorkloadError(f"{p}: not a JSON trace (not UTF-8 text: {exc.reason})") from None
     except json.JSONDecodeError as exc:
-        what = "truncated JSON" if exc.pos >= len(raw.rstrip()) else "not valid JSON"
+        cut = exc.pos >= len(raw.rstrip()) or exc.msg.startswith("Unterminated")
+        what = "truncated JSON" if cut else "not valid JSON"
         raise WorkloadError(
             f"{p}: {what} at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from None
@@ -474,6 +475,9 @@ def parse(doc: Any, source: str = "<trace>") -> Workload:
     units.sort(key=lambda u: u.issue)
 
     # -- per step: phase boundaries, then tasks in issue order
+    backward_ops = sorted(
+        e.start for evs in cpu_ops.values() for e in evs if _looks_backward(e.name)
+    )
     out_steps: list[Step] = []
     b = _GraphBuilder()
     unit_iss = [u.issue for u in units]
@@ -482,10 +486,10 @@ def parse(doc: Any, source: str = "<trace>") -> Workload:
         lo, hi = bisect.bisect_left(unit_iss, w0), bisect.bisect_left(unit_iss, w1)
         s_lo, s_hi = bisect.bisect_left(sync_iss, w0), bisect.bisect_left(sync_iss, w1)
         step_units, step_syncs = units[lo:hi], syncs[s_lo:s_hi]
-        bwd, opt = _boundaries(w0, w1, phase_user, phase_builtin, cpu_ops)
-        if bwd is None and step_units:
+        markers = _markers(w0, w1, phase_user or phase_builtin, backward_ops)
+        if "backward" not in {p for _, p in markers} and step_units:
             warnings.append(f"step {index}: no backward phase found")
-        tasks = b.step(index, w0, bwd, opt, step_units, step_syncs)
+        tasks = b.step(index, w0, markers, step_units, step_syncs)
         for task in tasks:
             if isinstance(task, SyncTask) and task.nelems and not task.nbytes:
                 warnings.append(f"step {index}: {task.name}: unknown dtype {task.dtype!r}, size 0")
@@ -508,35 +512,27 @@ def parse(doc: Any, source: str = "<trace>") -> Workload:
     return wl
 
 
-def _boundaries(
-    w0: int,
-    w1: int,
-    user: list[tuple[Phase, _Ev]],
-    builtin: list[tuple[Phase, _Ev]],
-    cpu_ops: dict[Any, list[_Ev]],
-) -> tuple[int | None, int | None]:
-    """(backward start, optimizer start) of the step in [w0, w1), None where absent."""
+def _markers(
+    w0: int, w1: int, annotations: list[tuple[Phase, _Ev]], backward_ops: list[int]
+) -> list[tuple[int, Phase]]:
+    """Sorted (time, phase) marks of the step [w0, w1): from then on, that phase runs.
 
-    def first(src: list[tuple[Phase, _Ev]], phase: Phase) -> int | None:
-        ts = [e.start for p, e in src if p == phase and w0 <= e.start < w1]
-        return min(ts) if ts else None
-
-    bwd = first(user, "backward")
-    if bwd is None:
-        cands = [
-            e.start
-            for evs in cpu_ops.values()
-            for e in evs
-            if w0 <= e.start < w1 and _looks_backward(e.name)
-        ]
-        bwd = min(cands) if cands else None
-    opt = first(user, "optimizer")
-    if opt is None:
-        opt = first(builtin, "optimizer")
-    if opt is not None and bwd is not None and opt < bwd:
-        # an optimizer range before the backward (e.g. a step() at the top of the loop)
-        opt = None
-    return bwd, opt
+    Phase ranges (the user's `forward`/`backward`/`optimizer` if the trace has any, else
+    torch's `DistributedDataParallel.forward` and `Optimizer.step#...`) mark their start;
+    without a backward range, the first autograd op after each forward mark does."""
+    marks = sorted((e.start, p) for p, e in annotations if w0 <= e.start < w1)
+    if not any(p == "backward" for _, p in marks):
+        fwd_starts = [t for t, p in marks if p == "forward"] or [w0]
+        ends = [t for t, p in marks if p != "forward" and t > fwd_starts[0]]
+        for k, f in enumerate(fwd_starts):
+            nxt = fwd_starts[k + 1] if k + 1 < len(fwd_starts) else w1
+            i = bisect.bisect_left(backward_ops, f)
+            if i < len(backward_ops) and backward_ops[i] < nxt:
+                t = backward_ops[i]
+                if not any(f < e <= t for e in ends):
+                    marks.append((t, "backward"))
+        marks.sort()
+    return marks
 
 
 class _GraphBuilder:
@@ -559,17 +555,15 @@ class _GraphBuilder:
         self,
         index: int,
         w0: int,
-        bwd: int | None,
-        opt: int | None,
+        markers: list[tuple[int, Phase]],
         units: list[_Unit],
         syncs: list[_Comm],
     ) -> list[Task]:
+        times = [t for t, _ in markers]
+
         def phase_at(t: int) -> Phase:
-            if opt is not None and t >= opt:
-                return "optimizer"
-            if bwd is not None and t >= bwd:
-                return "backward"
-            return "forward"
+            i = bisect.bisect_right(times, t) - 1
+            return markers[i][1] if i >= 0 else "forward"
 
         self.index, self.w0 = index, w0
         self.tasks: list[Task] = []
@@ -580,12 +574,21 @@ class _GraphBuilder:
         self.blocking: list[int] = []
         self.last_compute: int | None = None
         self.counters: Counter[str] = Counter()
-        self.last_bwd_sync = max(
-            (c.issue for c in syncs if phase_at(c.issue) == "backward"), default=None
-        )
+        self.since_opt: list[int] = []  # syncs issued since the last optimizer task
         items: list[tuple[int, int, _Unit | _Comm]] = [(u.issue, 0, u) for u in units]
         items += [(c.issue, 1, c) for c in syncs]
         items.sort(key=lambda x: (x[0], x[1]))
+        # per item: is there a backward sync later in the same run of the backward phase?
+        self.later_bwd_sync: dict[int, bool] = {}
+        later = False
+        for k in range(len(items) - 1, -1, -1):
+            item = items[k][2]
+            ph = phase_at(item.issue)
+            if ph != "backward":
+                later = False
+            elif isinstance(item, _Comm):
+                later = True
+            self.later_bwd_sync[id(item)] = later
         for _, _, item in items:
             ph = phase_at(item.issue)
             if isinstance(item, _Unit):
@@ -614,14 +617,12 @@ class _GraphBuilder:
             return
         ph, pending = self.pending_phase, self.pending
         deps = self._prev() + self.blocking
-        if ph == "optimizer" and not any(t.phase == "optimizer" for t in self.tasks):
-            deps += self.sync_ids
-        elif (
-            ph == "backward"
-            and self.last_bwd_sync is not None
-            and pending[0].issue > self.last_bwd_sync
-        ):
-            deps += self.bwd_sync_ids
+        if ph == "optimizer" and self.since_opt:
+            deps += self.since_opt  # the optimizer waits for every sync before it
+            self.since_opt = []
+        elif ph == "backward" and self.bwd_sync_ids and not self.later_bwd_sync[id(pending[0])]:
+            deps += self.bwd_sync_ids  # DDP's finalize: after the last bucket, waits for all
+            self.bwd_sync_ids = []
         iv = _union([(u.start, u.end) for u in pending])
         start = min(u.start for u in pending)
         self._add(
@@ -662,6 +663,7 @@ class _GraphBuilder:
         )
         self.counters["s:" + label] += 1
         self.sync_ids.append(self.tasks[-1].id)
+        self.since_opt.append(self.tasks[-1].id)
         if ph == "backward":
             self.bwd_sync_ids.append(self.tasks[-1].id)
         else:
