@@ -219,6 +219,19 @@ def test_a_trace_without_steps_is_one_step_with_a_warning() -> None:
     steps = meta("lm")["schedule"]["active"]
     assert len(wl.steps[0].buckets) >= steps * len(meta("lm")["rebuilt_bucket_sizes"])
     wl.validate()
+    # the iterations inside the one step keep their structure: each optimizer waits for the
+    # syncs of its own iteration, each DDP finalize (backward after the last bucket) for its
+    # own buckets
+    tasks = wl.steps[0].tasks
+    syncs = {t.id for t in tasks if isinstance(t, SyncTask)}
+    computes = [t for t in tasks if isinstance(t, ComputeTask)]
+    opts = [t for t in computes if t.phase == "optimizer" and set(t.deps) & syncs]
+    finals = [t for t in computes if t.phase == "backward" and set(t.deps) & syncs]
+    iterations = len(opts)
+    assert iterations >= steps and len(finals) == iterations
+    n = len(meta("lm")["rebuilt_bucket_sizes"])
+    for f in finals[-steps:]:
+        assert len([d for d in f.deps if d in syncs]) == n
 
 
 def test_unknown_events_are_ignored_and_counted() -> None:
