@@ -59,6 +59,8 @@ USER_PHASES: dict[str, Phase] = {
     "opt": "optimizer",
 }
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+#: categories of CPU-side ranges (record_function annotations and operators)
+CPU_RANGE_CATS = ("user_annotation", "cpu_op")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "hip_runtime", "xpu_runtime")
 #: bytes per element, by c10 ScalarType name and by the C++ names of `Input type`, lowercased
 DTYPE_BYTES = {
@@ -356,8 +358,8 @@ def parse(doc: Any, source: str = "<trace>") -> Workload:
         args = raw.get("args") if isinstance(raw.get("args"), dict) else {}
         assert isinstance(args, dict)
         ev = _Ev(name, cat, (raw.get("pid"), raw.get("tid")), start, end, args)
-        m = STEP_RE.match(name)
-        if m:
+        m = STEP_RE.match(name) if cat in CPU_RANGE_CATS else None
+        if m:  # not kineto's gpu_user_annotation copies on the GPU rows
             steps_ev.append((int(m.group(1)), ev))
         elif cat in GPU_CATS:
             gpu.append(ev)
@@ -365,11 +367,11 @@ def parse(doc: Any, source: str = "<trace>") -> Workload:
             corr = args.get("correlation")
             if isinstance(corr, int):
                 runtime[corr] = ev
-        elif _is_comm(name) and cat in ("cpu_op", "user_annotation"):
+        elif _is_comm(name) and cat in CPU_RANGE_CATS:
             comm_ev[ev.tid].append(ev)
-        elif (p := _user_phase(name)) is not None and cat in ("user_annotation", "cpu_op"):
+        elif (p := _user_phase(name)) is not None and cat in CPU_RANGE_CATS:
             phase_user.append((p, ev))
-        elif (p := _builtin_phase(name)) is not None:
+        elif (p := _builtin_phase(name)) is not None and cat in CPU_RANGE_CATS:
             phase_builtin.append((p, ev))
         elif cat == "cpu_op":
             cpu_ops[ev.tid].append(ev)

@@ -254,38 +254,38 @@ def test_unknown_events_are_ignored_and_counted() -> None:
 # ---- GPU (NCCL) traces ---------------------------------------------------------------------
 def gpu_trace(kernel_args: bool, name: str) -> dict[str, Any]:
     """A GPU trace in kineto's layout (synthetic; there is no GPU here): two profiler steps;
-    on the CPU thread cpu_ops launching kernels (cudaLaunchKernel, `correlation`), the DDP
-    all-reduce as c10d::allreduce_ > record_param_comms > nccl:all_reduce; on the GPU compute
-    kernels on stream 7 and NCCL kernels on stream 20, with the NCCL args kineto adds (or,
-    `kernel_args=False`, none: the size then comes from the record_param_comms)."""
+    on the main thread (tid 1) the forward and optimizer, on the autograd thread (tid 2) the
+    backward, cpu_ops launching kernels (cudaLaunchKernel, `correlation`), the DDP all-reduce
+    as c10d::allreduce_ > record_param_comms > nccl:all_reduce; on the GPU compute kernels on
+    stream 7 and NCCL kernels on stream 20, with the NCCL args kineto adds (or,
+    `kernel_args=False`, none: the size then comes from the record_param_comms), and the
+    gpu_user_annotation copies of the step and phase ranges kineto puts on the GPU rows."""
     ev: list[dict[str, Any]] = []
     corr = [0]
+    tid = [1]
 
     def cpu(n: str, ts: float, dur: float, cat: str = "cpu_op", **args: Any) -> None:
         ev.append(
-            {
-                "ph": "X",
-                "cat": cat,
-                "name": n,
-                "pid": 1,
-                "tid": 1,
-                "ts": ts,
-                "dur": dur,
-                "args": args,
-            }
-        )
+            {"ph": "X", "cat": cat, "name": n, "pid": 1, "tid": tid[0], "ts": ts, "dur": dur,
+             "args": args}
+        )  # fmt: skip
+        if cat == "user_annotation":  # kineto's copy on the GPU row, shifted to GPU time
+            ev.append(
+                {"ph": "X", "cat": "gpu_user_annotation", "name": n, "pid": 0, "tid": 7,
+                 "ts": ts + 150, "dur": dur, "args": {}}
+            )  # fmt: skip
 
     def launch(ts: float, kname: str, kts: float, kdur: float, stream: int, **args: Any) -> None:
         corr[0] += 1
         ev.append(
-            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
-             "ts": ts, "dur": 2.0, "args": {"correlation": corr[0]}}
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1,
+             "tid": tid[0], "ts": ts, "dur": 2.0, "args": {"correlation": corr[0]}}
         )  # fmt: skip
         ev.append(
             {"ph": "X", "cat": "kernel", "name": kname, "pid": 0, "tid": stream, "ts": kts,
              "dur": kdur, "args": {"correlation": corr[0], "stream": stream, **args}}
         )  # fmt: skip
-        ev.append({"ph": "s", "cat": "ac2g", "id": corr[0], "pid": 1, "tid": 1, "ts": ts})
+        ev.append({"ph": "s", "cat": "ac2g", "id": corr[0], "pid": 1, "tid": tid[0], "ts": ts})
 
     for step, t in enumerate((1000.0, 2000.0)):
         cpu(f"ProfilerStep#{step + 5}", t, 900.0, "user_annotation")
@@ -293,6 +293,7 @@ def gpu_trace(kernel_args: bool, name: str) -> dict[str, Any]:
         cpu("aten::mm", t + 20, 10)
         launch(t + 22, "ampere_sgemm_128x64_nn", t + 30, 100.0, 7)
         cpu("backward", t + 300, 400, "user_annotation")
+        tid[0] = 2  # the autograd engine's thread runs the backward
         for b, (nel, kt) in enumerate(((1000, 400.0), (500, 560.0))):
             cpu("aten::mm", t + 310 + 100 * b, 10)
             launch(t + 312 + 100 * b, "sm80_xmma_gemm", t + 330 + 120 * b, 60.0, 7)
@@ -302,6 +303,7 @@ def gpu_trace(kernel_args: bool, name: str) -> dict[str, Any]:
             cpu("record_param_comms", t + 332 + 100 * b, 20, **meta)
             cpu("nccl:all_reduce", t + 334 + 100 * b, 10, "user_annotation")
             launch(t + 336 + 100 * b, name, t + kt, 50.0, 20, **(meta if kernel_args else {}))
+        tid[0] = 1
         cpu("optimizer", t + 720, 100, "user_annotation")
         cpu("aten::add_", t + 730, 10)
         launch(t + 732, "vectorized_elementwise_kernel", t + 740, 20.0, 7)
@@ -316,8 +318,11 @@ def gpu_trace(kernel_args: bool, name: str) -> dict[str, Any]:
     ],
 )
 def test_gpu_trace_nccl_kernels_become_bucket_syncs(kernel_args: bool, name: str) -> None:
-    wl = parse(gpu_trace(kernel_args, name), "gpu")
+    d = gpu_trace(kernel_args, name)
+    wl = parse(d, "gpu")
     assert wl.device == "gpu" and wl.backend == "nccl" and wl.world_size == 8
+    copies = [e for e in d["traceEvents"] if e.get("cat") == "gpu_user_annotation"]
+    assert wl.ignored["X/gpu_user_annotation"] == len(copies) and not wl.warnings
     assert [s.profiler_step for s in wl.steps] == [5, 6]
     for s in wl.steps:
         assert [(b.nbytes, b.dtype) for b in s.buckets] == [(2000, "BFloat16"), (1000, "BFloat16")]
