@@ -17,14 +17,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rdmasched.errors import RdmaschedError
+from rdmasched.errors import WorkloadError
 
 Phase = Literal["forward", "backward", "optimizer"]
 PHASES: tuple[Phase, ...] = ("forward", "backward", "optimizer")
-
-
-class WorkloadError(RdmaschedError, ValueError):
-    """A trace that cannot be read as a workload, or a workload that is not a valid graph."""
+__all__ = [
+    "PHASES",
+    "ComputeTask",
+    "Phase",
+    "Step",
+    "SyncTask",
+    "Task",
+    "Workload",
+    "WorkloadError",
+]
 
 
 @dataclass(frozen=True)

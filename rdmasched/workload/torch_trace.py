@@ -495,6 +495,10 @@ def parse(doc: Any, source: str = "<trace>") -> Workload:
         for task in tasks:
             if isinstance(task, SyncTask) and task.nelems and not task.nbytes:
                 warnings.append(f"step {index}: {task.name}: unknown dtype {task.dtype!r}, size 0")
+            elif isinstance(task, SyncTask) and not task.nelems:
+                warnings.append(
+                    "collectives without a size (0 bytes): record the trace with record_shapes=True"
+                )
         out_steps.append(Step(index, pstep, w1 - w0, tuple(tasks)))
 
     if device == "cpu" and not syncs:

@@ -193,6 +193,18 @@ def test_bad_files_get_one_clear_error_naming_the_file(
     assert isinstance(e.value, RdmaschedError) and isinstance(e.value, ValueError)
 
 
+def test_a_trace_recorded_without_shapes_warns_that_sizes_are_unknown() -> None:
+    d = doc("mlp")
+    for e in d["traceEvents"]:
+        e.get("args", {}).pop("Input Dims", None)
+    wl = parse(d, "noshapes")
+    assert all(b.nbytes == 0 for s in wl.steps for b in s.buckets)
+    assert [len(s.buckets) for s in wl.steps] == [
+        len(s.buckets) for s in load(DATA / "mlp.json.gz").steps
+    ]
+    assert any("record_shapes=True" in w for w in wl.warnings)
+
+
 def test_truncated_gzip_and_missing_file(tmp_path: Path) -> None:
     raw = (DATA / "mlp.json.gz").read_bytes()
     cut = tmp_path / "cut.json.gz"
