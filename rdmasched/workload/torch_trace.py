@@ -381,10 +381,8 @@ def parse(doc: Any, source: str = "<trace>") -> Workload:
         warnings.append(f"{bad} malformed events skipped")
         ignored["malformed"] += bad
 
-    # -- communication: outermost comm event per thread; issue threads are those that compute
-    compute_tids = {tid for tid, evs in cpu_ops.items() if evs}
-    issues: list[_Comm] = []
-    runs: list[_Comm] = []
+    # -- communication: outermost comm event per thread, with what it nests
+    comms: dict[Any, list[_Comm]] = defaultdict(list)
     for tid, evs in comm_ev.items():
         evs.sort(key=lambda e: (e.start, -e.end))
         for g in _outermost(evs):
@@ -395,7 +393,23 @@ def parse(doc: Any, source: str = "<trace>") -> Workload:
             nelems, dtype = _size_of(g)
             c = _Comm(g[0].start, g[0].end, tid, normalise_collective(coll), nelems, dtype)
             c.events = g
-            (issues if tid in compute_tids else runs).append(c)
+            comms[tid].append(c)
+        # operators inside a collective are part of it, not compute
+        ranges = [(c.issue, c.end) for c in comms[tid]]
+        starts = [r[0] for r in ranges]
+        kept = []
+        for e in cpu_ops.get(tid, []):
+            i = bisect.bisect_right(starts, e.start) - 1
+            if i >= 0 and e.end <= ranges[i][1]:
+                ignored["X/cpu_op (inside a collective)"] += 1
+            else:
+                kept.append(e)
+        if tid in cpu_ops:
+            cpu_ops[tid] = kept
+    # a collective is issued on a thread that computes; on another thread (gloo's) it runs
+    compute_tids = {tid for tid, evs in cpu_ops.items() if evs}
+    issues = [c for tid, cs in comms.items() if tid in compute_tids for c in cs]
+    runs = [c for tid, cs in comms.items() if tid not in compute_tids for c in cs]
     issues.sort(key=lambda c: c.issue)
     runs.sort(key=lambda c: c.issue)
     # a collective's run on a worker thread (gloo) is the k-th of its kind and size

@@ -193,6 +193,22 @@ def test_bad_files_get_one_clear_error_naming_the_file(
     assert isinstance(e.value, RdmaschedError) and isinstance(e.value, ValueError)
 
 
+def test_ops_inside_a_collective_run_do_not_make_its_thread_a_compute_thread() -> None:
+    d = doc("mlp")
+    base = parse(copy.deepcopy(d), "x")
+    runs = [e for e in d["traceEvents"] if e.get("name") == "gloo:all_reduce"]
+    assert runs
+    for r in runs:  # as if gloo ran an operator while reducing (e.g. a division)
+        d["traceEvents"].append(
+            {**r, "cat": "cpu_op", "name": "aten::div_", "ts": r["ts"] + 1, "dur": 1, "args": {}}
+        )
+    wl = parse(d, "x")
+    assert [[(b.nbytes, b.duration_ns) for b in s.buckets] for s in wl.steps] == [
+        [(b.nbytes, b.duration_ns) for b in s.buckets] for s in base.steps
+    ]
+    assert [s.compute_ns() for s in wl.steps] == [s.compute_ns() for s in base.steps]
+
+
 def test_a_trace_recorded_without_shapes_warns_that_sizes_are_unknown() -> None:
     d = doc("mlp")
     for e in d["traceEvents"]:
