@@ -66,6 +66,12 @@ class BootstrapError(RdmaschedError, ConnectionError):
     """Exchanging lane descriptors with a peer failed (token, version, reachability)."""
 
 
+# ---- workloads (rdmasched.workload) ---------------------------------------------------------
+class WorkloadError(RdmaschedError, ValueError):
+    """A trace that cannot be read as a workload (the message names the file), or a workload
+    that is not a valid task graph."""
+
+
 # ---- RDMA devices ----------------------------------------------------------------------------
 class DeviceError(RdmaschedError, OSError):
     """An RDMA device problem (missing device, inactive port, a failed verbs call).

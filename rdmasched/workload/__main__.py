@@ -1,0 +1,86 @@
+"""`python -m rdmasched.workload FILE`: what a torch.profiler trace becomes as a workload."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from rdmasched.workload.model import PHASES, ComputeTask, SyncTask, Workload, WorkloadError
+from rdmasched.workload.torch_trace import load
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m rdmasched.workload",
+        description="Read a torch.profiler Chrome trace (.json or .json.gz) of one DDP rank and "
+        "print its workload: steps, compute time per phase, gradient buckets and their sizes, "
+        "and the dependency graph (docs/WORKLOADS.md).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("file", metavar="FILE", help="the trace (export_chrome_trace output)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument(
+        "--graph", action="store_true", help="also list every task with its dependencies"
+    )
+    return p
+
+
+def _text(wl: Workload, graph: bool) -> str:
+    lines = [
+        f"{wl.source}: {wl.device} trace, backend {wl.backend or '?'}, "
+        f"rank {wl.rank if wl.rank is not None else '?'} of "
+        f"{wl.world_size if wl.world_size is not None else '?'}, {len(wl.steps)} steps"
+    ]
+    for s in wl.steps:
+        name = f"ProfilerStep#{s.profiler_step}" if s.profiler_step is not None else "whole trace"
+        comp = ", ".join(f"{p} {s.compute_ns(p) / 1e3:.0f}" for p in PHASES)
+        lines.append(
+            f"step {s.index} ({name}): {s.duration_ns / 1e3:.0f} us wall; compute us: {comp}"
+        )
+        sizes = ", ".join(f"{b.nbytes}" for b in s.buckets)
+        lines.append(f"  {len(s.buckets)} gradient buckets, bytes: [{sizes}]")
+        for x in s.syncs:
+            if not x.is_bucket:
+                lines.append(f"  other sync {x.name} ({x.phase}): {x.nbytes} bytes")
+        if graph:
+            for t in s.tasks:
+                what = (
+                    f"{t.duration_ns / 1e3:.1f} us, {t.ops} ops"
+                    if isinstance(t, ComputeTask)
+                    else f"{t.nbytes} B, ran {t.duration_ns / 1e3:.1f} us"
+                )
+                assert isinstance(t, ComputeTask | SyncTask)
+                lines.append(f"    [{t.id}] {t.name:<14} {what}; after {list(t.deps)}")
+    lines.append(
+        "dependencies: compute in issue order; each sync after the compute that produced it "
+        "and the sync before it; the optimizer after every sync; the next step after the "
+        "optimizer"
+    )
+    if wl.ignored:
+        lines.append(
+            "ignored events: " + ", ".join(f"{k} {v}" for k, v in sorted(wl.ignored.items()))
+        )
+    for w in wl.warnings:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        wl = load(args.file)
+    except WorkloadError as exc:
+        print(f"python -m rdmasched.workload: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        out = wl.to_dict() if args.graph else wl.summary()
+        print(json.dumps(out, indent=2))
+    else:
+        print(_text(wl, args.graph))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
