@@ -147,11 +147,23 @@ def parse_events(text: str) -> dict[str, int]:
 
 # ---- /proc -----------------------------------------------------------------------------------
 def _read(path: str) -> str | None:
+    """A small file of /proc or cgroupfs (one read: what the kernel generates at once)."""
     try:
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8", "replace")
+        fd = os.open(path, os.O_RDONLY)
     except (FileNotFoundError, ProcessLookupError):
         return None
+    try:
+        data = os.read(fd, 65536)
+        while len(data) % 65536 == 0 and data:  # a long file (cgroup.procs): to its end
+            more = os.read(fd, 65536)
+            if not more:
+                break
+            data += more
+        return data.decode("utf-8", "replace")
+    except ProcessLookupError:  # the process exited between open and read
+        return None
+    finally:
+        os.close(fd)
 
 
 def read_stat(pid: int) -> ProcStat | None:
@@ -197,7 +209,7 @@ def _self_and_ancestors(table: dict[int, ProcStat] | None = None) -> set[int]:
     return out
 
 
-def _descendants(roots: Iterable[int], table: dict[int, ProcStat]) -> set[int]:
+def descendants(roots: Iterable[int], table: dict[int, ProcStat]) -> set[int]:
     kids: dict[int, list[int]] = {}
     for st in table.values():
         kids.setdefault(st.ppid, []).append(st.pid)
@@ -461,7 +473,7 @@ class _Signals:
             if st is None or st.starttime != p.start or st.state in "ZX":
                 self._drop(pid)
         leaders = {r for r in self.roots if (st := table.get(r)) and st.session == r}
-        found = _descendants(self.members, table)
+        found = descendants(self.members, table)
         if leaders:
             found |= {pid for pid, st in table.items() if st.session in leaders}
         found -= _self_and_ancestors(table)
@@ -470,10 +482,10 @@ class _Signals:
             st = table[pid]
             if st.state in "ZX":
                 continue
-            p = self._open(st)
-            if p is not None:
-                self.members[pid] = p
-                new.append(p)
+            q = self._open(st)
+            if q is not None:
+                self.members[pid] = q
+                new.append(q)
         return new
 
     def add(self, pids: list[int]) -> list[int]:
@@ -515,16 +527,20 @@ class _Signals:
         while todo:
             for p in todo:
                 self._send(p, signal.SIGSTOP)
-            live = [p for p in todo if p.pid in self.members]
-            _wait(
-                lambda: all(self._stopped(p) for p in live),
-                deadline,
-                lambda: "not stopped (no 'T' in /proc/<pid>/stat): "
-                + ", ".join(str(p.pid) for p in live if not self._stopped(p)),
-            )
+            self._wait_all([p for p in todo if p.pid in self.members], deadline)
             # every member is stopped and cannot fork now: children forked before that
             # are in /proc already; once a sweep finds none, the whole group is held
             todo = self.sweep()
+
+    def _wait_all(self, live: list[_Proc], deadline: float) -> None:
+        _wait(
+            lambda: all(self._stopped(p) for p in live),
+            deadline,
+            lambda: (
+                "not stopped (no 'T' in /proc/<pid>/task/*/stat): "
+                + ", ".join(str(p.pid) for p in live if not self._stopped(p))
+            ),
+        )
 
     def thaw(self, deadline: float) -> None:
         self.frozen = False
@@ -532,8 +548,10 @@ class _Signals:
         _wait(
             lambda: all(self._running(p) for p in live),
             deadline,
-            lambda: "still stopped after SIGCONT: "
-            + ", ".join(str(p.pid) for p in live if not self._running(p)),
+            lambda: (
+                "still stopped after SIGCONT: "
+                + ", ".join(str(p.pid) for p in live if not self._running(p))
+            ),
         )
 
     def close(self, timeout: float) -> None:
@@ -660,7 +678,7 @@ class Freezer:
                 )
             pids = [pid]
             if children:
-                pids += sorted(_descendants([pid], table) - _self_and_ancestors(table))
+                pids += sorted(descendants([pid], table) - _self_and_ancestors(table))
             gone = self._backend.add(pids)
             if pid in gone:
                 raise NoSuchProcessError(f"pid {pid} does not exist (it exited)")
@@ -729,6 +747,7 @@ __all__ = [
     "cgroup2_mounts",
     "cgroup2_path",
     "cgroup_available",
+    "descendants",
     "find_cgroup2",
     "parse_events",
     "parse_stat",

@@ -8,6 +8,8 @@ waited for with generous deadlines.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import signal
@@ -23,10 +25,10 @@ import pytest
 from rdmasched.errors import ArgumentError, ArgumentTypeError, RdmaschedError
 from rdmasched.integrations import freeze
 from rdmasched.integrations.freeze import (
+    FreezePermissionError,
     Freezer,
     FreezerClosedError,
     FreezerUnavailableError,
-    FreezePermissionError,
     NoSuchProcessError,
 )
 
@@ -81,6 +83,13 @@ def still(pids: list[int]) -> None:
     assert after == before, f"frozen processes ran: {before} -> {after}"
 
 
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def v2_path(pid: int) -> str:
     return freeze.cgroup2_path(Path(f"/proc/{pid}/cgroup").read_text()) or ""
 
@@ -105,10 +114,8 @@ class Work:
 
     def close(self) -> None:
         for p in self.kids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.proc.kill()
         self.proc.wait(30)
 
@@ -299,7 +306,9 @@ def test_auto_prefers_the_cgroup_and_says_so(caplog: pytest.LogCaptureFixture) -
         assert Path(fz.path).parent == Path(freeze.find_cgroup2() or "/nonexistent") / (
             v2_path(os.getpid()).lstrip("/")
         )
-    assert any("cgroup" in r.getMessage() and "cgroup.freeze" in r.getMessage() for r in caplog.records)
+    assert any(
+        "cgroup" in r.getMessage() and "cgroup.freeze" in r.getMessage() for r in caplog.records
+    )
     with caplog.at_level(logging.INFO, logger="rdmasched.freeze"), Freezer("signal") as fz:
         assert fz.mechanism == "signal" and fz.path is None
     assert any("SIGSTOP" in r.getMessage() for r in caplog.records)
@@ -353,3 +362,66 @@ def test_without_privileges_cgroup_is_refused_and_auto_falls_back(work: Work) ->
     assert lines["add"].startswith("FreezePermissionError")
     assert str(work.pid) in lines["add"]
     assert issubclass(FreezePermissionError, PermissionError)
+
+
+# ---- the benchmark: a short real run ---------------------------------------------------------
+def test_the_benchmark_measures_both_mechanisms_and_verifies_no_progress() -> None:
+    from rdmasched.bench import freeze as bench
+
+    ok, why = freeze.cgroup_available()
+    if not ok and os.environ.get("CI") == "true":
+        pytest.fail(f"the cgroup v2 freezer must be measured in CI: {why}")
+    before = set(freeze.proc_table())
+    r = bench.run(repetitions=6, workers=2, hold_ms=1, gap_ms=2, rounds=2, checks=2, check_ms=200)
+    expect = ["cgroup", "signal"] if ok else ["signal"]
+    assert sorted(r["mechanisms"]) == expect
+    assert r["verified"]
+    for m in expect:
+        v = r["mechanisms"][m]
+        assert v["processes"] == 3  # the pool's parent and its two workers
+        assert v["freeze_us"]["n"] == v["thaw_us"]["n"] == 6
+        assert 0 < v["freeze_us"]["min"] <= v["freeze_us"]["p50"] <= v["freeze_us"]["max"]
+        assert len(v["checks"]) == 2
+        for c in v["checks"]:
+            assert c["frozen_ticks"] == 0 and c["frozen_ns"] == 0
+            assert c["resumed_ms"] is not None
+    # the co-located job is gone: no process of it is left
+    left = [
+        st
+        for pid, st in freeze.proc_table().items()
+        if pid not in before
+        and "rdmasched.bench.freeze" in (freeze._read(f"/proc/{pid}/cmdline") or "")
+    ]
+    assert not left, left
+
+
+def test_the_benchmark_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from rdmasched.bench import freeze as bench
+
+    rc = bench.main(
+        [
+            "--repetitions",
+            "2",
+            "--rounds",
+            "1",
+            "--checks",
+            "1",
+            "--check-ms",
+            "100",
+            "--mechanism",
+            "signal",
+            "--json",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    r = json.loads(out)
+    assert list(r["mechanisms"]) == ["signal"] and r["verified"]
+    assert (
+        bench.main(
+            ["--repetitions", "2", "--rounds", "1", "--checks", "0", "--mechanism", "signal"]
+        )
+        == 0
+    )
+    table = capsys.readouterr().out
+    assert "signal     freeze" in table and "signal     thaw" in table
