@@ -350,9 +350,15 @@ class _Cgroup:
                 self.origin.setdefault(p, os.path.join(self.mount, origin.lstrip("/")))
         return gone
 
+    def _groups(self) -> list[str]:
+        """This group and every group created below it (by the work, say), deepest first."""
+        return [d for d, _, _ in os.walk(self.path, topdown=False)]
+
     def pids(self) -> list[int]:
-        text = _read(os.path.join(self.path, "cgroup.procs")) or ""
-        return sorted(int(x) for x in text.split())
+        out: set[int] = set()
+        for g in self._groups():
+            out.update(int(x) for x in (_read(os.path.join(g, "cgroup.procs")) or "").split())
+        return sorted(out)
 
     def freeze(self, deadline: float) -> None:
         self._write("cgroup.freeze", "1")
@@ -364,10 +370,10 @@ class _Cgroup:
         self.frozen = False
         self._wait_frozen(0, deadline)
 
-    def _move_out(self) -> None:
-        for p in self.pids():
+    def _move_out(self, group: str) -> None:
+        for p in (int(x) for x in (_read(os.path.join(group, "cgroup.procs")) or "").split()):
             dest = self.origin.get(p, self.parent)
-            if dest == self.path or not os.path.isdir(dest):
+            if dest.startswith(self.path + "/") or dest == self.path or not os.path.isdir(dest):
                 dest = self.parent
             try:
                 self._write("cgroup.procs", str(p), dest)
@@ -397,16 +403,19 @@ class _Cgroup:
         if self._events >= 0:  # the open file first, then the group
             os.close(self._events)
             self._events = -1
-        while True:
-            self._move_out()
+        while True:  # groups below ours (children) first, then ours
             try:
-                os.rmdir(self.path)
+                for g in self._groups():
+                    self._move_out(g)
+                    os.rmdir(g)
                 return
+            except FreezeError:
+                raise
             except FileNotFoundError:
-                return
+                continue  # a group went away under us: walk again
             except OSError as exc:  # EBUSY: a process forked while we moved its parent
                 if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise FreezeError(f"cannot remove {self.path}: {exc.strerror}") from exc
+                    raise FreezeError(f"cannot remove {exc.filename}: {exc.strerror}") from exc
                 time.sleep(0.001)
 
     def describe(self) -> str:
@@ -572,6 +581,20 @@ class _Signals:
 
 
 # ---- the resource ----------------------------------------------------------------------------
+def _timeout(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ArgumentTypeError(f"timeout must be a number of seconds, not {value!r}")
+    if not 0 < value < 1e9:
+        raise ArgumentError(f"timeout must be a finite number of seconds > 0, not {value}")
+    return float(value)
+
+
+def _close(backend: _Cgroup | _Signals, owner: int, timeout: float) -> None:
+    """Release the group, in the process that owns it only (never in a forked child)."""
+    if os.getpid() == owner:
+        backend.close(timeout)
+
+
 class Freezer:
     """A group of processes that `freeze()` stops and `thaw()` resumes, for real.
 
@@ -580,11 +603,14 @@ class Freezer:
     (default: this process's own v2 group; give a delegated subtree when not root). `name`:
     the group's directory name. `timeout`: seconds each call waits for the kernel.
 
-    One owner: the freezer owns its group (the cgroup directory, the pidfds) and `close()`
-    (or the end of a ``with`` block, or the interpreter's exit) thaws the work, moves its
-    processes back to the groups they came from (else the parent group), removes the group
-    and leaves the processes running. `close()` is safe twice; every call after it raises
-    `FreezerClosedError`. All methods are thread-safe (one lock).
+    One owner: the process that creates a freezer owns its group (the cgroup directory, the
+    pidfds); a forked child that inherits the object cannot use it, and its close() (or
+    exit) leaves the group alone. `close()` (or the end of a ``with`` block, or the owner's
+    normal exit) thaws the work, then releases the children before the parents: the open
+    files, then the processes (moved back to the groups they came from, else the parent
+    group), then any group created below ours, then ours; the processes are left running.
+    `close()` is safe twice; every call after it raises `FreezerClosedError`. All methods
+    are thread-safe (one lock).
     """
 
     def __init__(
@@ -599,15 +625,12 @@ class Freezer:
             raise ArgumentError(
                 f"mechanism must be 'auto', 'cgroup' or 'signal', not {mechanism!r}"
             )
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-            raise ArgumentTypeError(f"timeout must be a number of seconds, not {timeout!r}")
-        if not timeout > 0:
-            raise ArgumentError(f"timeout must be > 0, not {timeout}")
         if name is not None and (not name or "/" in name or name in (".", "..")):
             raise ArgumentError(f"name must be one directory name, not {name!r}")
-        self.timeout = float(timeout)
+        self.timeout = _timeout(timeout)
         self._lock = threading.RLock()
         self._closed = False
+        self._owner = os.getpid()
         backend: _Cgroup | _Signals | None = None
         reason = f"{mechanism} asked for"
         if mechanism in ("auto", "cgroup"):
@@ -623,7 +646,7 @@ class Freezer:
             backend = _Signals()
         self._backend = backend
         self.reason = reason
-        self._finalize = weakref.finalize(self, backend.close, self.timeout)
+        self._finalize = weakref.finalize(self, _close, backend, self._owner, self.timeout)
         _log.info("freezer: %s (%s)", backend.describe(), reason)
 
     # ---- state -------------------------------------------------------------------------------
@@ -690,14 +713,14 @@ class Freezer:
         Freezing a frozen group confirms it again (and holds newcomers)."""
         with self._lock:
             self._check()
-            self._backend.freeze(time.monotonic() + (timeout or self.timeout))
+            self._backend.freeze(time.monotonic() + _timeout(timeout or self.timeout))
 
     def thaw(self, timeout: float | None = None) -> None:
         """Resume the group; returns once the kernel says it runs. Idempotent."""
         with self._lock:
             self._check()
             if self._backend.frozen:
-                self._backend.thaw(time.monotonic() + (timeout or self.timeout))
+                self._backend.thaw(time.monotonic() + _timeout(timeout or self.timeout))
 
     def close(self) -> None:
         """Thaw, release every process (left running), remove the group. Safe twice."""
@@ -710,6 +733,11 @@ class Freezer:
     def _check(self) -> None:
         if self._closed:
             raise FreezerClosedError("the freezer is closed")
+        if os.getpid() != self._owner:
+            raise FreezeError(
+                f"this freezer belongs to pid {self._owner}, which created it; a forked "
+                "child cannot use it (its close() leaves the group alone)"
+            )
 
     def __enter__(self) -> Freezer:
         return self

@@ -425,3 +425,48 @@ def test_the_benchmark_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     )
     table = capsys.readouterr().out
     assert "signal     freeze" in table and "signal     thaw" in table
+
+
+def test_groups_created_below_ours_are_removed_first(work: Work) -> None:
+    _cgroup_or_skip()
+    kid = work.spawn()
+    origin = v2_path(kid)
+    fz = Freezer("cgroup")
+    fz.add(work.pid)
+    assert fz.path is not None
+    sub = Path(fz.path, "sub", "deeper")
+    sub.mkdir(parents=True)  # as a container runtime inside the work might
+    (sub / "cgroup.procs").write_text(str(kid))
+    fz.freeze()  # the subgroup is frozen with ours
+    still([work.pid, kid])
+    assert sorted(fz.pids()) == sorted([work.pid, kid])
+    fz.close()
+    assert not Path(fz_path := str(sub.parent.parent)).exists(), fz_path
+    assert v2_path(kid) == origin
+    advances(kid)
+
+
+def test_a_forked_child_cannot_use_or_release_the_group(mechanism: str, work: Work) -> None:
+    fz = Freezer(mechanism)
+    try:
+        fz.add(work.pid)
+        fz.freeze()
+        pid = os.fork()
+        if pid == 0:  # the child: refused, and its close() leaves the group alone
+            code = 1
+            try:
+                fz.thaw()
+            except freeze.FreezeError as exc:
+                code = 3 if "belongs to pid" in str(exc) else 2
+            fz.close()
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 3
+        assert fz.frozen and held_state(fz, work.pid)
+        if mechanism == "cgroup":
+            assert fz.path is not None and Path(fz.path).is_dir()
+        still([work.pid])
+        fz.thaw()
+        advances(work.pid)
+    finally:
+        fz.close()
