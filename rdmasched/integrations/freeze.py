@@ -8,8 +8,9 @@ the new state. Two mechanisms (docs/PREEMPTION.md says which is chosen when, and
   ``cgroup2`` mount, which on hybrid machines sits beside the v1 controllers, e.g. at
   /sys/fs/cgroup/unified). Processes are moved in through ``cgroup.procs``; ``cgroup.freeze``
   freezes and thaws the whole group (children the work forks are in it from birth), and
-  the call waits until ``cgroup.events`` says ``frozen 1`` / ``frozen 0``, woken by the
-  kernel's notification (poll() for POLLPRI on cgroup.events, re-read at least every 100 ms).
+  the call waits until ``cgroup.events`` says ``frozen 1`` / ``frozen 0``: re-read after
+  20, 40, ... us, then waited for with poll() (POLLPRI: the kernel's change notification)
+  and re-read at least every 1 ms, as the kernel sends at most one notification per 10 ms.
   Needs root or a delegated subtree (pass ``parent=``).
 - ``"signal"``: SIGSTOP / SIGCONT to every process of the group, sent through pidfds (a
   recycled pid is never signalled). The group is the processes added, their descendants
@@ -43,8 +44,10 @@ _log = logging.getLogger("rdmasched.freeze")
 MECHANISMS = ("cgroup", "signal")
 #: how long freeze(), thaw() and close() wait for the kernel to confirm, by default
 DEFAULT_TIMEOUT_S = 10.0
-#: cgroup.events is re-read at least this often while waiting, even without a notification
-_EVENTS_POLL_MS = 100
+#: cgroup.events is re-read at least this often while waiting, even without a notification:
+#: the kernel rate-limits its notifications to one per 10 ms per file
+#: (CGROUP_FILE_NOTIFY_MIN_INTV), so a freeze soon after a thaw would wait for the timer
+_EVENTS_POLL_MS = 1
 
 
 # ---- errors ----------------------------------------------------------------------------------
@@ -322,8 +325,12 @@ class _Cgroup:
         return parse_events(os.read(self._events, 4096).decode())
 
     def _wait_frozen(self, want: int, deadline: float) -> None:
+        """Until cgroup.events says ``frozen <want>``: re-read after 20, 40, ... us, then
+        poll() it for the kernel's notification, re-reading at least every 1 ms (the
+        kernel sends at most one notification per 10 ms per file)."""
         poller = select.poll()
         poller.register(self._events, select.POLLPRI)
+        delay = 0.0
         while True:
             ev = self._events_state()  # the read re-arms the notification
             if ev.get("frozen") == want:
@@ -334,7 +341,11 @@ class _Cgroup:
                     f"{self.path}/cgroup.events still says frozen {ev.get('frozen')} "
                     f"(processes: {self.pids()})"
                 )
-            poller.poll(min(_EVENTS_POLL_MS, max(1, int(left * 1000))))
+            if delay < _EVENTS_POLL_MS / 1000:
+                time.sleep(delay)
+                delay = delay * 2 or 20e-6
+            else:
+                poller.poll(_EVENTS_POLL_MS)
 
     def add(self, pids: list[int]) -> list[int]:
         """Move `pids` in; the ones that no longer exist are returned."""
@@ -421,7 +432,7 @@ class _Cgroup:
     def describe(self) -> str:
         return (
             f"cgroup v2 group {self.path}, frozen through cgroup.freeze "
-            "(confirmed by cgroup.events, woken by poll())"
+            "(confirmed by cgroup.events: re-read with a backoff, then poll())"
         )
 
 
@@ -531,14 +542,14 @@ class _Signals:
 
     def freeze(self, deadline: float) -> None:
         self.frozen = True
-        self.sweep()
+        # the members known first (the pidfds make a recycled pid harmless), then sweeps:
+        # once every member is stopped none can fork, and children forked before that are
+        # in /proc already, so when a sweep finds no new one the whole group is held
         todo = list(self.members.values())
         while todo:
             for p in todo:
                 self._send(p, signal.SIGSTOP)
             self._wait_all([p for p in todo if p.pid in self.members], deadline)
-            # every member is stopped and cannot fork now: children forked before that
-            # are in /proc already; once a sweep finds none, the whole group is held
             todo = self.sweep()
 
     def _wait_all(self, live: list[_Proc], deadline: float) -> None:
