@@ -347,8 +347,9 @@ class _Cgroup:
             else:
                 poller.poll(_EVENTS_POLL_MS)
 
-    def add(self, pids: list[int]) -> list[int]:
-        """Move `pids` in; the ones that no longer exist are returned."""
+    def add(self, pids: list[int], children: bool) -> list[int]:
+        """Move `pids` in; the ones that no longer exist are returned. (What they fork
+        later is born in the group whatever `children` says.)"""
         gone = []
         for p in pids:
             origin = cgroup2_path(_read(f"/proc/{p}/cgroup") or "")
@@ -450,7 +451,8 @@ class _Signals:
 
     def __init__(self) -> None:
         self.frozen = False
-        self.roots: set[int] = set()  # added by the user (descendants follow)
+        self.roots: set[int] = set()  # added by the user
+        self.follow: set[int] = set()  # members whose descendants are members too
         self.members: dict[int, _Proc] = {}
 
     def _open(self, st: ProcStat) -> _Proc | None:
@@ -469,6 +471,7 @@ class _Signals:
         if p is not None:
             os.close(p.fd)
         self.roots.discard(pid)
+        self.follow.discard(pid)
 
     def _send(self, p: _Proc, sig: int) -> bool:
         try:
@@ -486,14 +489,21 @@ class _Signals:
 
     def sweep(self) -> list[_Proc]:
         """Refresh the members from /proc: drop the dead, add new descendants (and session
-        members of a root that leads its session). Returns the new members."""
+        members of a root that leads its session). Returns the new members. Without
+        children to follow, it reads only the members' own stat files, not all of /proc."""
+        if not self.follow:
+            for pid, p in list(self.members.items()):
+                st = read_stat(pid)
+                if st is None or st.starttime != p.start or st.state in "ZX":
+                    self._drop(pid)
+            return []
         table = proc_table()
         for pid, p in list(self.members.items()):
             st = table.get(pid)
             if st is None or st.starttime != p.start or st.state in "ZX":
                 self._drop(pid)
-        leaders = {r for r in self.roots if (st := table.get(r)) and st.session == r}
-        found = descendants(self.members, table)
+        leaders = {r for r in self.roots & self.follow if (st := table.get(r)) and st.session == r}
+        found = descendants(self.follow, table)
         if leaders:
             found |= {pid for pid, st in table.items() if st.session in leaders}
         found -= _self_and_ancestors(table)
@@ -505,10 +515,11 @@ class _Signals:
             q = self._open(st)
             if q is not None:
                 self.members[pid] = q
+                self.follow.add(pid)
                 new.append(q)
         return new
 
-    def add(self, pids: list[int]) -> list[int]:
+    def add(self, pids: list[int], children: bool) -> list[int]:
         gone = []
         for pid in pids:
             st = read_stat(pid)
@@ -525,6 +536,8 @@ class _Signals:
             if old is not None:
                 os.close(old.fd)
             self.members[pid] = p
+            if children:
+                self.follow.add(pid)
         self.roots |= set(pids) - set(gone)
         return gone
 
@@ -687,8 +700,10 @@ class Freezer:
 
     # ---- operations --------------------------------------------------------------------------
     def add(self, pid: int, *, children: bool = True) -> None:
-        """Hold process `pid` (with its current and future children unless `children` is
-        False: then only the future ones of the cgroup mechanism). Added to a frozen group,
+        """Hold process `pid` and its children, now and later. With `children=False` the
+        process alone: its current children stay out; under signals its future ones too
+        (and while no member follows children a freeze reads no /proc but the members'
+        own files: faster), under the cgroup they are born in the group. Added to a frozen group,
         it is frozen before this returns. Raises `NoSuchProcessError` for a pid that does
         not exist or has exited, `ArgumentError` for this process or one of its ancestors,
         `FreezePermissionError` when the kernel refuses."""
@@ -713,7 +728,7 @@ class Freezer:
             pids = [pid]
             if children:
                 pids += sorted(descendants([pid], table) - _self_and_ancestors(table))
-            gone = self._backend.add(pids)
+            gone = self._backend.add(pids, children)
             if pid in gone:
                 raise NoSuchProcessError(f"pid {pid} does not exist (it exited)")
             if self._backend.frozen:

@@ -472,3 +472,16 @@ def test_a_forked_child_cannot_use_or_release_the_group(mechanism: str, work: Wo
         advances(work.pid)
     finally:
         fz.close()
+
+
+def test_children_false_holds_the_process_alone(mechanism: str, work: Work) -> None:
+    kid = work.spawn()
+    with Freezer(mechanism) as fz:
+        fz.add(work.pid, children=False)
+        assert fz.pids() == [work.pid]
+        fz.freeze()
+        assert fz.pids() == [work.pid]
+        still([work.pid])
+        advances(kid)  # the child was not taken
+        fz.thaw()
+        advances(work.pid)
