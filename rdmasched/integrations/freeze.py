@@ -79,6 +79,9 @@ class FreezerClosedError(FreezeError, ValueError):
 
 
 # ---- parsing (pure) --------------------------------------------------------------------------
+PF_KTHREAD = 0x00200000
+
+
 def _unescape(field: str) -> str:
     """A field of /proc/self/mounts: spaces, tabs, newlines and backslashes are octal."""
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
@@ -112,6 +115,7 @@ class ProcStat:
     ppid: int
     pgrp: int
     session: int
+    flags: int  #: the kernel's PF_* flags (PF_KTHREAD: a kernel thread)
     utime: int  #: clock ticks in user mode
     stime: int  #: clock ticks in kernel mode
     starttime: int  #: clock ticks after boot: with the pid, the identity of a process
@@ -132,6 +136,7 @@ def parse_stat(text: str) -> ProcStat:
         int(rest[1]),
         int(rest[2]),
         int(rest[3]),
+        int(rest[6]),
         int(rest[11]),
         int(rest[12]),
         int(rest[19]),
@@ -215,7 +220,8 @@ def _self_and_ancestors(table: dict[int, ProcStat] | None = None) -> set[int]:
 def descendants(roots: Iterable[int], table: dict[int, ProcStat]) -> set[int]:
     kids: dict[int, list[int]] = {}
     for st in table.values():
-        kids.setdefault(st.ppid, []).append(st.pid)
+        if not st.flags & PF_KTHREAD:
+            kids.setdefault(st.ppid, []).append(st.pid)
     out: set[int] = set()
     todo = list(roots)
     while todo:
@@ -313,10 +319,19 @@ class _Cgroup:
         try:
             os.write(fd, text.encode())
         except PermissionError as exc:
+            hint = (
+                " (moving a process needs write access to cgroup.procs of the common "
+                "ancestor of both groups too)"
+                if name == "cgroup.procs"
+                else ""
+            )
             raise FreezePermissionError(
-                f"permission denied writing {text!r} to {file} (moving a process needs "
-                "write access to cgroup.procs of the common ancestor of both groups)"
+                f"permission denied writing {text!r} to {file}{hint}"
             ) from exc
+        except ProcessLookupError:
+            raise  # the process exited: the callers drop it
+        except OSError as exc:
+            raise FreezeError(f"cannot write {text!r} to {file}: {exc.strerror}") from exc
         finally:
             os.close(fd)
 
@@ -391,7 +406,7 @@ class _Cgroup:
                 self._write("cgroup.procs", str(p), dest)
             except ProcessLookupError:
                 continue
-            except OSError:
+            except FreezeError:
                 if dest == self.parent:
                     raise
                 try:  # the origin does not take processes (any more): the parent does
@@ -719,6 +734,8 @@ class Freezer:
                 raise NoSuchProcessError(f"pid {pid} does not exist")
             if st.state in "ZX":
                 raise NoSuchProcessError(f"pid {pid} ({st.comm}) has exited (a zombie)")
+            if st.flags & PF_KTHREAD:
+                raise ArgumentError(f"pid {pid} ({st.comm}) is a kernel thread: it cannot be held")
             table = proc_table() if children else {pid: st}
             if pid in _self_and_ancestors(table if children else None):
                 raise ArgumentError(

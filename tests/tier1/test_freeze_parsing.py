@@ -47,6 +47,7 @@ def test_stat_with_spaces_and_parens_in_the_name() -> None:
         3,
     )
     assert (st.utime, st.stime, st.starttime) == (7, 5, 12345)
+    assert st.flags == 4194560 and not st.flags & freeze.PF_KTHREAD
     for bad in ("", "42 no parens", "42 (x) S 1"):
         with pytest.raises(ValueError):
             freeze.parse_stat(bad)

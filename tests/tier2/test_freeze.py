@@ -275,6 +275,10 @@ def test_errors_are_clear(mechanism: str, work: Work) -> None:
             fz.add(os.getpid())
         with pytest.raises(ArgumentError, match="calling process"):
             fz.add(os.getppid())  # an ancestor: freezing it could freeze us
+        kthreads = [p for p, st in freeze.proc_table().items() if st.flags & freeze.PF_KTHREAD]
+        if kthreads:  # none in a pid namespace of its own
+            with pytest.raises(ArgumentError, match="kernel thread"):
+                fz.add(kthreads[0])
         with pytest.raises(ArgumentTypeError):
             fz.add(True)
         with pytest.raises(ArgumentError):
