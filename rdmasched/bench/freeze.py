@@ -345,16 +345,47 @@ def _millis(text: str) -> float:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options, for this module's parser and for a `rdmasched bench freeze` one."""
     p.add_argument(
-        "--repetitions", type=_positive, default=200, help="freeze/thaw cycles per mechanism"
+        "--repetitions",
+        type=_positive,
+        default=200,
+        help="freeze/thaw cycles per mechanism (default %(default)s)",
     )
     p.add_argument(
-        "--workers", type=_positive, default=2, help="zlib processes of the co-located job"
+        "--workers",
+        type=_positive,
+        default=2,
+        help="zlib processes of the co-located job (default %(default)s)",
     )
-    p.add_argument("--hold-ms", type=_millis, default=2.0, help="how long each freeze is held")
-    p.add_argument("--gap-ms", type=_millis, default=10.0, help="running time between cycles")
-    p.add_argument("--rounds", type=_positive, default=2, help="rounds alternating the mechanisms")
-    p.add_argument("--checks", type=_count, default=3, help="no-progress checks per mechanism")
-    p.add_argument("--check-ms", type=_millis, default=300.0, help="how long each check watches")
+    p.add_argument(
+        "--hold-ms",
+        type=_millis,
+        default=2.0,
+        help="how long each freeze is held (default %(default)s)",
+    )
+    p.add_argument(
+        "--gap-ms",
+        type=_millis,
+        default=10.0,
+        help="running time between cycles (default %(default)s)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=_positive,
+        default=2,
+        help="rounds alternating the mechanisms (default %(default)s)",
+    )
+    p.add_argument(
+        "--checks",
+        type=_count,
+        default=3,
+        help="no-progress checks per mechanism (default %(default)s)",
+    )
+    p.add_argument(
+        "--check-ms",
+        type=_millis,
+        default=300.0,
+        help="how long each check watches (default %(default)s)",
+    )
     p.add_argument(
         "--mechanism",
         nargs="+",
@@ -370,7 +401,6 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p = _Parser(
         prog=prog,
         description=(__doc__ or "").split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_arguments(p)
     return p
@@ -378,9 +408,6 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 def cli(args: argparse.Namespace, prog: str = PROG) -> int:
     """Run from parsed arguments; 0 if verified, 1 if a check failed, 2 on an error."""
-    if args.check_ms == 0:
-        print(f"{prog}: error: argument --check-ms: must be > 0", file=sys.stderr)
-        return 2
     try:
         r = run(
             args.repetitions,
