@@ -34,6 +34,7 @@ from rdmasched.integrations.freeze import (
 
 DEADLINE_S = 60.0
 QUIET_S = 0.5  # how long a frozen process is watched for progress
+SETTLE_S = 0.05
 
 # burns CPU; prints its pid, then (on stdin "spawn") starts a burning child and prints its pid
 WORK = textwrap.dedent(
@@ -76,7 +77,9 @@ def advances(pid: int) -> None:
 
 
 def still(pids: list[int]) -> None:
-    """The processes make no progress at all over QUIET_S."""
+    """The processes make no progress at all over QUIET_S (from SETTLE_S after the freeze:
+    the kernel counts a task frozen or stopped just before it leaves the CPU)."""
+    time.sleep(SETTLE_S)
     before = {p: cpu_ticks(p) for p in pids}
     time.sleep(QUIET_S)
     after = {p: cpu_ticks(p) for p in pids}
