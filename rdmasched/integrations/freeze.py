@@ -282,9 +282,10 @@ class _Cgroup:
                     f"{parent} is not a directory of a cgroup v2 hierarchy "
                     f"(cgroup2 mounts: {', '.join(m for m, _ in mounts)})"
                 )
-            if found[-1][1]:
-                raise FreezerUnavailableError(f"the cgroup2 mount {found[-1][0]} is read-only")
-            self.mount, parent = found[-1][0], real
+            mount, ro = max(found, key=lambda f: len(f[0]))  # the innermost mount
+            if ro:
+                raise FreezerUnavailableError(f"the cgroup2 mount {mount} is read-only")
+            self.mount, parent = mount, real
         self.parent = parent
         self.path = os.path.join(parent, name or f"rdmasched-freeze-{os.getpid()}-{next(_names)}")
         try:
