@@ -317,6 +317,8 @@ class _Cgroup:
             fd = os.open(file, os.O_WRONLY)
         except PermissionError as exc:
             raise FreezePermissionError(f"permission denied opening {file}") from exc
+        except OSError as exc:  # the group was removed under us, say
+            raise FreezeError(f"cannot open {file}: {exc.strerror}") from exc
         try:
             os.write(fd, text.encode())
         except PermissionError as exc:

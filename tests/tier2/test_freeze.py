@@ -492,3 +492,23 @@ def test_children_false_holds_the_process_alone(mechanism: str, work: Work) -> N
         advances(kid)  # the child was not taken
         fz.thaw()
         advances(work.pid)
+
+
+def test_a_group_inside_a_given_parent(work: Work) -> None:
+    _cgroup_or_skip()
+    with Freezer("cgroup") as outer:
+        assert outer.path is not None
+        inner = Freezer("cgroup", parent=outer.path, name="job")
+        assert inner.path == os.path.join(outer.path, "job")
+        inner.add(work.pid)
+        outer.freeze()  # freezing a group freezes the groups below it
+        still([work.pid])
+        outer.thaw()
+        advances(work.pid)
+        inner.freeze()
+        still([work.pid])
+        inner.close()
+        assert not Path(outer.path, "job").exists()
+        advances(work.pid)
+        with pytest.raises(ArgumentError, match="one directory name"):
+            Freezer("cgroup", parent=outer.path, name="a/b")
