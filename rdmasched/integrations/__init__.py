@@ -1,0 +1,1 @@
+"""rdmasched beside real work: OS-enforced preemption (`freeze`). See docs/PREEMPTION.md."""
