@@ -240,13 +240,14 @@ class Channel:
             if self._rx_seq == 0:
                 # The peer may have refused our proof before it derived the keys: its error
                 # is plain. Shown as the peer's word; it is an error either way.
+                plain: dict[str, Any] = {}
                 with contextlib.suppress(BootstrapError):
                     plain = self._decode(body)
-                    if plain["t"] == "error":
-                        raise BootstrapError(
-                            f"bootstrap peer {self.peer} refused: "
-                            f"{plain.get('msg') or plain.get('code')} (unauthenticated reply)"
-                        )
+                if plain.get("t") == "error":
+                    raise BootstrapError(
+                        f"bootstrap peer {self.peer} refused: "
+                        f"{plain.get('msg') or plain.get('code')} (unauthenticated reply)"
+                    )
             text = (
                 "fails its MAC: altered, replayed, reordered or dropped in transit (a "
                 "relay in the path?); the connection is not trusted"
