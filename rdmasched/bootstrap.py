@@ -119,6 +119,13 @@ def _token_bytes(token: str | bytes) -> bytes:
     return raw
 
 
+def _show(v: object, limit: int = 80) -> str:
+    """A value the peer chose, for a message or the log: printable, one line, bounded."""
+    text = v if isinstance(v, str) else repr(v)
+    text = text.encode("unicode_escape", "backslashreplace").decode("ascii")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _is_node(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 0xFFFF
 
@@ -168,6 +175,7 @@ class Channel:
         self._rx_key: bytes | None = None
         self._tx_seq = 0
         self._rx_seq = 0
+        self._broken = ""  # set when a sealed frame failed: nothing more is trusted
 
     @property
     def sealed(self) -> bool:
@@ -222,7 +230,7 @@ class Channel:
         except Exception as exc:
             raise BootstrapError(
                 f"bootstrap peer {self.peer} sent a frame that is not "
-                f"msgpack ({exc}): not an rdmasched bootstrap peer?"
+                f"msgpack ({_show(str(exc))}): not an rdmasched bootstrap peer?"
             ) from None
         if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
             raise BootstrapError(
@@ -246,7 +254,8 @@ class Channel:
                 if plain.get("t") == "error":
                     raise BootstrapError(
                         f"bootstrap peer {self.peer} refused: "
-                        f"{plain.get('msg') or plain.get('code')} (unauthenticated reply)"
+                        f"{_show(plain.get('msg') or plain.get('code'), 300)} "
+                        "(unauthenticated reply)"
                     )
             text = (
                 "fails its MAC: altered, replayed, reordered or dropped in transit (a "
@@ -260,15 +269,16 @@ class Channel:
                         "msg": f"your sealed message {self._rx_seq} {text}",
                     }
                 )
-            raise BootstrapError(
-                f"sealed message {self._rx_seq} from bootstrap peer {self.peer} {text}"
-            )
+            self._broken = f"sealed message {self._rx_seq} from bootstrap peer {self.peer} {text}"
+            raise BootstrapError(self._broken)
         self._rx_seq += 1
         return self._decode(data)
 
     def recv(self, expect: str | None = None) -> dict[str, Any]:
         """The next message; an {"t": "error"} from the peer becomes BootstrapError, and so
         does a message of another type than `expect`, or a sealed frame whose MAC fails."""
+        if self._broken:
+            raise BootstrapError(self._broken)
         limit = self.timeout_s
         deadline = time.monotonic() + limit
         if self.deadline is not None and self.deadline < deadline:
@@ -285,13 +295,13 @@ class Channel:
         msg = self._unseal(body) if self._rx_key is not None else self._decode(body)
         if msg["t"] == "error":
             code = msg.get("code")
-            text = f"bootstrap peer {self.peer} refused: {msg.get('msg') or code}"
+            text = f"bootstrap peer {self.peer} refused: {_show(msg.get('msg') or code, 300)}"
             if code == "busy" and not self.sealed:
                 raise _Retry(text)
             raise BootstrapError(text)
         if expect is not None and msg["t"] != expect:
             raise BootstrapError(
-                f"bootstrap peer {self.peer} sent {msg['t']!r} where {expect!r} was due"
+                f"bootstrap peer {self.peer} sent {_show(msg['t'])!r} where {expect!r} was due"
             )
         return msg
 
@@ -323,13 +333,13 @@ class Channel:
         msg = self.recv()
         if msg["t"] != "challenge":
             raise BootstrapError(
-                f"bootstrap peer {self.peer} sent {msg['t']!r} instead of a "
+                f"bootstrap peer {self.peer} sent {_show(msg['t'])!r} instead of a "
                 "challenge: not an rdmasched bootstrap peer?"
             )
         if msg.get("v") != version:
             raise BootstrapError(
                 f"bootstrap peer {self.peer} speaks protocol version "
-                f"{msg.get('v')}, this node {version}: run the same rdmasched "
+                f"{_show(msg.get('v'))}, this node {version}: run the same rdmasched "
                 "version on both nodes"
             )
         snonce, mac, snode = msg.get("nonce"), msg.get("mac"), msg.get("node")
@@ -359,11 +369,11 @@ class Channel:
         if msg["t"] != "hello" or msg.get("proto") != PROTOCOL:
             self.fail("proto", f"expected a {PROTOCOL} hello")
             raise BootstrapError(
-                f"bootstrap client {self.peer} is not an rdmasched peer (sent {msg['t']!r})"
+                f"bootstrap client {self.peer} is not an rdmasched peer (sent {_show(msg['t'])!r})"
             )
         if msg.get("v") != version:
             text = (
-                f"protocol version mismatch: client {msg.get('v')}, server {version}; run "
+                f"protocol version mismatch: client {_show(msg.get('v'))}, server {version}; run "
                 "the same rdmasched version on both nodes"
             )
             try:
@@ -625,7 +635,8 @@ class Listener:
             self._admit(sock, f"{addr[0]}:{addr[1]}")
 
     def _admit(self, sock: socket.socket, peer: str) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         ch = Channel(sock, peer, self.timeout_s)
         ch.deadline = time.monotonic() + self.handshake_timeout_s
         ch.deadline_s = self.handshake_timeout_s
@@ -657,7 +668,14 @@ class Listener:
         if not admitted:
             self._refuse(sock, peer)
             return
-        t.start()
+        try:
+            t.start()
+        except RuntimeError as exc:  # no more threads: as good as over the bound
+            with self._lock:
+                self._pending.pop(ch, None)
+                self._n["refused"] += 1
+            self._refuse(sock, peer)
+            self._note(f"cannot start a handshake thread: {exc}", count=None)
 
     def _refuse(self, sock: socket.socket, peer: str) -> None:
         body = msgpack.packb(
@@ -701,6 +719,7 @@ class Listener:
     def _note(self, text: str, count: str | None) -> None:
         """Count a failure and log it, at most one warning per second (an attacker must not
         flood the log)."""
+        text = _show(text, 500)
         now = time.monotonic()
         with self._lock:
             if count is not None:
