@@ -26,8 +26,9 @@ dropped by anything in the path fails its MAC. The token itself never crosses th
 nothing that grants access (an rkey) is sent before both sides have proved they hold it.
 
 The listener accepts concurrently: each unauthenticated connection gets its own thread and
-one overall deadline; at most `max_pending` are open at once (a newcomer evicts the stalest
-one if it has stalled STALL_S, or is refused with "busy" at once). A failed handshake is
+one overall deadline; at most `max_pending` are open at once, a quarter of them from one
+address (a newcomer evicts the stalest one if it has stalled STALL_S, or is refused with
+"busy" at once). A failed handshake is
 logged and counted (`Listener.stats()`), never an error of `accept()`.
 """
 
@@ -170,6 +171,7 @@ class Channel:
         self.timeout_s = timeout_s
         self.deadline: float | None = None  # monotonic; bounds the whole handshake (server)
         self.deadline_s = timeout_s  # what `deadline` allowed, for messages
+        self.host = peer.rpartition(":")[0]  # the peer's address, for per-host limits
         self.last_progress = time.monotonic()  # when the last whole frame arrived
         self._tx_key: bytes | None = None
         self._rx_key: bytes | None = None
@@ -504,8 +506,8 @@ class ListenerStats:
     connections: int  # TCP connections accepted
     authenticated: int  # handshakes that succeeded (channels for accept())
     failed: int  # handshakes that failed: not a peer, malformed, wrong token, version, deadline
-    refused: int  # closed at once ("busy"): max_pending unauthenticated connections were open
-    evicted: int  # closed for a newcomer while at max_pending, after stalling STALL_S
+    refused: int  # closed at once ("busy"): the bound (or the host's share of it) was full
+    evicted: int  # closed for a newcomer while at the bound, after stalling STALL_S
     pending: int  # handshakes under way now
     last_failure: str  # why the last handshake failed ("" if none did)
 
@@ -515,7 +517,8 @@ class Listener:
 
     Connections are accepted and authenticated on background threads from the start, one
     thread per connection, each handshake bounded by `handshake_timeout_s` (default
-    `timeout_s`) as a whole; at most `max_pending` handshakes run at once. A connection that
+    `timeout_s`) as a whole; at most `max_pending` handshakes run at once, at most
+    `max_pending_per_host` (default a quarter) from one address. A connection that
     fails (garbage, wrong token, another version, too slow) is logged, counted in `stats()`
     and closed: it never makes `accept()` fail, nor delays another client.
     """
@@ -530,6 +533,7 @@ class Listener:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         version: int = VERSION,
         max_pending: int = DEFAULT_MAX_PENDING,
+        max_pending_per_host: int | None = None,
         handshake_timeout_s: float | None = None,
     ) -> None:
         self._token = _token_bytes(token)
@@ -544,6 +548,14 @@ class Listener:
             raise ConfigError(f"handshake_timeout_s must be > 0, not {self.handshake_timeout_s}")
         self.version = version
         self.max_pending = max_pending
+        self.max_pending_per_host = (
+            max(1, max_pending // 4) if max_pending_per_host is None else max_pending_per_host
+        )
+        if not 1 <= self.max_pending_per_host <= max_pending:
+            raise ConfigError(
+                f"max_pending_per_host must be 1..max_pending ({max_pending}), "
+                f"not {self.max_pending_per_host}"
+            )
         try:
             self.sock = socket.create_server((host, port), reuse_port=False, backlog=128)
         except OSError as exc:
@@ -632,12 +644,13 @@ class Listener:
                 self._note(f"accept failed: {exc}", count=None)
                 time.sleep(0.1)
                 return
-            self._admit(sock, f"{addr[0]}:{addr[1]}")
+            self._admit(sock, str(addr[0]), f"{addr[0]}:{addr[1]}")
 
-    def _admit(self, sock: socket.socket, peer: str) -> None:
+    def _admit(self, sock: socket.socket, host: str, peer: str) -> None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         ch = Channel(sock, peer, self.timeout_s)
+        ch.host = host
         ch.deadline = time.monotonic() + self.handshake_timeout_s
         ch.deadline_s = self.handshake_timeout_s
         t = threading.Thread(
@@ -647,8 +660,15 @@ class Listener:
         admitted = True
         with self._lock:
             self._n["connections"] += 1
-            if len(self._pending) >= self.max_pending:
-                stalest = min(self._pending, key=lambda c: c.last_progress)
+            # One host gets at most its share of the bound, so a flood from one address
+            # cannot lock the others out; past either limit, the newcomer may replace the
+            # stalest connection of the same pool, or is refused.
+            pool = [c for c in self._pending if c.host == host]
+            full = len(pool) >= self.max_pending_per_host
+            if not full and len(self._pending) >= self.max_pending:
+                pool, full = list(self._pending), True
+            if full:
+                stalest = min(pool, key=lambda c: c.last_progress)
                 if time.monotonic() - stalest.last_progress >= STALL_S:
                     victim = stalest
                     del self._pending[victim]
@@ -661,7 +681,8 @@ class Listener:
         if victim is not None:
             victim._abort()
             self._note(
-                f"{self.max_pending} unauthenticated connections open: closed the stalest, "
+                f"unauthenticated connections at the bound ({self.max_pending}, "
+                f"{self.max_pending_per_host} per host): closed the stalest, "
                 f"{victim.peer}, for {peer}",
                 count=None,
             )
@@ -682,7 +703,10 @@ class Listener:
             {
                 "t": "error",
                 "code": "busy",
-                "msg": f"{self.max_pending} unauthenticated connections open; try again",
+                "msg": (
+                    f"unauthenticated connections at the bound ({self.max_pending}, "
+                    f"{self.max_pending_per_host} per host); try again"
+                ),
             },
             use_bin_type=True,
         )
@@ -692,7 +716,9 @@ class Listener:
         with contextlib.suppress(OSError):
             sock.close()
         self._note(
-            f"{self.max_pending} unauthenticated connections open: refused {peer}", count=None
+            f"unauthenticated connections at the bound ({self.max_pending}, "
+            f"{self.max_pending_per_host} per host): refused {peer}",
+            count=None,
         )
 
     def _handshake(self, ch: Channel) -> None:

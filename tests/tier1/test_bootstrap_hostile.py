@@ -21,7 +21,7 @@ import msgpack
 import pytest
 
 from rdmasched import bootstrap
-from rdmasched.errors import BootstrapError
+from rdmasched.errors import BootstrapError, ConfigError
 
 TOKEN = "correct horse battery"
 GOOD_NODE = 1
@@ -162,7 +162,13 @@ def test_idle_connection_is_dropped_at_its_deadline() -> None:
 def test_many_connections_at_once_are_bounded() -> None:
     bound = 4
     with bootstrap.Listener(
-        "127.0.0.1", 0, token=TOKEN, node=SERVER_NODE, timeout_s=60, max_pending=bound
+        "127.0.0.1",
+        0,
+        token=TOKEN,
+        node=SERVER_NODE,
+        timeout_s=60,
+        max_pending=bound,
+        max_pending_per_host=bound,  # every connection here comes from 127.0.0.1
     ) as lst:
         idle: list[socket.socket] = []
         garbage: list[socket.socket] = []
@@ -213,7 +219,13 @@ def test_a_flood_of_idle_connections_does_not_lock_out_a_good_peer() -> None:
     """Every pending slot held by a stalled connection: a newcomer evicts the stalest one."""
     bound = 3
     with bootstrap.Listener(
-        "127.0.0.1", 0, token=TOKEN, node=SERVER_NODE, timeout_s=60, max_pending=bound
+        "127.0.0.1",
+        0,
+        token=TOKEN,
+        node=SERVER_NODE,
+        timeout_s=60,
+        max_pending=bound,
+        max_pending_per_host=bound,  # every connection here comes from 127.0.0.1
     ) as lst:
         idle = [socket.create_connection(("127.0.0.1", lst.port)) for _ in range(bound)]
         try:
@@ -463,3 +475,55 @@ def test_relay_rewriting_a_node_id_in_the_handshake_is_detected(direction: str) 
     assert isinstance(cli["error"], BootstrapError)
     assert "altered" in str(cli["error"]) or "token" in str(cli["error"])
     assert srv["stats"].failed == 1
+
+
+def test_a_sustained_flood_from_one_host_does_not_lock_out_another() -> None:
+    """One host opening connections as fast as it can holds at most its share of the bound;
+    a peer from another address is served within its normal time. (Linux routes all of
+    127/8 to loopback, so 127.0.0.2 is another host here.)"""
+    with bootstrap.Listener(
+        "0.0.0.0", 0, token=TOKEN, node=SERVER_NODE, timeout_s=60, max_pending=8
+    ) as lst:
+        stop = threading.Event()
+        opened = [0]
+
+        def flood() -> None:
+            socks: list[socket.socket] = []
+            while not stop.is_set():
+                s = socket.socket()
+                s.bind(("127.0.0.2", 0))
+                with contextlib.suppress(OSError):
+                    s.connect(("127.0.0.1", lst.port))
+                    opened[0] += 1
+                socks.append(s)
+                if len(socks) > 200:
+                    socks.pop(0).close()
+            for s in socks:
+                s.close()
+
+        t = threading.Thread(target=flood, daemon=True)
+        t.start()
+        try:
+            wait_for(lambda: opened[0] > 50, "the flood is under way")
+            check_good_peer_served(lst)
+        finally:
+            stop.set()
+            t.join(10)
+        st = lst.stats()
+        assert st.refused + st.evicted > 0
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"max_pending": 0},
+        {"max_pending": 8, "max_pending_per_host": 0},
+        {"max_pending": 8, "max_pending_per_host": 9},
+        {"handshake_timeout_s": 0},
+        {"node": 70_000},
+    ],
+)
+def test_listener_limits_are_checked(kw: dict[str, Any]) -> None:
+    args: dict[str, Any] = {"token": TOKEN, "node": SERVER_NODE, **kw}
+    with pytest.raises(ConfigError):
+        bootstrap.Listener("127.0.0.1", 0, **args)
