@@ -836,7 +836,11 @@ class Endpoint:
 
     # ---- bootstrap ----------------------------------------------------------------------------
     def listen(self, host: str = "127.0.0.1", port: int = 0) -> bootstrap.Listener:
-        """Start accepting bootstrap connections on host:port (0: any free port)."""
+        """Start accepting bootstrap connections on host:port (0: any free port).
+
+        The listener authenticates connections in the background from now on; its
+        `stats()` counts the ones that failed (docs/VERBS.md, "Deadlines and hostile
+        connections")."""
         self._check_open()
         if self._listener is None:
             self._listener = bootstrap.Listener(
@@ -845,7 +849,9 @@ class Endpoint:
         return self._listener
 
     def accept(self, timeout_s: float | None = None, *, nslots: int | None = None) -> Connection:
-        """Wait for one peer to connect to `listen()`'s socket; the connection."""
+        """Wait for the next peer that passes the bootstrap handshake on `listen()`'s socket;
+        the connection. Connections that fail the handshake (garbage, a wrong token, too
+        slow) are logged and counted by the listener, never an error here."""
         self._check_open()
         if self._listener is None:
             raise ConfigError("call listen() before accept()")
