@@ -56,6 +56,11 @@ def _child(fn: Callable[..., dict[str, Any]], out: Any, *args: Any) -> None:
     try:
         out.send(("ok", fn(*args)))
     except BaseException as exc:
+        # A process that cannot start breaks the start barrier at once, so the others and
+        # the runner report this error now rather than a barrier timeout a minute later.
+        for a in args:
+            if isinstance(a, _Shared):
+                a.go.abort()
         out.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
     finally:
         out.close()
