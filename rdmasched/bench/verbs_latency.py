@@ -225,7 +225,7 @@ def main(args: argparse.Namespace) -> int:
         cfg = {
             "device": name,
             "gid_index": gidx,
-            "nslots": args.slots,
+            "nslots": args.lane_slots,
             "n": per_round_n,
             "warmup": warm,
         }

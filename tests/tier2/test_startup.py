@@ -9,6 +9,7 @@ demo's start barrier broke.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import threading
@@ -82,10 +83,8 @@ def test_eight_nodes_start_together_repeatedly() -> None:
             results = [a.recv() if a.poll(120) else "no answer in 120 s" for a in pipes]
         finally:
             for a in pipes:
-                try:
+                with contextlib.suppress(OSError):
                     a.send("done")
-                except OSError:
-                    pass
             for p in procs:
                 p.join(30)
                 if p.is_alive():
