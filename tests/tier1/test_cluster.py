@@ -155,7 +155,7 @@ def test_a_directory_as_config(tmp_path: Path) -> None:
 def test_an_unreadable_token_file(tmp_path: Path) -> None:
     (tmp_path / "tok").write_bytes(b"\xff\xfe-not-text-at-all")
     text = GOOD.replace('name = "train7"', f'name = "train7"\ntoken_file = "{tmp_path}/tok"')
-    with pytest.raises(ConfigError, match="token_file .* is not UTF-8"):
+    with pytest.raises(ConfigError, match=r"token_file .* is not UTF-8"):
         ClusterConfig.load(write(tmp_path, text))
 
 
