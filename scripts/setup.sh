@@ -56,7 +56,7 @@ PY
 
 if [ "${RDMASCHED_SETUP_FORCE:-0}" != 1 ] &&
     "$VENV/bin/python" scripts/setup_stamp.py check "$STAMP" &&
-    importable 2>/dev/null; then
+    importable >/dev/null 2>&1; then
     echo "setup: up to date (nothing changed since the last set-up; RDMASCHED_SETUP_FORCE=1 redoes it)"
     exit 0
 fi

@@ -76,8 +76,15 @@ def _progress(text: str) -> None:
     print(f"bench all: {text}", file=sys.stderr, flush=True)
 
 
-def run(parser: argparse.ArgumentParser, json_out: str, quick: bool = False) -> dict[str, Any]:
-    """Run every benchmark, write the figures to `json_out`, return them."""
+def run(
+    parser: argparse.ArgumentParser,
+    json_out: str,
+    quick: bool = False,
+    extra: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
+    """Run every benchmark, write the figures to `json_out`, return them.
+
+    `extra`: more arguments for some benchmarks, by name (the tests make them small)."""
     from rdmasched import cli
 
     started = time.monotonic()
@@ -91,7 +98,7 @@ def run(parser: argparse.ArgumentParser, json_out: str, quick: bool = False) -> 
         "figures": {},
     }
     for name, (argv, quick_argv) in BENCHES.items():
-        args = parser.parse_args(argv + (quick_argv if quick else []))
+        args = parser.parse_args(argv + (quick_argv if quick else []) + (extra or {}).get(name, []))
         doc["arguments"][name] = {
             k: v for k, v in sorted(vars(args).items()) if k not in ("command", "bench")
         }
