@@ -20,7 +20,9 @@ from typing import Any, NoReturn
 from rdmasched.errors import RdmaschedError
 
 #: bounds of the values a command accepts; beyond them nothing useful happens on one host
-DEMO_MAX_NODES = 64  # every node is a process on this host, with a lane to every other
+#: every node is a process on this host, with a lane to every other and heartbeats to every
+#: other: 16 run on 2 cores; 32 do not get through a step there (every node spins and beats)
+DEMO_MAX_NODES = 16
 MAX_SPIN_US = 10_000_000
 MAX_EXEC_SLOTS = 255  # as in the cluster config
 MAX_MS = 3_600_000.0
@@ -612,6 +614,12 @@ class _UserError(Exception):
     """A problem with what the user asked, found after parsing: one line, exit 1."""
 
 
+def _demo_error() -> type[Exception]:
+    from rdmasched.demo.runner import DemoError
+
+    return DemoError
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -649,6 +657,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         signum = getattr(exc, "signum", signal.SIGINT)
         print(f"{prog}: stopped by {signal.Signals(signum).name}", file=sys.stderr)
         return 128 + signum
+    except _demo_error() as exc:  # what went wrong in the node processes, in full
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
     except (_UserError, RdmaschedError) as exc:
         text = " ".join(str(exc).split("\n")[0].split())
         print(f"{prog}: error: {text}", file=sys.stderr)

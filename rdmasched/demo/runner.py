@@ -36,7 +36,10 @@ class DemoConfig:
     spin_us: int = 50
     starvation_us: int = 1_000_000
     aging_us: int = 100_000
-    timeout_s: float = 300.0
+    #: the run fails when no node finishes a step for this long (a stalled cluster)
+    stall_s: float = 60.0
+    #: and, if set, when it is not finished after this long
+    timeout_s: float | None = None
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     trace_dir: str | None = None
 
@@ -63,6 +66,10 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name}")
         self.signum = signum
+
+
+class DemoError(RdmaschedError, RuntimeError):
+    """The demo could not run to the end: a process failed, or the cluster stalled."""
 
 
 class TraceError(RdmaschedError, ValueError):
@@ -322,34 +329,44 @@ def run_mode(
         try:
             shared.go.wait(60)
         except threading.BrokenBarrierError:
-            raise RuntimeError(
+            raise DemoError(
                 f"{mode}: the processes did not all start: {_child_errors(pipes)}"
             ) from None
-        deadline = time.monotonic() + cfg.timeout_s
+        start = last_move = time.monotonic()
         steps = cfg.workload.steps
+        before: list[int] = []
         while True:
             done = [shared.progress[i] for i in range(cfg.nodes)]
             if progress:
                 progress(mode, done)
             if all(d >= steps for d in done):
                 break
+            now = time.monotonic()
+            if done != before:
+                before, last_move = done, now
             for p in procs:
                 if not p.is_alive():
-                    raise RuntimeError(
-                        f"{mode}: a node process exited early (exit code {p.exitcode})"
+                    raise DemoError(
+                        f"{mode}: a node process exited early (exit code {p.exitcode}): "
+                        f"{_child_errors(pipes)}"
                     )
-            if time.monotonic() > deadline:
-                raise RuntimeError(
+            if now - last_move > cfg.stall_s:
+                raise DemoError(
+                    f"{mode}: no node finished a step for {cfg.stall_s:g} s "
+                    f"(steps done per node: {done})"
+                )
+            if cfg.timeout_s is not None and now - start > cfg.timeout_s:
+                raise DemoError(
                     f"{mode}: not finished within {cfg.timeout_s:g} s (steps done per node: {done})"
                 )
             time.sleep(0.1)
         shared.stop.value = 1
         for r in pipes:
             if not r.poll(60):
-                raise RuntimeError(f"{mode}: a process did not report")
+                raise DemoError(f"{mode}: a process did not report")
             status, value = r.recv()
             if status != "ok":
-                raise RuntimeError(f"{mode}: a process failed: {value}")
+                raise DemoError(f"{mode}: a process failed: {value}")
             results.append(value)
     finally:
         shared.stop.value = 1

@@ -202,3 +202,20 @@ def test_cleanup_removes_segments_of_dead_processes(
         assert shm.lane_segment_name(lane_name("-live")) in shm.list_segments()
     finally:
         live.close()
+
+
+def test_a_stalled_demo_fails_with_a_clear_message_and_cleans_up() -> None:
+    """No node finishing a step for `stall_s` ends the run with the steps per node (it used to
+    wait 300 s, and a long healthy run hit that limit too); nothing is left in /dev/shm."""
+    from rdmasched.demo.runner import DemoConfig, run_mode
+    from rdmasched.demo.workload import WorkloadConfig
+
+    # a step takes at least 3 s by construction: no step can finish within 0.5 s
+    cfg = DemoConfig(
+        nodes=2, slots=1, stall_s=0.5, workload=WorkloadConfig(steps=2, compute_ms=3000.0)
+    )
+    before = set(shm.list_segments())
+    with pytest.raises(RuntimeError, match=r"no node finished a step for 0.5 s .*\[0, 0\]"):
+        run_mode("rdmasched", cfg, None)
+    ours = f"/rdmasched.rdma{os.getpid() % 10000}"  # the runner names clusters so
+    assert not {s for s in set(shm.list_segments()) - before if s.startswith(ours)}
