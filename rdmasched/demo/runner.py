@@ -90,6 +90,7 @@ def _child_signals(shared: _Shared | None) -> None:
             shared.stop.value = 1
 
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -469,16 +470,22 @@ def run(cfg: DemoConfig, progress: bool = True) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise Interrupted, as Ctrl-C raises KeyboardInterrupt, so the
+    """SIGTERM, SIGHUP and SIGINT (Ctrl-C) raise Interrupted (a KeyboardInterrupt), so the
     demo stops its processes and removes their shared memory on the way out."""
 
+    fired: list[int] = []
+
     def handler(signum: int, frame: Any) -> None:
-        raise Interrupted(signum)
+        if not fired:  # once: a second signal must not cut the clean-up short
+            fired.append(signum)
+            raise Interrupted(signum)
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    old = {
+        sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    }
     try:
         yield
     finally:
