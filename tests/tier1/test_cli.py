@@ -215,3 +215,17 @@ def test_good_arguments_parse() -> None:
     assert a.rows == ["c-shm-floor", "zmq-ipc"] and a.json and a.lane_slots == 256
     d = build_parser().parse_args(["demo", "--nodes", "3", "--spin-us", "10"])
     assert (d.nodes, d.exec_slots, d.spin_us, d.steps) == (3, 4, 10, 200)
+
+
+def test_verbs_latency_without_a_device_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a machine without RDMA (this project's own): what is missing and where to run it."""
+    import os
+
+    if os.path.isdir("/sys/class/infiniband") and os.listdir("/sys/class/infiniband"):
+        pytest.skip("this machine has an RDMA device")
+    monkeypatch.delenv("RDMASCHED_DEVICE", raising=False)
+    code, out, err = run(["bench", "latency", "--transport", "verbs"], capsys)
+    assert code == 1 and out == ""
+    assert "tests/vm/bench-verbs.sh" in one_line(err)
