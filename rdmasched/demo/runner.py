@@ -60,8 +60,8 @@ class _Shared:
 
 
 class Interrupted(KeyboardInterrupt):
-    """The demo was stopped by a signal (SIGTERM, SIGHUP); its processes were stopped and
-    their shared memory removed."""
+    """The demo was stopped by a signal (SIGTERM, SIGHUP, SIGINT); its processes were
+    stopped and their shared memory removed."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name}")
