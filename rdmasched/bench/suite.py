@@ -172,6 +172,9 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"| {row['name']} | {row['p50_us']:.2f} | {row['p99_us']:.2f} | "
                 f"{_f(r, '{:.2f}x')} |"
             )
+        z = lat["ratios_p50_median_of_rounds"].get("zmq-ipc", {}).get("rdmasched-shm")
+        if z:
+            out += ["", f"zmq-ipc is {z:.0f}x slower than rdmasched-shm (p50, median of rounds)."]
         out.append("")
     out += ["| bench | figure |", "|---|---|"]
     t = fig.get("throughput")
