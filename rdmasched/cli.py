@@ -1,163 +1,361 @@
-"""The `rdmasched` command: bench, doctor, and (with the daemon) demo and trace.
+"""The `rdmasched` command: demo, bench, doctor, trace, cleanup.
 
 Argument checking happens here, before anything starts; the work lives in the modules the
-subcommands call.
+subcommands call. A user error is one line on stderr and a non-zero exit (2 for a bad
+argument, 1 for a problem found while running), never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import signal
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from rdmasched.errors import RdmaschedError
+
+#: bounds of the values a command accepts; beyond them nothing useful happens on one host
+#: every node is a process on this host, with a lane to every other and heartbeats to every
+#: other: 16 run on 2 cores; 32 do not get through a step there (every node spins and beats)
+DEMO_MAX_NODES = 16
+MAX_SPIN_US = 10_000_000
+MAX_EXEC_SLOTS = 255  # as in the cluster config
+MAX_MS = 3_600_000.0
+MAX_SECONDS = 3600.0
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}")
-    return value
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line: what is wrong and where to look."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
 
 
-def _slots(text: str) -> int:
-    value = int(text)
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:  # nothing to show (the help says what is taken instead)
+            return action.help
+        text = super()._get_help_string(action)
+        if text and isinstance(action.default, list):
+            text = text.replace("%(default)s", " ".join(map(str, action.default)))
+        return text
+
+
+def _int_range(lo: int, hi: int | None = None, what: str = "an integer") -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, not {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            bound = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+            raise argparse.ArgumentTypeError(f"must be {what} in {bound}, not {text}")
+        return value
+
+    return parse
+
+
+def _float_range(lo: float, hi: float, *, lo_open: bool = True) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
+        low_ok = value > lo if lo_open else value >= lo
+        if not math.isfinite(value) or not low_ok or value > hi:
+            interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+            raise argparse.ArgumentTypeError(f"must be a finite number in {interval}, not {text}")
+        return value
+
+    return parse
+
+
+def _lane_slots(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 16 or value > (1 << 20) or value & (value - 1):
         raise argparse.ArgumentTypeError(f"must be a power of two in 16..{1 << 20}, not {text}")
     return value
 
 
+def _jitter(text: str) -> float:
+    value = _float_range(0.0, 1.0, lo_open=False)(text)
+    if value >= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a finite number in [0, 1), not {text}")
+    return value
+
+
+_positive = _int_range(1, None, "a positive integer")
+_spin_us = _int_range(0, MAX_SPIN_US, "a whole number of microseconds")
+_exec_slots = _int_range(1, MAX_EXEC_SLOTS, "a number of execution slots")
+_ms = _float_range(0.0, MAX_MS)
+
+
+class _Renamed(argparse.Action):
+    """An old spelling that meant different things in different commands: say what to use."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kw: Any) -> None:
+        self.new = kw.pop("new")
+        super().__init__(option_strings, dest, nargs=1, help=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kw: Any) -> None:
+        parser.error(f"--slots was renamed: use {self.new}")
+
+
+def _add_lane_slots(p: argparse.ArgumentParser, default: int) -> None:
+    p.add_argument(
+        "--lane-slots",
+        type=_lane_slots,
+        default=default,
+        help="lane size, in 64-byte slots (a power of two)",
+    )
+    p.add_argument("--slots", action=_Renamed, new="--lane-slots (lane size, in 64-byte slots)")
+
+
+def _add_exec_slots(p: argparse.ArgumentParser, default: int, what: str) -> None:
+    p.add_argument("--exec-slots", type=_exec_slots, default=default, help=what)
+    p.add_argument(
+        "--slots", action=_Renamed, new="--exec-slots (execution slots, i.e. GPUs, per node)"
+    )
+
+
+def _json_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from rdmasched import __version__
     from rdmasched.bench import latency
 
-    p = argparse.ArgumentParser(prog="rdmasched", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="rdmasched", description=__doc__, formatter_class=_Help)
+    p.add_argument("--version", action="version", version=f"rdmasched {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    bench = sub.add_parser("bench", help="benchmarks that print figures")
-    bsub = bench.add_subparsers(dest="bench", required=True)
-    lat = bsub.add_parser("latency", help="round trip of a 64-byte message, with baselines")
-    lat.add_argument("--transport", choices=["shm", "verbs"], default="shm")
+    def add(parent: Any, name: str, help: str) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = parent.add_parser(
+            name, help=help, description=help, formatter_class=_Help
+        )
+        return parser
+
+    # ---- demo -------------------------------------------------------------------------------
+    demo = add(
+        sub,
+        "demo",
+        "a local cluster under rdmasched and under a central scheduler, same workload, "
+        "side by side",
+    )
+    demo.add_argument(
+        "--nodes",
+        type=_int_range(1, DEMO_MAX_NODES, "a number of node processes on this host"),
+        default=4,
+        help="node processes on this host (each has a lane to every other)",
+    )
+    _add_exec_slots(demo, 4, "execution slots (GPUs) per node")
+    demo.add_argument("--steps", type=_int_range(1, 10_000_000), default=200, help="training steps")
+    demo.add_argument("--compute-ms", type=_ms, default=4.0, help="compute task length, ms")
+    demo.add_argument(
+        "--jitter",
+        type=_jitter,
+        default=0.25,
+        help="compute task length varies by +- this fraction, in [0, 1)",
+    )
+    demo.add_argument("--sync-ms", type=_ms, default=1.0, help="gradient sync task length, ms")
+    demo.add_argument("--background-ms", type=_ms, default=2.0, help="background task length, ms")
+    demo.add_argument(
+        "--spin-us",
+        type=_spin_us,
+        default=50,
+        help="how long a node spins after a message before it sleeps, us",
+    )
+    demo.add_argument("--seed", type=int, default=1, help="seed of the workload's randomness")
+    _json_flag(demo)
+    demo.add_argument(
+        "--trace",
+        metavar="DIR",
+        help="write every node's decision events as JSON lines into DIR (created if missing)",
+    )
+
+    # ---- bench ------------------------------------------------------------------------------
+    bench = add(sub, "bench", "benchmarks that print figures")
+    bsub = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+
+    lat = add(bsub, "latency", "round trip of a 64-byte message, with baselines")
+    lat.add_argument("--transport", choices=["shm", "verbs"], default="shm", help="transport")
     lat.add_argument(
         "--rows",
         nargs="+",
         choices=latency.ROWS,
         default=list(latency.ROWS),
         metavar="ROW",
-        help=f"rows to measure (default all: {', '.join(latency.ROWS)})",
+        help="rows to measure",
     )
     lat.add_argument(
         "--iterations",
         type=_positive,
         default=200_000,
-        help="round trips per shm row, over all rounds (default 200000)",
+        help="round trips per shm row, over all rounds (at least --rounds)",
     )
     lat.add_argument(
         "--slow-iterations",
         type=_positive,
         default=20_000,
-        help="round trips for the kernel-based rows zmq-ipc, unix-socket",
+        help="round trips of the kernel-based rows zmq-ipc, unix-socket (at least --rounds)",
     )
-    lat.add_argument("--warmup", type=int, default=2_000, help="round trips discarded first")
+    lat.add_argument(
+        "--warmup",
+        type=_int_range(0, 10_000_000),
+        default=2_000,
+        help="round trips discarded first, each round",
+    )
     lat.add_argument(
         "--rounds",
-        type=_positive,
+        type=_int_range(1, 1000),
         default=5,
-        help="interleaved rounds; ratios are taken within a round (default 5)",
+        help="interleaved rounds; ratios are taken within a round",
     )
-    lat.add_argument("--slots", type=_slots, default=256, help="lane size in slots")
-    lat.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-    sched = bsub.add_parser("scheduler", help="scheduling decisions per second on one core")
-    sched.add_argument("--decisions", type=_positive, default=1_000_000)
-    sched.add_argument("--slots", type=_positive, default=8)
-    sched.add_argument("--json", action="store_true")
-
-    pre = bsub.add_parser("preempt", help="preemption reaction through the node daemon")
-    pre.add_argument("--preempts", type=_positive, default=20_000)
-    pre.add_argument("--interval-us", type=_positive, default=200, help="time between PREEMPTs")
-    pre.add_argument(
-        "--spin-us",
-        type=int,
-        default=5_000,
-        help="how long the preempted node spins after a message",
-    )
-    pre.add_argument("--json", action="store_true")
-
-    idle = bsub.add_parser("idle", help="CPU an idle node daemon costs")
-    idle.add_argument("--nodes", type=_positive, default=4)
-    idle.add_argument("--seconds", type=float, default=5.0)
-    idle.add_argument("--spin-us", type=int, default=200)
-    idle.add_argument("--json", action="store_true")
-
-    tput = bsub.add_parser("throughput", help="one lane's messages/s, per message and batched")
-    tput.add_argument("--messages", type=_positive, default=2_000_000)
-    tput.add_argument("--batch", type=_positive, default=256, help="batch size for the batch API")
-    tput.add_argument("--slots", type=_slots, default=1024)
-    tput.add_argument("--json", action="store_true")
-
-    demo = sub.add_parser(
-        "demo",
-        help="a local cluster under rdmasched and under a central "
-        "scheduler, same workload, side by side",
-    )
-    demo.add_argument("--nodes", type=_positive, default=4)
-    demo.add_argument("--slots", type=_positive, default=4, help="execution slots per node")
-    demo.add_argument("--steps", type=_positive, default=200, help="training steps")
-    demo.add_argument("--compute-ms", type=float, default=4.0)
-    demo.add_argument(
-        "--jitter", type=float, default=0.25, help="compute task length varies by +- this fraction"
-    )
-    demo.add_argument("--sync-ms", type=float, default=1.0)
-    demo.add_argument("--background-ms", type=float, default=2.0)
-    demo.add_argument(
-        "--spin-us",
-        type=int,
-        default=50,
-        help="how long a node spins after a message before it sleeps",
-    )
-    demo.add_argument("--seed", type=int, default=1)
-    demo.add_argument("--json", action="store_true")
-    demo.add_argument(
-        "--trace", metavar="DIR", help="write every node's decision events as JSON lines into DIR"
-    )
-
-    trace = sub.add_parser(
-        "trace",
-        help="print decision events (JSON lines) written by "
-        "`rdmasched demo --trace DIR`, merged in time order",
-    )
-    trace.add_argument("dir")
-    trace.add_argument("--task", type=int, help="only the events that name this task")
-
+    _add_lane_slots(lat, 256)
+    _json_flag(lat)
     # --transport verbs (rdmasched/bench/verbs_latency.py): inside the Soft-RoCE VM
     lat.add_argument(
         "--device",
         default=None,
-        help="verbs: RDMA device (default: $RDMASCHED_DEVICE, else the first)",
+        help="verbs: RDMA device (None: $RDMASCHED_DEVICE, else the first)",
     )
     lat.add_argument(
         "--gid-index",
-        type=int,
+        type=_int_range(0, 255),
         default=None,
-        help="verbs: GID index (default: $RDMASCHED_GID_INDEX, else RoCE v2 IPv4)",
+        help="verbs: GID index (None: $RDMASCHED_GID_INDEX, else RoCE v2 IPv4)",
     )
     lat.add_argument(
         "--perftest-iterations",
         type=_positive,
         default=None,
-        help="verbs: ib_write_lat iterations per round (default: as rdmasched)",
+        help="verbs: ib_write_lat iterations per round (None: as rdmasched)",
     )
 
-    doc = sub.add_parser("doctor", help="RDMA devices, ports, GIDs; is Soft-RoCE usable here")
-    doc.add_argument("--json", action="store_true", help="print JSON instead of text")
+    tput = add(bsub, "throughput", "one lane's messages/s, per message and batched")
+    tput.add_argument(
+        "--messages", type=_int_range(1, 10**9), default=2_000_000, help="messages per run"
+    )
+    tput.add_argument(
+        "--batch",
+        type=_positive,
+        default=256,
+        help="batch size for the batch API (at most --messages and half of --lane-slots)",
+    )
+    _add_lane_slots(tput, 1024)
+    _json_flag(tput)
+
+    sched = add(bsub, "scheduler", "scheduling decisions per second on one core")
+    sched.add_argument(
+        "--decisions", type=_int_range(1, 10**9), default=1_000_000, help="decisions per run"
+    )
+    _add_exec_slots(sched, 8, "execution slots (GPUs) of the scheduler")
+    _json_flag(sched)
+
+    pre = add(bsub, "preempt", "preemption reaction through the node daemon")
+    pre.add_argument(
+        "--preempts", type=_int_range(1, 10_000_000), default=20_000, help="PREEMPTs measured"
+    )
+    pre.add_argument(
+        "--interval-us",
+        type=_int_range(1, MAX_SPIN_US, "a whole number of microseconds"),
+        default=200,
+        help="time between PREEMPTs, us",
+    )
+    pre.add_argument(
+        "--spin-us",
+        type=_spin_us,
+        default=5_000,
+        help="how long the preempted node spins after a message, us",
+    )
+    _json_flag(pre)
+
+    idle = add(bsub, "idle", "CPU an idle node daemon costs")
+    idle.add_argument(
+        "--nodes",
+        type=_int_range(1, DEMO_MAX_NODES, "a number of node processes on this host"),
+        default=4,
+        help="idle node processes",
+    )
+    idle.add_argument(
+        "--seconds",
+        type=_float_range(0.0, MAX_SECONDS),
+        default=5.0,
+        help="how long to measure, s",
+    )
+    idle.add_argument(
+        "--spin-us", type=_spin_us, default=200, help="spin after a message before sleeping, us"
+    )
+    _json_flag(idle)
+
+    ball = add(
+        bsub,
+        "all",
+        "every benchmark above and the demo, with their defaults, in one run; writes the "
+        "figures with the date, the machine and the commit to a JSON file",
+    )
+    ball.add_argument(
+        "--json-out", metavar="FILE", required=True, help="where to write the figures (JSON)"
+    )
+    ball.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tenth of the iterations (to check it runs; the figures are noisier)",
+    )
+
+    from rdmasched.bench import freeze as bench_freeze
+
+    frz = add(
+        bsub,
+        "freeze",
+        "freeze/thaw latency of co-located work: cgroup v2 freezer against SIGSTOP/SIGCONT",
+    )
+    bench_freeze.add_arguments(frz)
+
+    # ---- the rest ---------------------------------------------------------------------------
+    trace = add(
+        sub,
+        "trace",
+        "print decision events (JSON lines) written by `rdmasched demo --trace DIR`, "
+        "merged in time order",
+    )
+    trace.add_argument("dir", metavar="DIR", help="the directory given to demo --trace")
+    trace.add_argument(
+        "--task", type=int, default=None, help="only the events that name this task id"
+    )
+
+    doc = add(sub, "doctor", "RDMA devices, ports, GIDs; is Soft-RoCE usable here")
+    _json_flag(doc)
+
+    clean = add(
+        sub,
+        "cleanup",
+        "remove rdmasched shared-memory segments (/dev/shm/rdmasched.*) whose creating "
+        "process is gone, e.g. after a node was killed with SIGKILL",
+    )
+    clean.add_argument("--json", action="store_true", help="print the removed names as JSON")
 
     # values are checked in cmd_topology (one line on stderr), not by argparse types
-    topo = sub.add_parser(
+    topo = add(
+        sub,
         "topology",
-        help="lanes, QPs and ring memory per node and the hop bound of a cluster topology",
-        description="Build a topology (generated, --config TOML or --slurm topology.conf), "
+        "lanes, QPs and ring memory per node and the hop bound of a cluster topology",
+    )
+    topo.description = (
+        "Build a topology (generated, --config TOML or --slurm topology.conf), "
         "choose each node's links within the lane budget and verify them: lanes, RC QPs and "
-        "ring memory per node, and the hops of every checked route (docs/SCALE.md).",
+        "ring memory per node, and the hops of every checked route (docs/SCALE.md)."
     )
     tsrc = topo.add_mutually_exclusive_group()
     tsrc.add_argument("--config", metavar="FILE", help="a TOML file with a [topology] table")
@@ -166,7 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     topo.add_argument("--leaf", help="generated: nodes per leaf switch (default 32)")
     topo.add_argument("--pod", help="generated: nodes per pod, a multiple of --leaf (default 1024)")
     topo.add_argument("--budget", help="most lanes (and RC QPs) per node (default 64)")
-    topo.add_argument("--slots", help="slots per lane, as cluster.slots_per_lane (default 256)")
+    topo.add_argument(
+        "--lane-slots", help="slots per lane, as cluster.slots_per_lane (default 256)"
+    )
     topo.add_argument(
         "--exhaustive",
         metavar="N",
@@ -180,25 +380,62 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def cmd_bench_latency(args: argparse.Namespace) -> int:
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What one option alone cannot say: relations between options, paths."""
+    if args.command == "bench" and args.bench == "latency":
+        for opt in ("iterations", "slow_iterations"):
+            if getattr(args, opt) < args.rounds:
+                parser.error(
+                    f"--{opt.replace('_', '-')} ({getattr(args, opt)}) must be at least "
+                    f"--rounds ({args.rounds}): every round measures at least one round trip"
+                )
+    if args.command == "bench" and args.bench == "throughput":
+        if args.batch > args.messages:
+            parser.error(f"--batch ({args.batch}) must be at most --messages ({args.messages})")
+        if args.batch > args.lane_slots // 2:
+            parser.error(
+                f"--batch ({args.batch}) must be at most half of --lane-slots "
+                f"({args.lane_slots}): a sender gets credit back every quarter lane"
+            )
+    trace_dir = getattr(args, "trace", None) if args.command == "demo" else None
+    if trace_dir is not None and os.path.exists(trace_dir) and not os.path.isdir(trace_dir):
+        parser.error(f"--trace {args.trace}: not a directory")
+    if args.command == "bench" and args.bench == "all":
+        out = os.path.dirname(os.path.abspath(args.json_out))
+        if os.path.isdir(args.json_out):
+            parser.error(f"--json-out {args.json_out} is a directory; give a file name")
+        if not os.path.isdir(out):
+            parser.error(f"--json-out {args.json_out}: no directory {out}")
+    if args.command == "trace":
+        if not os.path.exists(args.dir):
+            parser.error(f"no directory {args.dir}")
+        if not os.path.isdir(args.dir):
+            parser.error(f"{args.dir} is not a directory (give the directory of demo --trace)")
+
+
+# ---- bench ----------------------------------------------------------------------------------
+def bench_latency(args: argparse.Namespace, quiet: bool = False) -> dict[str, Any]:
+    """The latency rows, their ratios within rounds; progress on stderr unless `quiet`."""
     from rdmasched.bench import latency
-    from rdmasched.bench.common import dump_json, pick_cores, print_table
+    from rdmasched.bench.common import pick_cores
 
-    if args.transport == "verbs":
-        from rdmasched.bench import verbs_latency
-
-        return verbs_latency.main(args)
     rows = list(args.rows)
 
-    def progress(r: int, name: str, row: object) -> None:
-        if not args.json:
+    def progress(r: int, name: str, row: Any) -> None:
+        if not quiet:
             print(
-                f"  round {r + 1}/{args.rounds}: {name:<18} p50 {row.p50_us:7.2f} us",  # type: ignore[attr-defined]
+                f"  round {r + 1}/{args.rounds}: {name:<18} p50 {row.p50_us:7.2f} us",
                 file=sys.stderr,
             )
 
     results, per_round = latency.run(
-        rows, args.iterations, args.slow_iterations, args.warmup, args.rounds, args.slots, progress
+        rows,
+        args.iterations,
+        args.slow_iterations,
+        args.warmup,
+        args.rounds,
+        args.lane_slots,
+        progress,
     )
     refs = [r for r in ("c-shm-floor", "rdmasched-shm") if r in rows]
     ratios = {
@@ -207,45 +444,59 @@ def cmd_bench_latency(args: argparse.Namespace) -> int:
         }
         for row in results
     }
-    cores = pick_cores()
+    return {
+        "results": results,
+        "ratios_p50_median_of_rounds": ratios,
+        "refs": refs,
+        "rounds": args.rounds,
+        "cores": list(pick_cores()),
+    }
+
+
+def cmd_bench_latency(args: argparse.Namespace) -> int:
+    from rdmasched.bench.common import dump_json, print_table
+
+    if args.transport == "verbs":
+        from rdmasched.bench import verbs_latency
+
+        return verbs_latency.main(args)
+    r = bench_latency(args, quiet=args.json)
     if args.json:
-        print(
-            dump_json(
-                results,
-                {
-                    "ratios_p50_median_of_rounds": ratios,
-                    "rounds": args.rounds,
-                    "cores": list(cores),
-                },
-            )
-        )
+        extra = {k: r[k] for k in ("ratios_p50_median_of_rounds", "rounds", "cores")}
+        print(dump_json(r["results"], extra))
         return 0
     print_table(
         f"rdmasched bench latency: round trip (us) of a 64-byte message each way, two "
-        f"processes pinned to cores {cores}, {args.rounds} interleaved rounds\n"
+        f"processes pinned to cores {tuple(r['cores'])}, {args.rounds} interleaved rounds\n"
         f"msgs/s counts both directions; ratios are p50/p50 within a round, median of rounds",
-        results,
-        ratios,
-        refs,
+        r["results"],
+        r["ratios_p50_median_of_rounds"],
+        r["refs"],
     )
     return 0
 
 
-def cmd_bench_throughput(args: argparse.Namespace) -> int:
+def bench_throughput(args: argparse.Namespace) -> dict[str, Any]:
     from rdmasched.bench import throughput
 
-    res = [
-        throughput.run(args.messages, 1, args.slots),
-        throughput.run(args.messages, args.batch, args.slots),
-    ]
+    return {
+        "results": [
+            throughput.run(args.messages, 1, args.lane_slots),
+            throughput.run(args.messages, args.batch, args.lane_slots),
+        ]
+    }
+
+
+def cmd_bench_throughput(args: argparse.Namespace) -> int:
+    res = bench_throughput(args)
     if args.json:
-        print(json.dumps({"results": res}, indent=2))
+        print(json.dumps(res, indent=2))
         return 0
     print(
-        f"rdmasched bench throughput: one shm lane of {args.slots} slots, "
+        f"rdmasched bench throughput: one shm lane of {args.lane_slots} slots, "
         f"{args.messages} messages, receiver-side rate"
     )
-    for r in res:
+    for r in res["results"]:
         print(
             f"  {r['name']:<12} batch {r['batch']:>4}: {r['msgs_per_s']:>13,.0f} msgs/s "
             f"(sender {r['sender_msgs_per_s']:,.0f})"
@@ -253,33 +504,44 @@ def cmd_bench_throughput(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench_scheduler(args: argparse.Namespace) -> int:
+def bench_scheduler(args: argparse.Namespace) -> dict[str, Any]:
     from rdmasched.bench import scheduler
 
     # The baseline in the same run: the same policy source as plain Python.
-    compiled = scheduler.run(args.decisions, args.slots, impl="auto", quiet=True)
-    python = scheduler.run(args.decisions, args.slots, impl="python", quiet=True)
-    ratio = compiled["decisions_per_s"] / python["decisions_per_s"]
+    compiled = scheduler.run(args.decisions, args.exec_slots, impl="auto", quiet=True)
+    python = scheduler.run(args.decisions, args.exec_slots, impl="python", quiet=True)
+    return {
+        "results": [compiled, python],
+        "speedup": compiled["decisions_per_s"] / python["decisions_per_s"],
+    }
+
+
+def cmd_bench_scheduler(args: argparse.Namespace) -> int:
+    res = bench_scheduler(args)
     if args.json:
-        print(json.dumps({"results": [compiled, python], "speedup": ratio}, indent=2))
+        print(json.dumps(res, indent=2))
         return 0
     print(
-        f"rdmasched bench scheduler: a realistic mix on a fake clock, {args.slots} slots, "
-        "one core (rdmasched/bench/scheduler.py)"
+        f"rdmasched bench scheduler: a realistic mix on a fake clock, {args.exec_slots} "
+        "execution slots, one core (rdmasched/bench/scheduler.py)"
     )
-    for r in (compiled, python):
+    for r in res["results"]:
         print(
             f"  {r['implementation']:<10} {r['decisions_per_s']:>12,} decisions/s "
             f"({r['ns_per_decision']} ns each; {r['cpu_decisions_per_s']:,} per CPU-second)"
         )
-    print(f"  compiled / pure Python: {ratio:.2f}x")
+    print(f"  compiled / pure Python: {res['speedup']:.2f}x")
     return 0
 
 
-def cmd_bench_preempt(args: argparse.Namespace) -> int:
+def bench_preempt(args: argparse.Namespace) -> dict[str, Any]:
     from rdmasched.bench import preempt
 
-    r = preempt.run(args.preempts, args.interval_us, args.spin_us)
+    return preempt.run(args.preempts, args.interval_us, args.spin_us)
+
+
+def cmd_bench_preempt(args: argparse.Namespace) -> int:
+    r = bench_preempt(args)
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
@@ -299,10 +561,14 @@ def cmd_bench_preempt(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench_idle(args: argparse.Namespace) -> int:
+def bench_idle(args: argparse.Namespace) -> dict[str, Any]:
     from rdmasched.bench import idle
 
-    r = idle.run(args.nodes, args.seconds, args.spin_us)
+    return idle.run(args.nodes, args.seconds, args.spin_us)
+
+
+def cmd_bench_idle(args: argparse.Namespace) -> int:
+    r = bench_idle(args)
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
@@ -315,15 +581,20 @@ def cmd_bench_idle(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from rdmasched.demo.runner import DemoConfig, print_report, run
+def cmd_bench_all(args: argparse.Namespace) -> int:
+    from rdmasched.bench import suite
+
+    doc = suite.run(build_parser(), args.json_out, quick=args.quick)
+    print(suite.markdown(doc))
+    print(f"\nfigures written to {args.json_out}", file=sys.stderr)
+    return 0
+
+
+# ---- demo, trace, cleanup -------------------------------------------------------------------
+def demo_config(args: argparse.Namespace) -> Any:
+    from rdmasched.demo.runner import DemoConfig
     from rdmasched.demo.workload import WorkloadConfig
 
-    if not 0 <= args.jitter < 1:
-        raise SystemExit("rdmasched demo: --jitter must be in [0, 1)")
-    for name in ("compute_ms", "sync_ms", "background_ms"):
-        if getattr(args, name) <= 0:
-            raise SystemExit(f"rdmasched demo: --{name.replace('_', '-')} must be > 0")
     w = WorkloadConfig(
         steps=args.steps,
         compute_ms=args.compute_ms,
@@ -332,9 +603,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
         background_ms=args.background_ms,
         seed=args.seed,
     )
-    cfg = DemoConfig(
-        nodes=args.nodes, slots=args.slots, spin_us=args.spin_us, workload=w, trace_dir=args.trace
+    return DemoConfig(
+        nodes=args.nodes,
+        slots=args.exec_slots,
+        spin_us=args.spin_us,
+        workload=w,
+        trace_dir=args.trace,
     )
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from rdmasched.demo.runner import print_report, run
+
+    if args.trace is not None:
+        try:
+            os.makedirs(args.trace, exist_ok=True)
+        except OSError as exc:
+            raise _UserError(f"--trace {args.trace}: {exc.strerror}") from None
+        if not os.access(args.trace, os.W_OK | os.X_OK):
+            raise _UserError(f"--trace {args.trace}: not writable")
+    cfg = demo_config(args)
     res = run(cfg, progress=True)
     if args.json:
         print(json.dumps(res, indent=2))
@@ -353,35 +641,86 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 def cmd_topology(args: argparse.Namespace) -> int:
     from rdmasched import topology
-    from rdmasched.errors import ConfigError
 
-    try:
-        return topology.cli(args)
-    except ConfigError as exc:
-        raise SystemExit(f"rdmasched topology: {exc}") from None
+    return topology.cli(args)  # a ConfigError is one line, as every RdmaschedError
+
+
+def cmd_bench_freeze(args: argparse.Namespace) -> int:
+    from rdmasched.bench import freeze
+
+    return freeze.cli(args, prog="rdmasched bench freeze")
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from rdmasched.transport import shm
+
+    removed = shm.remove_stale()
+    if args.json:
+        print(json.dumps({"removed": removed}))
+    elif removed:
+        for name in removed:
+            print(f"removed {shm.SHM_DIR}{name}")
+    else:
+        print("no stale rdmasched segments")
+    return 0
+
+
+class _UserError(Exception):
+    """A problem with what the user asked, found after parsing: one line, exit 1."""
+
+
+def _demo_error() -> type[Exception]:
+    from rdmasched.demo.runner import DemoError
+
+    return DemoError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "doctor":
-        from rdmasched import doctor
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        _check(parser, args)
+    except SystemExit as exc:  # --help, --version, or a usage error already printed
+        return exc.code if isinstance(exc.code, int) else 2
+    prog = f"rdmasched {args.command}" + (f" {args.bench}" if args.command == "bench" else "")
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {
+        "demo": cmd_demo,
+        "trace": cmd_trace,
+        "cleanup": cmd_cleanup,
+        "bench latency": cmd_bench_latency,
+        "bench throughput": cmd_bench_throughput,
+        "bench scheduler": cmd_bench_scheduler,
+        "bench preempt": cmd_bench_preempt,
+        "bench idle": cmd_bench_idle,
+        "bench all": cmd_bench_all,
+        "bench freeze": cmd_bench_freeze,
+        "topology": cmd_topology,
+    }
+    try:
+        if args.command == "doctor":
+            from rdmasched import doctor
 
-        return doctor.main(args.json)
-    if args.command == "bench":
-        return {
-            "latency": cmd_bench_latency,
-            "throughput": cmd_bench_throughput,
-            "scheduler": cmd_bench_scheduler,
-            "preempt": cmd_bench_preempt,
-            "idle": cmd_bench_idle,
-        }[args.bench](args)
-    if args.command == "demo":
-        return cmd_demo(args)
-    if args.command == "trace":
-        return cmd_trace(args)
-    if args.command == "topology":
-        return cmd_topology(args)
-    raise AssertionError(args.command)
+            return doctor.main(args.json)
+        return handlers[prog.removeprefix("rdmasched ")](args)
+    except BrokenPipeError:
+        # The reader went away (`rdmasched trace DIR | head`): stop quietly, as Unix tools do.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 128 + signal.SIGPIPE
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP in the demo (runner.Interrupted)
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print(f"{prog}: stopped by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
+    except _demo_error() as exc:  # what went wrong in the node processes, in full
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    except (_UserError, RdmaschedError) as exc:
+        text = " ".join(str(exc).split("\n")[0].split())
+        print(f"{prog}: error: {text}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,26 +1,26 @@
 """The cluster config: which nodes exist, where, with how many execution slots, in which
 topology domain, over which transport.
 
-From a TOML file::
+From a TOML file (every key, its type, default and meaning: docs/CONFIG.md)::
 
     [cluster]
     name = "train7"          # names this cluster's lanes; letters, digits, '_', '.', '-'
     transport = "shm"        # or "verbs"
     slots_per_lane = 256     # lane size, a power of two
-    token = "s3cret"         # shared secret for the bootstrap (verbs); or token_file = "..."
+    token = "s3cret-t0ken"   # shared secret for the bootstrap (verbs), >= 8 bytes; or token_file
     heartbeat_ms = 50        # how often a node tells its peers it is alive
     dead_after_ms = 500      # a peer silent this long is declared dead
 
     [[node]]
     name = "gpu-a"
-    address = "10.0.0.1:7400"   # bootstrap address (verbs); ignored on shm
+    address = "10.0.0.1:7400"   # bootstrap address (verbs), one per node; ignored on shm
     slots = 8                   # execution slots (GPUs)
     domain = "rack1/sw1"        # topology: rack/switch, used to prefer near peers
 
 or from the launcher's environment (torchrun, Slurm): RANK / WORLD_SIZE / MASTER_ADDR /
 MASTER_PORT (or SLURM_PROCID / SLURM_NTASKS), plus RDMASCHED_SLOTS, RDMASCHED_CLUSTER,
 RDMASCHED_TRANSPORT, RDMASCHED_TOKEN and RDMASCHED_DOMAIN. Every problem is a ConfigError
-that says which key and why.
+that says which key (or file) and why.
 """
 
 from __future__ import annotations
@@ -38,6 +38,32 @@ from rdmasched.errors import ConfigError
 TRANSPORTS = ("shm", "verbs")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
 MAX_NODES = 1024
+MIN_TOKEN_BYTES = 8
+#: the keys a config may have (docs/CONFIG.md describes each)
+CLUSTER_KEYS = frozenset(
+    ("name", "transport", "slots_per_lane", "token", "token_file", "heartbeat_ms", "dead_after_ms")
+)
+NODE_KEYS = frozenset(("name", "address", "slots", "domain"))
+
+
+def read_toml(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
+    """The TOML file at `path` as a dict; every way it can fail is a ConfigError that names
+    `what` and the path (missing, a directory, not UTF-8, unreadable, not TOML)."""
+    p = Path(path)
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {p} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {p} is a directory, not a TOML file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{what} {p} is not UTF-8 text (byte {exc.start}); TOML is UTF-8"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{what} {p}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{what} {p} is not valid TOML: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -78,12 +104,7 @@ class ClusterConfig:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ClusterConfig:
         p = Path(path)
-        try:
-            data = tomllib.loads(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"cluster config {p} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"cluster config {p} is not valid TOML: {exc}") from None
+        data = read_toml(p, "cluster config")
         return cls.from_dict(data, source=str(p))
 
     @classmethod
@@ -97,17 +118,8 @@ class ClusterConfig:
         c = data.get("cluster", {})
         if not isinstance(c, Mapping):
             raise ConfigError(f"{source}: [cluster] must be a table")
-        known = {
-            "name",
-            "transport",
-            "slots_per_lane",
-            "token",
-            "token_file",
-            "heartbeat_ms",
-            "dead_after_ms",
-        }
-        if set(c) - known:
-            raise ConfigError(f"{source}: unknown [cluster] key(s) {sorted(set(c) - known)}")
+        if set(c) - CLUSTER_KEYS:
+            raise ConfigError(f"{source}: unknown [cluster] key(s) {sorted(set(c) - CLUSTER_KEYS)}")
         name = _str(c, "name", source, "cluster.name", default="rdmasched")
         if not _NAME.match(name):
             raise ConfigError(f"{source}: cluster.name {name!r} must match {_NAME.pattern}")
@@ -128,9 +140,16 @@ class ClusterConfig:
                 raise ConfigError(f"{source}: give cluster.token or cluster.token_file, not both")
             tf = Path(_str(c, "token_file", source, "cluster.token_file"))
             try:
-                token = tf.read_text().strip()
+                token = tf.read_text(encoding="utf-8").strip()
+            except UnicodeDecodeError:
+                raise ConfigError(f"{source}: cluster.token_file {tf} is not UTF-8 text") from None
             except OSError as exc:
                 raise ConfigError(f"{source}: cluster.token_file {tf}: {exc.strerror}") from None
+        if token and len(token.encode()) < MIN_TOKEN_BYTES:
+            raise ConfigError(
+                f"{source}: the cluster token must be at least {MIN_TOKEN_BYTES} bytes, not "
+                f"{len(token.encode())}: it is the only secret between the nodes"
+            )
         if transport == "verbs" and not token:
             raise ConfigError(
                 f"{source}: the verbs transport needs cluster.token (or "
@@ -151,11 +170,12 @@ class ClusterConfig:
             raise ConfigError(f"{source}: at most {MAX_NODES} nodes, not {len(raw_nodes)}")
         nodes = []
         seen: set[str] = set()
+        addresses: dict[tuple[str, int], str] = {}
         for i, n in enumerate(raw_nodes):
             where = f"node[{i}]"
             if not isinstance(n, Mapping):
                 raise ConfigError(f"{source}: {where} must be a table")
-            extra = set(n) - {"name", "address", "slots", "domain"}
+            extra = set(n) - NODE_KEYS
             if extra:
                 raise ConfigError(f"{source}: {where}: unknown key(s) {sorted(extra)}")
             nname = _str(n, "name", source, f"{where}.name")
@@ -169,7 +189,13 @@ class ClusterConfig:
                 raise ConfigError(f"{source}: {where}.slots must be 1..255, not {slots}")
             address = _str(n, "address", source, f"{where}.address", default="")
             if transport == "verbs":
-                parse_address(address, f"{source}: {where}.address")
+                host, port = parse_address(address, f"{source}: {where}.address")
+                other = addresses.setdefault((host.lower(), port), where)
+                if other != where:
+                    raise ConfigError(
+                        f"{source}: {where}.address {address!r} is also {other}'s: every "
+                        "verbs node listens at its own host:port"
+                    )
             domain = _str(n, "domain", source, f"{where}.domain", default="")
             nodes.append(NodeSpec(i, nname, slots, domain, address))
         return cls(name, tuple(nodes), transport, lane, token, hb, dead)

@@ -30,7 +30,6 @@ import itertools
 import random
 import re
 import shlex
-import tomllib
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -38,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rdmasched.cluster import ClusterConfig
+from rdmasched.cluster import ClusterConfig, read_toml
 from rdmasched.errors import ConfigError
 
 #: Targets of issue 8 at 100,000 nodes.
@@ -457,12 +456,7 @@ class Topology:
     def load(cls, path: str | Path, *, budget: int | None = None) -> Topology:
         """A TOML file with a [topology] table."""
         p = Path(path)
-        try:
-            data = tomllib.loads(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"topology file {p} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{p} is not valid TOML: {exc}") from None
+        data = read_toml(p, "topology file")
         return cls.from_toml(data, budget=budget, source=str(p))
 
     @classmethod
@@ -929,9 +923,9 @@ def cli(args: Any) -> int:
     import json
 
     budget = _arg_int(args.budget, "--budget", DEFAULT_BUDGET)
-    slots = _arg_int(args.slots, "--slots", DEFAULT_SLOTS_PER_LANE, 16)
+    slots = _arg_int(args.lane_slots, "--lane-slots", DEFAULT_SLOTS_PER_LANE, 16)
     if slots > (1 << 20) or slots & (slots - 1):
-        raise ConfigError(f"--slots must be a power of two in 16..{1 << 20}, not {slots}")
+        raise ConfigError(f"--lane-slots must be a power of two in 16..{1 << 20}, not {slots}")
     generated = [o for o in ("nodes", "leaf", "pod") if getattr(args, o) is not None]
     if (args.config or args.slurm) and generated:
         raise ConfigError(

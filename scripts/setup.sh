@@ -6,12 +6,20 @@
 # The venv is made from Debian's own python3 with --system-site-packages, because pyverbs
 # (the verbs control plane) comes from Debian's python3-pyverbs, not from PyPI.
 # Everything else (msgpack, Cython, pytest, ...) comes from PyPI into the venv.
+#
+# Everything it says goes to stderr, so `scripts/main.sh --json` prints only JSON. A run
+# with nothing changed takes a second or two: after a good set-up it records a stamp of its
+# inputs (this script, setup.py, pyproject.toml, cython/, the compiled scheduler source,
+# the venv's python; scripts/setup_stamp.py) and skips pip and the build while the stamp
+# matches and the built modules import. RDMASCHED_SETUP_FORCE=1 redoes it all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+exec 1>&2  # set-up chatter, and pip's, goes to stderr
 
 APT_PACKAGES=(python3 python3-venv python3-dev gcc libc6-dev
               libibverbs-dev rdma-core ibverbs-providers ibverbs-utils python3-pyverbs)
 VENV=${RDMASCHED_VENV:-.venv}
+STAMP="$VENV/.rdmasched-setup-stamp"
 
 need_apt=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -19,7 +27,7 @@ for p in "${APT_PACKAGES[@]}"; do
 done
 if ((${#need_apt[@]})); then
     if [ "$(id -u)" != 0 ]; then
-        echo "setup: missing Debian packages: ${need_apt[*]}; run as root (or install them)" >&2
+        echo "setup: missing Debian packages: ${need_apt[*]}; run as root (or install them)"
         exit 1
     fi
     echo "setup: installing ${need_apt[*]}"
@@ -29,17 +37,35 @@ if ((${#need_apt[@]})); then
         apt-get update -qq
     fi
     apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+    rm -f "$STAMP"  # new system packages: rebuild against them
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then
     echo "setup: creating $VENV (Debian python3, with system site-packages for pyverbs)"
     /usr/bin/python3 -m venv --system-site-packages "$VENV"
 fi
+
+importable() {
+    "$VENV/bin/python" - <<'PY'
+import rdmasched, rdmasched._ring, rdmasched._shm, rdmasched._bench  # noqa: E401
+import rdmasched.scheduler.core as core
+assert core.IMPLEMENTATION != "python", "the scheduler core is not compiled"
+print(f"setup: rdmasched {rdmasched.__version__} built and importable")
+PY
+}
+
+if [ "${RDMASCHED_SETUP_FORCE:-0}" != 1 ] &&
+    "$VENV/bin/python" scripts/setup_stamp.py check "$STAMP" &&
+    importable >/dev/null 2>&1; then
+    echo "setup: up to date (nothing changed since the last set-up; RDMASCHED_SETUP_FORCE=1 redoes it)"
+    exit 0
+fi
+
+rm -f "$STAMP"
+echo "setup: installing the Python dependencies and building (about 1.5 minutes)"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
 # -e: the compiled modules land next to the sources, where the VM (which mounts this
 # checkout and uses its own Debian python3) imports them too.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[dev]'
-"$VENV/bin/python" - <<'PY'
-import rdmasched, rdmasched._ring, rdmasched._shm, rdmasched._bench  # noqa: E401
-print(f"setup: rdmasched {rdmasched.__version__} built and importable")
-PY
+importable
+"$VENV/bin/python" scripts/setup_stamp.py write "$STAMP"

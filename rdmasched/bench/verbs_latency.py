@@ -200,19 +200,21 @@ def main(args: argparse.Namespace) -> int:
         dev = verbs.Device(dev_name, gid_index=gid_index)
     except RdmaschedError as exc:
         print(
-            f"rdmasched bench latency --transport verbs: {exc}\nRun it inside the Soft-RoCE "
-            "VM: tests/vm/bench-verbs.sh",
+            f"rdmasched bench latency: error: --transport verbs: {exc}; this benchmark runs "
+            "inside the Soft-RoCE VM: tests/vm/bench-verbs.sh",
             file=sys.stderr,
         )
-        return 2
+        return 1
     name, gidx, ip = dev.name, dev.gid.index, dev.gid.ipv4
     dev.close()
     ip = os.environ.get("RDMASCHED_IP") or ip
     if ip is None:
         print(
-            "no IPv4 address for the device's GID: ib_write_lat's client needs one", file=sys.stderr
+            "rdmasched bench latency: error: --transport verbs: no IPv4 address for the "
+            "device's GID: ib_write_lat's client needs one (set RDMASCHED_IP)",
+            file=sys.stderr,
         )
-        return 2
+        return 1
     per_round_n = max(1, args.iterations // args.rounds)
     warm = min(args.warmup, per_round_n)
     ptest_n = args.perftest_iterations or per_round_n
@@ -225,7 +227,7 @@ def main(args: argparse.Namespace) -> int:
         cfg = {
             "device": name,
             "gid_index": gidx,
-            "nslots": args.slots,
+            "nslots": args.lane_slots,
             "n": per_round_n,
             "warmup": warm,
         }

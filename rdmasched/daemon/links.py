@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -92,10 +93,17 @@ class ShmLinks:
         pending = list(self.peers)
         while pending:
             for p in list(pending):
+                # A receiver creates a lane in two steps (shm_open, then ftruncate): a
+                # segment that does not exist yet or is still empty is a peer still
+                # starting. Attach only once it has its size, which it then keeps.
+                name = self.lane_name(self.cluster, p, self.me)
                 try:
-                    self.outbound[p] = shm.attach_lane(
-                        self.lane_name(self.cluster, p, self.me), src=self.me
-                    )
+                    if os.stat(shm.SHM_DIR + shm.lane_segment_name(name)).st_size == 0:
+                        continue
+                except FileNotFoundError:
+                    continue
+                try:
+                    self.outbound[p] = shm.attach_lane(name, src=self.me)
                     pending.remove(p)
                 except PeerDeadError:
                     pass  # not created yet (or a stale one): retry

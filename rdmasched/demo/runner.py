@@ -8,9 +8,12 @@ figures when all nodes have run all steps.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
 import threading
 import time
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rdmasched.demo.workload import GROUP, Trainer, WorkloadConfig
+from rdmasched.errors import RdmaschedError
 
 ctx = mp.get_context("fork")
 
@@ -32,7 +36,10 @@ class DemoConfig:
     spin_us: int = 50
     starvation_us: int = 1_000_000
     aging_us: int = 100_000
-    timeout_s: float = 300.0
+    #: the run fails when no node finishes a step for this long (a stalled cluster)
+    stall_s: float = 60.0
+    #: and, if set, when it is not finished after this long
+    timeout_s: float | None = None
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     trace_dir: str | None = None
 
@@ -52,10 +59,52 @@ class _Shared:
         self.go = ctx.Barrier(n + 1)  # every node (and the runner) connected
 
 
+class Interrupted(KeyboardInterrupt):
+    """The demo was stopped by a signal (SIGTERM, SIGHUP, SIGINT); its processes were
+    stopped and their shared memory removed."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+class DemoError(RdmaschedError, RuntimeError):
+    """The demo could not run to the end: a process failed, or the cluster stalled."""
+
+
+class TraceError(RdmaschedError, ValueError):
+    """A trace directory or file that is not what `rdmasched demo --trace` writes."""
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_signals(shared: _Shared | None) -> None:
+    """In a node process: stop cleanly (closing its lanes) on SIGTERM or when the demo
+    process dies; leave Ctrl-C (SIGINT, sent to the whole process group) to the parent,
+    which stops every node."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def stop(signum: int, frame: Any) -> None:
+        if shared is not None:
+            shared.stop.value = 1
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _child(fn: Callable[..., dict[str, Any]], out: Any, *args: Any) -> None:
+    shared = next((a for a in args if isinstance(a, _Shared)), None)
+    _child_signals(shared)
     try:
         out.send(("ok", fn(*args)))
     except BaseException as exc:
+        # A process that cannot start breaks the start barrier at once, so the others and
+        # the runner report this error now rather than a barrier timeout a minute later.
+        if shared is not None:
+            shared.go.abort()
         out.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
     finally:
         out.close()
@@ -204,28 +253,57 @@ def read_traces(directory: str, task: int | None = None) -> Iterator[str]:
     """Every event of every trace file in `directory`, in time order, tagged with its file.
 
     Only the scheduler's bounded event ring is kept, so a long run keeps its latest events.
+    TraceError if `directory` is not a trace directory or a file in it is not a trace.
     """
     events = []
     try:
         names = sorted(n for n in os.listdir(directory) if n.endswith(".jsonl"))
     except FileNotFoundError:
-        raise SystemExit(f"rdmasched trace: no directory {directory}") from None
+        raise TraceError(f"no directory {directory}") from None
+    except NotADirectoryError:
+        raise TraceError(
+            f"{directory} is not a directory (give the directory of demo --trace)"
+        ) from None
+    except OSError as exc:
+        raise TraceError(f"{directory}: {exc.strerror}") from None
     if not names:
-        raise SystemExit(
-            f"rdmasched trace: no *.jsonl traces in {directory} "
-            "(write them with `rdmasched demo --trace DIR`)"
+        raise TraceError(
+            f"no *.jsonl traces in {directory} (write them with `rdmasched demo --trace DIR`)"
         )
     for name in names:
-        with open(os.path.join(directory, name)) as f:
-            for line in f:
-                e = json.loads(line)
-                if task is not None and e["task_id"] != task and task not in e["beaten"]:
-                    continue
-                e["source"] = name[: -len(".jsonl")]
-                events.append(e)
+        path = os.path.join(directory, name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                for lineno, line in enumerate(f, 1):
+                    e = _event(line, path, lineno)
+                    if task is not None and e["task_id"] != task and task not in e["beaten"]:
+                        continue
+                    e["source"] = name[: -len(".jsonl")]
+                    events.append(e)
+        except UnicodeDecodeError:
+            raise TraceError(f"{path} is not a trace: not UTF-8 text") from None
+        except OSError as exc:
+            raise TraceError(f"{path}: {exc.strerror}") from None
     events.sort(key=lambda e: e["t_ns"])
     for e in events:
         yield json.dumps(e)
+
+
+def _event(line: str, path: str, lineno: int) -> dict[str, Any]:
+    try:
+        e = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{path} line {lineno} is not a trace event: {exc.msg}") from None
+    if (
+        not isinstance(e, dict)
+        or not isinstance(e.get("t_ns"), int)
+        or not isinstance(e.get("beaten"), list)
+        or "task_id" not in e
+    ):
+        raise TraceError(
+            f"{path} line {lineno} is not a trace event (needs t_ns, task_id and beaten)"
+        )
+    return e
 
 
 # ---- one mode -------------------------------------------------------------------------------
@@ -233,7 +311,11 @@ def run_mode(
     mode: str, cfg: DemoConfig, progress: Callable[[str, list[int]], None] | None
 ) -> dict[str, Any]:
     name = f"{mode[:4]}{os.getpid() % 10000}{uuid.uuid4().hex[:6]}"
-    shared = _Shared(cfg.nodes + (1 if mode == "central" else 0))
+    nproc = cfg.nodes + (1 if mode == "central" else 0)
+    if progress:
+        sys.stderr.write(f"  {mode:<9} starting {nproc} processes (cluster {name})\n")
+        sys.stderr.flush()
+    shared = _Shared(nproc)
     jobs: list[tuple[Callable[..., dict[str, Any]], tuple[Any, ...]]] = []
     for i in range(cfg.nodes):
         fn = rdmasched_node if mode == "rdmasched" else central_node
@@ -253,43 +335,72 @@ def run_mode(
         try:
             shared.go.wait(60)
         except threading.BrokenBarrierError:
-            raise RuntimeError(
+            raise DemoError(
                 f"{mode}: the processes did not all start: {_child_errors(pipes)}"
             ) from None
-        deadline = time.monotonic() + cfg.timeout_s
+        start = last_move = time.monotonic()
         steps = cfg.workload.steps
+        before: list[int] = []
         while True:
             done = [shared.progress[i] for i in range(cfg.nodes)]
             if progress:
                 progress(mode, done)
             if all(d >= steps for d in done):
                 break
+            now = time.monotonic()
+            if done != before:
+                before, last_move = done, now
             for p in procs:
                 if not p.is_alive():
-                    raise RuntimeError(
-                        f"{mode}: a node process exited early (exit code {p.exitcode})"
+                    raise DemoError(
+                        f"{mode}: a node process exited early (exit code {p.exitcode}): "
+                        f"{_child_errors(pipes)}"
                     )
-            if time.monotonic() > deadline:
-                raise RuntimeError(
+            if now - last_move > cfg.stall_s:
+                raise DemoError(
+                    f"{mode}: no node finished a step for {cfg.stall_s:g} s "
+                    f"(steps done per node: {done})"
+                )
+            if cfg.timeout_s is not None and now - start > cfg.timeout_s:
+                raise DemoError(
                     f"{mode}: not finished within {cfg.timeout_s:g} s (steps done per node: {done})"
                 )
             time.sleep(0.1)
         shared.stop.value = 1
         for r in pipes:
             if not r.poll(60):
-                raise RuntimeError(f"{mode}: a process did not report")
+                raise DemoError(f"{mode}: a process did not report")
             status, value = r.recv()
             if status != "ok":
-                raise RuntimeError(f"{mode}: a process failed: {value}")
+                raise DemoError(f"{mode}: a process failed: {value}")
             results.append(value)
     finally:
         shared.stop.value = 1
+        shared.go.abort()  # a process still starting gives up at once
+        deadline = time.monotonic() + 10
         for p in procs:
-            p.join(10)
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in procs:
             if p.is_alive():
                 p.kill()
                 p.join()
+        remove_segments(name, nproc)
     return summarize(mode, cfg, results)
+
+
+def remove_segments(cluster: str, nodes: int) -> list[str]:
+    """Remove what is left of a stopped local cluster's shared memory: its lanes and its
+    nodes' doorbells (left only by a process that was killed). Returns the names removed."""
+    from rdmasched.daemon.links import ShmLinks
+    from rdmasched.transport import shm
+
+    mine = {shm.lane_segment_name(ShmLinks.bell_name(cluster, i)) for i in range(nodes)}
+    lanes = shm.lane_segment_name(cluster) + "."
+    removed = []
+    for seg in shm.list_segments():
+        if (seg in mine or seg.startswith(lanes)) and shm.ShmSegment.unlink_name(seg):
+            removed.append(seg)
+    return removed
 
 
 def _child_errors(pipes: list[Any]) -> str:
@@ -355,7 +466,36 @@ def run(cfg: DemoConfig, progress: bool = True) -> dict[str, Any]:
         sys.stderr.flush()
 
     cb = bar if progress else None
-    return {"rdmasched": run_mode("rdmasched", cfg, cb), "central": run_mode("central", cfg, cb)}
+    with _signals_interrupt():
+        return {
+            "rdmasched": run_mode("rdmasched", cfg, cb),
+            "central": run_mode("central", cfg, cb),
+        }
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM, SIGHUP and SIGINT (Ctrl-C) raise Interrupted (a KeyboardInterrupt), so the
+    demo stops its processes and removes their shared memory on the way out."""
+
+    fired: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if not fired:  # once: a second signal must not cut the clean-up short
+            fired.append(signum)
+            raise Interrupted(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {
+        sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    }
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
 
 
 def print_report(cfg: DemoConfig, res: dict[str, Any], file: Any = None) -> None:

@@ -85,17 +85,17 @@ def test_verbs_needs_token_and_addresses(tmp_path: Path) -> None:
     text = GOOD.replace('transport = "shm"', 'transport = "verbs"')
     with pytest.raises(ConfigError, match=r"needs cluster\.token"):
         ClusterConfig.load(write(tmp_path, text))
-    text = text.replace('name = "train7"', 'name = "train7"\ntoken = "t0k"')
+    text = text.replace('name = "train7"', 'name = "train7"\ntoken = "t0k3n-of-16bytes"')
     with pytest.raises(ConfigError, match="host:port"):
         ClusterConfig.load(write(tmp_path, text))
     text = text.replace('domain = "rack1"', 'domain = "rack1"\naddress = "10.0.0.1:7400"')
-    assert ClusterConfig.load(write(tmp_path, text)).token == "t0k"
+    assert ClusterConfig.load(write(tmp_path, text)).token == "t0k3n-of-16bytes"
 
 
 def test_token_file(tmp_path: Path) -> None:
-    (tmp_path / "tok").write_text("abc\n")
+    (tmp_path / "tok").write_text("abcdefgh\n")
     text = GOOD.replace('name = "train7"', f'name = "train7"\ntoken_file = "{tmp_path}/tok"')
-    assert ClusterConfig.load(write(tmp_path, text)).token == "abc"
+    assert ClusterConfig.load(write(tmp_path, text)).token == "abcdefgh"
 
 
 def test_unknown_node() -> None:
@@ -137,3 +137,60 @@ def test_from_env_slurm() -> None:
 def test_from_env_errors(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         ClusterConfig.from_env(env)
+
+
+# ---- issue 7 item 22 ----------------------------------------------------------------------
+def test_a_config_that_is_not_utf8(tmp_path: Path) -> None:
+    p = tmp_path / "cluster.toml"
+    p.write_bytes(GOOD.encode().replace(b"gpu-a", b"gpu-\xe9"))
+    with pytest.raises(ConfigError, match=f"cluster config {p} is not UTF-8"):
+        ClusterConfig.load(p)
+
+
+def test_a_directory_as_config(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=f"cluster config {tmp_path} is a directory"):
+        ClusterConfig.load(tmp_path)
+
+
+def test_an_unreadable_token_file(tmp_path: Path) -> None:
+    (tmp_path / "tok").write_bytes(b"\xff\xfe-not-text-at-all")
+    text = GOOD.replace('name = "train7"', f'name = "train7"\ntoken_file = "{tmp_path}/tok"')
+    with pytest.raises(ConfigError, match=r"token_file .* is not UTF-8"):
+        ClusterConfig.load(write(tmp_path, text))
+
+
+@pytest.mark.parametrize("token", ["s3cret", "1234567", "é" * 3])
+def test_a_token_under_8_bytes(tmp_path: Path, token: str) -> None:
+    text = GOOD.replace('name = "train7"', f'name = "train7"\ntoken = "{token}"')
+    with pytest.raises(ConfigError, match="at least 8 bytes"):
+        ClusterConfig.load(write(tmp_path, text))
+    env = {"RANK": "0", "WORLD_SIZE": "2", "RDMASCHED_TOKEN": token}
+    with pytest.raises(ConfigError, match="at least 8 bytes"):
+        ClusterConfig.from_env(env)
+
+
+def test_a_short_token_file(tmp_path: Path) -> None:
+    (tmp_path / "tok").write_text("abc\n")
+    text = GOOD.replace('name = "train7"', f'name = "train7"\ntoken_file = "{tmp_path}/tok"')
+    with pytest.raises(ConfigError, match="at least 8 bytes"):
+        ClusterConfig.load(write(tmp_path, text))
+
+
+@pytest.mark.parametrize(
+    "second", ["10.0.0.1:7400", "[10.0.0.1]:7400", "HOST.example:7400", "host.example:7400"]
+)
+def test_two_verbs_nodes_at_one_address(tmp_path: Path, second: str) -> None:
+    first = "host.example:7400" if "host" in second.lower() else "10.0.0.1:7400"
+    text = (
+        GOOD.replace('transport = "shm"', 'transport = "verbs"\ntoken = "0123456789abcdef"')
+        .replace('domain = "rack1"', f'domain = "rack1"\naddress = "{first}"')
+        .replace('address = "10.0.0.2:7400"', f'address = "{second}"')
+    )
+    with pytest.raises(ConfigError, match=r"node\[1\]\.address .* is also node\[0\]'s"):
+        ClusterConfig.load(write(tmp_path, text))
+
+
+def test_shm_nodes_may_share_an_address(tmp_path: Path) -> None:
+    """On shm the address is not used: no need to make it unique."""
+    text = GOOD.replace('domain = "rack1"', 'domain = "rack1"\naddress = "10.0.0.2:7400"')
+    assert len(ClusterConfig.load(write(tmp_path, text)).nodes) == 2

@@ -365,7 +365,10 @@ def test_cli_text_matches_verify(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_json_sources(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["topology", "--slurm", str(DATA / "tree.conf"), "--json"]) == 0
     a = json.loads(capsys.readouterr().out)
-    assert main(["topology", "--config", str(DATA / "tree.toml"), "--json", "--slots", "1024"]) == 0
+    assert (
+        main(["topology", "--config", str(DATA / "tree.toml"), "--json", "--lane-slots", "1024"])
+        == 0
+    )
     b = json.loads(capsys.readouterr().out)
     assert a["nodes"] == b["nodes"] == 16 and a["max_lanes"] == b["max_lanes"]
     assert b["max_ring_bytes"] == b["max_lanes"] * (1024 * 64 + 256)
@@ -378,7 +381,7 @@ def test_cli_json_sources(capsys: pytest.CaptureFixture[str]) -> None:
         (["--nodes", "0"], "--nodes must be >= 1"),
         (["--nodes", "x"], "--nodes must be an integer"),
         (["--pod", "1000"], "multiple of leaf"),
-        (["--slots", "100"], "power of two"),
+        (["--lane-slots", "100"], "power of two"),
         (["--budget", "8"], "no link plan fits 8"),
         (["--slurm", "/nonexistent/topology.conf"], "does not exist"),
         (["--slurm", str(DATA / "cycle.conf")], "not a tree"),
