@@ -380,6 +380,20 @@ cdef inline uint64_t _bad_total(const rs_rx *r) noexcept nogil:
             + r.gaps + r.bad_meta + r.seq_behind)
 
 
+cdef uint64_t _us_to_ns(double us, str what) except? 0:
+    """A timeout given in microseconds as nanoseconds: inf waits for ever (2**64-1 ns, which
+    the `now - start >= timeout` tests never reach); nan or a negative value is an error,
+    never a silent zero (docs/PROTOCOL.md's API notes; issue 7 item 22)."""
+    if us != us:
+        raise ValueError(f"{what} must be a number of microseconds, not nan")
+    if us < 0:
+        raise ValueError(f"{what} must be >= 0, not {us:g}")
+    if us >= 18446744073709551.0:          # (2**64 - 1) / 1000: would overflow
+        return 0xFFFFFFFFFFFFFFFFULL
+    return <uint64_t>(us * 1000.0)
+
+
+
 cdef int _spin_poll(rs_rx *r, rs_msg *m, uint8_t *meta, uint64_t timeout_ns) noexcept nogil:
     """Busy-poll one lane until a message arrives (1), the timeout passes (0) or it dies (-1)."""
     cdef uint64_t start = 0, now
@@ -627,8 +641,9 @@ cdef class RxLane:
         cdef uint32_t k
         cdef uint64_t timeout_ns
         self._check_open()
-        if timeout_us < 0:
-            raise ValueError("timeout_us must be >= 0")
+        if not timeout_us >= 0:
+            raise ValueError(f"timeout_us must be >= 0 microseconds (inf: wait for ever), "
+                             f"not {timeout_us:g}")
         while True:
             r = rs_rx_poll(&self.st, &m, self.scratch)
             if r == 0 and timeout_us > 0:
@@ -640,7 +655,7 @@ cdef class RxLane:
                     r = rs_rx_poll(&self.st, &m, self.scratch)
                     k += 1
             if r == 0 and timeout_us > 0:
-                timeout_ns = <uint64_t>(timeout_us * 1000)
+                timeout_ns = _us_to_ns(timeout_us, "timeout_us")
                 with nogil:
                     r = _spin_poll(&self.st, &m, self.scratch, timeout_ns)
             if r == 1:
@@ -758,7 +773,7 @@ cdef class TxLane:
 
     cdef int _send_slow(self, rs_msg *m, const uint8_t *mp, int rc, timeout_us) except -1:
         cdef uint64_t timeout_ns = (self.timeout_ns if timeout_us is None
-                                    else <uint64_t>(timeout_us * 1000))
+                                    else _us_to_ns(timeout_us, "timeout_us"))
         cdef uint32_t n = 1 + rs_ncont(m.meta_len)
         while rc == RS_NOROOM or rc == RS_NOTREADY:
             with nogil:
@@ -796,7 +811,7 @@ cdef class TxLane:
         sent; the rest were not written.
         """
         cdef uint64_t timeout_ns = (self.timeout_ns if timeout_us is None
-                                    else <uint64_t>(timeout_us * 1000))
+                                    else _us_to_ns(timeout_us, "timeout_us"))
         cdef uint32_t i = 0, n
         cdef int rc = RS_OK
         cdef rs_msg *m
@@ -951,8 +966,8 @@ cdef class LaneSet:
     def wait(self, Batch batch not None, timeout_us=1000, spin_us=50, uint32_t quantum=64):
         """Drain; if nothing came, spin up to `spin_us`, then sleep on the doorbell (if any)
         until a sender rings it or `timeout_us` passes. Returns how many were added."""
-        cdef uint64_t timeout_ns = <uint64_t>(timeout_us * 1000)
-        cdef uint64_t spin_ns = <uint64_t>(spin_us * 1000)
+        cdef uint64_t timeout_ns = _us_to_ns(timeout_us, "timeout_us")
+        cdef uint64_t spin_ns = _us_to_ns(spin_us, "spin_us")
         cdef uint32_t got
         with nogil:
             got = self._wait(batch, timeout_ns, spin_ns, quantum)
@@ -1000,7 +1015,7 @@ cdef class LaneSet:
     def poll(self, double timeout_us=0):
         """The next message from any lane, or None (see `RxLane.poll`)."""
         cdef Batch b = Batch(1, META_ROOM)
-        cdef uint64_t timeout_ns = <uint64_t>(timeout_us * 1000)
+        cdef uint64_t timeout_ns = _us_to_ns(timeout_us, "timeout_us")
         with nogil:
             self._wait(b, timeout_ns, timeout_ns, 1)
         return b[0] if b.count else None

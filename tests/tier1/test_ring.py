@@ -538,3 +538,35 @@ def test_new_epoch_waits_until_a_lost_slot_of_the_old_one_is_skipped(rx: shm.Shm
     assert got == [11]
     assert rx.epoch == 2
     assert rx.stats()["bad_crc"] == 1  # the never-written slot 0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1.0])
+def test_a_timeout_that_is_nan_or_negative_is_refused(lane_name: Names, bad: float) -> None:
+    """issue 7 item 22: poll(timeout_us=nan) returned None at once, and a send or LaneSet
+    call converted nan to 0; every timeout is now checked where it is converted."""
+    with shm.create_lane(lane_name(), 16) as rx, shm.attach_lane(lane_name()) as tx:
+        ls = LaneSet()
+        ls.add(rx)
+        with pytest.raises(ValueError, match="timeout_us"):
+            rx.poll(timeout_us=bad)
+        with pytest.raises(ValueError, match="timeout_us"):
+            ls.poll(timeout_us=bad)
+        with pytest.raises(ValueError, match="timeout_us"):
+            ls.wait(Batch(4), timeout_us=bad)
+        for i in range(16):
+            tx.send(Kind.DISPATCH, i, timeout_us=0)
+        with pytest.raises(ValueError, match="timeout_us"):
+            tx.send(Kind.DISPATCH, 99, timeout_us=bad)  # the full lane takes the slow path
+        assert drain_ids(rx) == list(range(16))  # and 99 was never written
+
+
+def test_poll_with_an_infinite_timeout_waits_for_the_message(lane_name: Names) -> None:
+    """issue 7 item 22: poll(timeout_us=inf) returned None at once; it waits for ever."""
+    with shm.create_lane(lane_name(), 16) as rx, shm.attach_lane(lane_name()) as tx:
+        later = threading.Timer(0.05, lambda: tx.send(Kind.DISPATCH, 7, timeout_us=0))
+        later.start()
+        try:
+            msg = rx.poll(timeout_us=float("inf"))
+        finally:
+            later.join()
+        assert msg is not None and msg.id == 7
