@@ -40,8 +40,8 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's help ends with its default."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None:  # nothing to show (the help says what is taken instead)
-            return action.help
+        if action.default is None and "default" in (action.help or ""):
+            return action.help  # the help says what is taken instead of None
         text = super()._get_help_string(action)
         if text and isinstance(action.default, list):
             text = text.replace("%(default)s", " ".join(map(str, action.default)))

@@ -360,50 +360,50 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--repetitions",
         type=_positive,
         default=200,
-        help="freeze/thaw cycles per mechanism (default %(default)s)",
+        help="freeze/thaw cycles per mechanism",
     )
     p.add_argument(
         "--workers",
         type=_positive,
         default=2,
-        help="zlib processes of the co-located job (default %(default)s)",
+        help="zlib processes of the co-located job",
     )
     p.add_argument(
         "--hold-ms",
         type=_millis,
         default=2.0,
-        help="how long each freeze is held (default %(default)s)",
+        help="how long each freeze is held",
     )
     p.add_argument(
         "--gap-ms",
         type=_millis,
         default=10.0,
-        help="running time between cycles (default %(default)s)",
+        help="running time between cycles",
     )
     p.add_argument(
         "--rounds",
         type=_positive,
         default=2,
-        help="rounds alternating the mechanisms (default %(default)s)",
+        help="rounds alternating the mechanisms",
     )
     p.add_argument(
         "--checks",
         type=_count,
         default=3,
-        help="no-progress checks per mechanism (default %(default)s)",
+        help="no-progress checks per mechanism",
     )
     p.add_argument(
         "--check-ms",
         type=_millis,
         default=300.0,
-        help="how long each check watches (default %(default)s)",
+        help="how long each check watches",
     )
     p.add_argument(
         "--mechanism",
         nargs="+",
         choices=MECHANISMS,
         default=None,
-        help="mechanisms to measure (default: both, cgroup left out with the reason where "
+        help="mechanisms to measure (default both, cgroup left out with the reason where "
         "it is not usable; naming it makes that an error)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -413,6 +413,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p = _Parser(
         prog=prog,
         description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_arguments(p)
     return p
