@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+from rdmasched import messages as msg
 from rdmasched._wire import Message
 from rdmasched.cluster import ClusterConfig
 from rdmasched.daemon.checks import (
@@ -397,11 +398,8 @@ class Node:
             self._call(local)
             return
         self._check_peer(node)
-        flags = (Flag.CANCEL if cancel else 0) | (Flag.JOB if job is not None else 0)
-        tid, jid = task_id or 0, job or 0
-        self._call(
-            lambda: self._loop().send(node, Kind.PREEMPT, tid, jid, 0, int(flags), self.clock())
-        )
+        stop = msg.Preempt(task_id or 0, job or 0, 0, cancel, job is not None)
+        self._call(lambda: self._loop().send(node, *stop.stamped(self.clock())))
 
     def define_group(self, group: int, members: Iterable[int | str]) -> None:
         """Declare sync group `group` (its members: node ids or names); every member
@@ -452,9 +450,10 @@ class Node:
                 self._reject("unknown-group", f"sync_ready for undefined group {group}")
                 return
             now = self.clock()
+            ready = msg.SyncReady(group, step, self.id, sent_ns=now, job=group).encode()
             for m in mem:
                 if m != self.id:
-                    self._loop().send(m, Kind.SYNC_READY, group, group, 0, 0, step, now, self.id)
+                    self._loop().send(m, *ready)
             self._trigger_ns = now
             self._act(self._guard(lambda: self.scheduler.sync_ready(group, step, self.id)))
 
@@ -481,17 +480,8 @@ class Node:
                 self._reject(type(exc).__name__, str(exc))
                 return
             if task.origin != self.id:
-                self._loop().send(
-                    task.origin,
-                    Kind.COMPLETE,
-                    task_id,
-                    task.job,
-                    0,
-                    0,
-                    runtime_ns,
-                    task.progress_ns,
-                    0,
-                )
+                done_msg = msg.Complete(task_id, task.job, runtime_ns, task.progress_ns)
+                self._loop().send(task.origin, *done_msg.encode())
             self._act(actions)
 
         self._call(done)
@@ -814,20 +804,18 @@ class Node:
         self._send_task(peer, task, submitted=False)
 
     def _send_task(self, peer: int, task: Task, submitted: bool) -> None:
-        flags = Flag.SUBMITTED if submitted else 0
-        self._loop().send(
-            peer,
-            Kind.DISPATCH,
+        m = msg.Dispatch(
             task.id,
             task.job,
             task.priority,
-            int(flags),
             task.cost_ns,
             task.progress_ns,
             task.origin,
             task.hops,
-            task.payload,
+            submitted,
+            payload=task.payload,
         )
+        self._loop().send(peer, *m.encode())
 
     def _act(self, actions: list[Action]) -> None:
         """Carry out the scheduler's decisions, in order."""
@@ -925,20 +913,8 @@ class Node:
     def _heartbeat(self, peer: int, now: int, queued: int, running: int) -> None:
         """A HEARTBEAT to `peer`, also one declared dead: its metadata says which
         incarnation of it this node knows as alive, or declared dead."""
-        self._loop().send(
-            peer,
-            _HEARTBEAT,
-            0,
-            0,
-            0,
-            0,
-            now,
-            queued,
-            running,
-            0,
-            self.members.heartbeat_meta(peer),
-            force=True,
-        )
+        beat = msg.Heartbeat(now, queued, running, self.members.heartbeat_meta(peer))
+        self._loop().send(peer, *beat.encode(), force=True)
 
     def _heartbeats(self, peers: Iterable[int] | None = None) -> None:
         now = self.clock()

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from rdmasched import messages as msg
 from rdmasched._wire import Message
 from rdmasched.daemon.loop import Loop
 from rdmasched.daemon.node import Reactions, sync_task_id
 from rdmasched.demo.workload import GROUP
 from rdmasched.scheduler import Action, Cancel, Forward, Preempt, Scheduler, Start, Task
-from rdmasched.wire import Flag, Kind
 
-START = Flag.START  # DISPATCH flag: run this task now on slot arg2 (PROTOCOL.md 4.1)
-YIELDED = 1  # COMPLETE status: a preempted task's progress
+YIELDED = msg.YIELDED  # COMPLETE status: a preempted task's progress (PROTOCOL.md 4.1)
 
 
 class Coordinator:
@@ -60,17 +59,18 @@ class Coordinator:
     def on_message(self, m: Message, peer: int) -> None:
         s = self.sched[peer]
         try:
-            if m.kind == Kind.DISPATCH:
-                acts = s.dispatch(Task(m.id, m.job, m.priority, m.arg0, m.arg1, origin=peer))
-                self._do(peer, acts, 0)
-            elif m.kind == Kind.COMPLETE:
-                if m.arg2 == YIELDED:
+            x = msg.decode(m)
+            if isinstance(x, msg.Dispatch):
+                t = Task(x.task, x.job, x.priority, x.cost_ns, x.progress_ns, origin=peer)
+                self._do(peer, s.dispatch(t), 0)
+            elif isinstance(x, msg.Complete):
+                if x.status == YIELDED:
                     return  # the estimate given to yielded() stands
-                self._do(peer, s.complete(m.id), 0)
-            elif m.kind == Kind.SYNC_READY:
+                self._do(peer, s.complete(x.task), 0)
+            elif isinstance(x, msg.SyncReady):
                 for node, sn in self.sched.items():
-                    self._do(node, sn.sync_ready(m.id, m.arg0, m.arg2), m.arg1)
-        except (KeyError, ValueError):  # SchedulerError subclasses these
+                    self._do(node, sn.sync_ready(x.group, x.step, x.member), x.sent_ns)
+        except (KeyError, ValueError):  # SchedulerError and MessageError subclass these
             self.rejected += 1
 
     def _do(self, node: int, actions: list[Action], trigger_ns: int) -> None:
@@ -82,23 +82,12 @@ class Coordinator:
             self.decisions += 1
             if isinstance(a, Start):
                 t = a.task
-                self.loop.send(
-                    node,
-                    Kind.DISPATCH,
-                    t.id,
-                    t.job,
-                    t.priority,
-                    START,
-                    t.cost_ns,
-                    t.progress_ns,
-                    a.slot,
-                )
+                start = msg.Dispatch(t.id, t.job, t.priority, t.cost_ns, t.progress_ns, slot=a.slot)
+                self.loop.send(node, *start.encode())
             elif isinstance(a, Preempt):
                 v = a.victim
-                flags = Flag.CANCEL if a.cancel else 0
-                self.loop.send(
-                    node, Kind.PREEMPT, v.id, v.job, 0, int(flags), trigger_ns or self.clock()
-                )
+                stop = msg.Preempt(v.id, v.job, trigger_ns or self.clock(), a.cancel)
+                self.loop.send(node, *stop.encode())
                 # The node reports the true progress later; the node keeps its own record,
                 # so an estimate from the start time is enough to requeue it here.
                 est = v.progress_ns + max(0, self.clock() - v.started_ns)
@@ -128,49 +117,42 @@ class Executor:
         self.loop.call_later(delay_ns, fn)
 
     def submit_local(self, task: Task) -> None:
-        self.loop.send(
-            self.coord,
-            Kind.DISPATCH,
-            task.id,
-            task.job,
-            task.priority,
-            0,
-            task.cost_ns,
-            task.progress_ns,
-            self.node,
+        m = msg.Dispatch(
+            task.id, task.job, task.priority, task.cost_ns, task.progress_ns, origin=self.node
         )
+        self.loop.send(self.coord, *m.encode())
 
     def sync_ready(self, step: int) -> None:
-        self.loop.send(
-            self.coord, Kind.SYNC_READY, GROUP, GROUP, 0, 0, step, self.clock(), self.node
-        )
+        m = msg.SyncReady(GROUP, step, self.node, sent_ns=self.clock(), job=GROUP)
+        self.loop.send(self.coord, *m.encode())
 
     def complete(self, task: Task, runtime_ns: int) -> None:
         self.running.pop(task.id, None)
         self.progress.pop(task.id, None)
-        self.loop.send(
-            self.coord, Kind.COMPLETE, task.id, task.job, 0, 0, runtime_ns, task.progress_ns, 0
-        )
+        m = msg.Complete(task.id, task.job, runtime_ns, task.progress_ns)
+        self.loop.send(self.coord, *m.encode())
 
     def on_message(self, m: Message, peer: int) -> None:
-        if m.kind == Kind.DISPATCH and m.flags & START:
-            group = m.job if m.priority == 255 else None
+        x = msg.decode(m)
+        if isinstance(x, msg.Dispatch) and x.slot is not None:
+            group = x.job if x.priority == 255 else None
             t = Task(
-                m.id,
-                m.job,
-                m.priority,
-                m.arg0,
-                self.progress.get(m.id, m.arg1),
+                x.task,
+                x.job,
+                x.priority,
+                x.cost_ns,
+                self.progress.get(x.task, x.progress_ns),
                 origin=self.node,
                 group=group,
             )
-            self.running[m.id] = t
-            self.trainer.on_start(t, int(m.arg2))
-        elif m.kind == Kind.PREEMPT:
-            victim = self.running.pop(m.id, None)
+            self.running[x.task] = t
+            self.trainer.on_start(t, x.slot)
+        elif isinstance(x, msg.Preempt):
+            victim = self.running.pop(x.task, None)
             if victim is None:
                 return  # finished meanwhile: nothing to stop
-            self.reactions.add(self.clock() - m.arg0)
-            progress = self.trainer.on_preempt(victim, 0, bool(m.flags & Flag.CANCEL))
-            self.progress[m.id] = progress
-            self.loop.send(self.coord, Kind.COMPLETE, m.id, m.job, 0, 0, 0, progress, YIELDED)
+            self.reactions.add(self.clock() - x.trigger_ns)
+            progress = self.trainer.on_preempt(victim, 0, x.cancel)
+            self.progress[x.task] = progress
+            back = msg.Complete(x.task, x.job, 0, progress, YIELDED)
+            self.loop.send(self.coord, *back.encode())
