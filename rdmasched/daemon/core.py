@@ -31,9 +31,10 @@ Errors in inputs that depend on the state (an unknown task, a full queue) are co
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from rdmasched import messages as msg
 from rdmasched.daemon.membership import Change, Membership, PeerGone, PeerJoined, Rejoined, Replace
@@ -166,7 +167,9 @@ class NodeCore:
         self.now = now
         self.heartbeat_ns = heartbeat_ns
         self.sync_cost_ns = sync_cost_ns
-        clock = self._clock
+        # the time of the input being handled; a C-level callable (the scheduler reads it
+        # several times per decision, and a Python method costs more)
+        clock = functools.partial(getattr, self, "now")
         self.peers = PeerTable(clock=clock, dead_after_us=dead_after_ns // 1000)
         for n, domain in nodes.items():
             if n != me:
@@ -203,9 +206,6 @@ class NodeCore:
         self._early_sync_n = 0
         self._trigger_ns = 0
         self._load = -1
-
-    def _clock(self) -> int:
-        return self.now
 
     # ---- time and liveness -------------------------------------------------------------------
     def open(self, now: int) -> list[Effect]:
@@ -390,8 +390,12 @@ class NodeCore:
     def preempted(self, victim: Task, progress_ns: int, now: int) -> list[Effect]:
         """The preempt handler for `victim` returned `progress_ns` (after a `PreemptTask`)."""
         self.now = now
-        vid, o = victim.id, victim.origin
-        return self._act(self._guard(lambda: self.scheduler.yielded(vid, progress_ns, o)))
+        try:  # no _guard: this is on the hot path of every preemption
+            actions = self.scheduler.yielded(victim.id, progress_ns, victim.origin)
+        except (SchedulerError, ValueError) as exc:
+            self._reject(type(exc).__name__, str(exc))
+            actions = []
+        return self._act(actions)
 
     def sync_done(self, task: Task, now: int) -> list[Effect]:
         """The sync handler for `task` is done (after a `RunSync`): the slot is free."""
@@ -467,17 +471,16 @@ class NodeCore:
         if out is None:
             out = []
         trigger = self._trigger_ns
+        a: Any
         for a in actions:
-            if type(a) is Start:
-                if a.task.group is not None:
-                    out.append(RunSync(a.task, a.slot))
-                else:
-                    out.append(a)
-            elif type(a) is Preempt:
+            t = type(a)
+            if t is Start:
+                out.append(a if a.task.group is None else RunSync(a.task, a.slot))
+            elif t is Preempt:
                 out.append(PreemptTask(a.victim, a.slot, a.cancel, trigger))
-            elif type(a) is Forward:
+            elif t is Forward:
                 out.append(Send(a.peer, self._dispatch_msg(a.task, True)))
-            elif type(a) is Cancel:
+            elif t is Cancel:
                 _log.info("node %d: task %d cancelled", self.me, a.task.id)
         self._trigger_ns = 0
         load = self.scheduler.load_hint()
