@@ -278,11 +278,7 @@ class NodeCore:
                 # Placed work may move on (back to its origin); work sent here is for here.
                 return self._act(sched.receive(task, peer, bool(m.flags & _SUBMITTED)), out)
             elif kind == _SYNC_READY:  # SyncReady: id=group, arg0=step, arg1=sent, arg2=member
-                if m.id not in self.groups:  # before our define_group: keep it
-                    self._keep_early_sync(m.id, m.arg0, m.arg2)
-                    return out
-                self._trigger_ns = m.arg1
-                return self._act(sched.sync_ready(m.id, m.arg0, m.arg2), out)
+                return self.member_ready(m.id, m.arg0, m.arg2, m.arg1, now)
             elif kind == _COMPLETE:  # Complete: id=task (this node's), job, runtime, ...
                 sched.remote_complete(peer, m.id)
                 out.append(CompleteNotice(m.id, peer))
@@ -368,6 +364,20 @@ class NodeCore:
         self._trigger_ns = now
         me = self.me
         return self._act(self._guard(lambda: self.scheduler.sync_ready(group, step, me)), out)
+
+    def member_ready(
+        self, group: int, step: int, member: int, sent_ns: int, now: int
+    ) -> list[Effect]:
+        """Member `member` reached `step` of `group` (its SYNC_READY, sent at `sent_ns`):
+        count it; the last one releases the step here. Kept if `group` is not defined
+        here yet. (`receive` does this with a SYNC_READY; the central baseline's
+        coordinator calls it for every node it decides for.)"""
+        self.now = now
+        if group not in self.groups:  # before our define_group: keep it
+            self._keep_early_sync(group, step, member)
+            return []
+        self._trigger_ns = sent_ns
+        return self._act(self._guard(lambda: self.scheduler.sync_ready(group, step, member)))
 
     def complete(self, task_id: int, origin: int | None, runtime_ns: int, now: int) -> list[Effect]:
         """The work of `task_id` (of `origin`) finished here: tell its origin, go on."""

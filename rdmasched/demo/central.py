@@ -1,7 +1,8 @@
 """The central-scheduler baseline: one coordinator makes every decision for every node.
 
-The coordinator holds one `Scheduler` per node (the same class, the same rules and settings
-as rdmasched's nodes use) and the sync groups. Nodes are executors: they hand every new task,
+The coordinator holds one `NodeCore` per node (rdmasched's own decision logic: the same
+object, rules and settings as rdmasched's nodes use, scheduler included) and the sync
+groups. Nodes are executors: they hand every new task,
 every completion and every SYNC_READY to the coordinator and run what it tells them (DISPATCH
 with START, PREEMPT). Lanes, doorbells and the loop are the same as rdmasched's, so the only
 difference is where decisions are made, and the round trip that costs.
@@ -13,16 +14,24 @@ from typing import Any
 
 from rdmasched import messages as msg
 from rdmasched._wire import Message
+from rdmasched.daemon.core import Effect, NodeCore, PreemptTask, RunSync
 from rdmasched.daemon.loop import Loop
-from rdmasched.daemon.node import Reactions, sync_task_id
+from rdmasched.daemon.node import Reactions
 from rdmasched.demo.workload import GROUP
-from rdmasched.scheduler import Action, Cancel, Forward, Preempt, Scheduler, Start, Task
+from rdmasched.errors import MessageError
+from rdmasched.scheduler import Scheduler, Start, Task
 
 YIELDED = msg.YIELDED  # COMPLETE status: a preempted task's progress (PROTOCOL.md 4.1)
 
 
 class Coordinator:
-    """Decides for every node. Runs on its own loop with a lane to and from each node."""
+    """Decides for every node. Runs on its own loop with a lane to and from each node.
+
+    Its decisions are made by the daemon's own decision logic: one `NodeCore` per node it
+    schedules for (rdmasched/daemon/core.py), fed what that node reports; the core's
+    effects become orders to the node (a start: DISPATCH with START; a preemption:
+    PREEMPT). So the policy is the same object as in rdmasched's nodes, only placed here.
+    """
 
     def __init__(
         self,
@@ -36,64 +45,80 @@ class Coordinator:
     ) -> None:
         self.loop = loop
         self.clock = loop.clock
-        self.sched: dict[int, Scheduler] = {}
+        now = self.clock()
+        self.cores: dict[int, NodeCore] = {}
         for node, slots in nodes.items():
-            s = Scheduler(
-                slots,
-                clock=self.clock,
+            # a core that knows no peer: it places nothing elsewhere, and has no liveness
+            # to keep (the coordinator's nodes are executors)
+            core = NodeCore(
+                node,
+                {node: ""},
+                slots=slots,
+                inc=1,
+                dead_after_ns=10**10,
+                heartbeat_ns=10**9,
+                now=now,
                 starvation_us=starvation_us,
                 aging_us=aging_us,
-                node_id=node,
+                sync_cost_ns=sync_cost_ns,
             )
-
-            def step_task(g: int, step: int, node: int = node) -> Task:
-                return Task(
-                    sync_task_id(g, step), g, 255, sync_cost_ns, payload={"step": step}, origin=node
-                )
-
-            s.define_group(group, set(nodes), step_task)
-            self.sched[node] = s
+            core.define_group(group, frozenset(nodes), now)
+            self.cores[node] = core
+        #: node -> its scheduler (the cores'), for traces and stats
+        self.sched: dict[int, Scheduler] = {n: c.scheduler for n, c in self.cores.items()}
         self.decisions = 0
-        self.rejected = 0
+        self._bad_msgs = 0
+
+    @property
+    def rejected(self) -> int:
+        """Inputs refused: by the cores (unknown tasks, ...) and messages that are not ours."""
+        return self._bad_msgs + sum(sum(c.rejected.values()) for c in self.cores.values())
 
     def on_message(self, m: Message, peer: int) -> None:
-        s = self.sched[peer]
+        core = self.cores.get(peer)
         try:
             x = msg.decode(m)
-            if isinstance(x, msg.Dispatch):
-                t = Task(x.task, x.job, x.priority, x.cost_ns, x.progress_ns, origin=peer)
-                self._do(peer, s.dispatch(t), 0)
-            elif isinstance(x, msg.Complete):
-                if x.status == YIELDED:
-                    return  # the estimate given to yielded() stands
-                self._do(peer, s.complete(x.task), 0)
-            elif isinstance(x, msg.SyncReady):
-                for node, sn in self.sched.items():
-                    self._do(node, sn.sync_ready(x.group, x.step, x.member), x.sent_ns)
-        except (KeyError, ValueError):  # SchedulerError and MessageError subclass these
-            self.rejected += 1
+        except MessageError:
+            x = None
+        now = self.clock()
+        if core is None or x is None:
+            self._bad_msgs += 1
+        elif isinstance(x, msg.Dispatch):
+            t = Task(x.task, x.job, x.priority, x.cost_ns, x.progress_ns, origin=peer)
+            self._do(peer, core.dispatch(t, now))
+        elif isinstance(x, msg.Complete):
+            if x.status == YIELDED:
+                return  # the estimate given to preempted() stands
+            self._do(peer, core.complete(x.task, peer, x.runtime_ns, now))
+        elif isinstance(x, msg.SyncReady):
+            for node, c in self.cores.items():
+                self._do(node, c.member_ready(x.group, x.step, x.member, x.sent_ns, now))
+        else:
+            self._bad_msgs += 1
 
-    def _do(self, node: int, actions: list[Action], trigger_ns: int) -> None:
-        s = self.sched[node]
+    def _do(self, node: int, effects: list[Effect]) -> None:
+        """The core's decisions for `node`, as orders to it."""
+        core = self.cores[node]
         i = 0
-        while i < len(actions):
-            a = actions[i]
+        while i < len(effects):
+            e = effects[i]
             i += 1
-            self.decisions += 1
-            if isinstance(a, Start):
-                t = a.task
-                start = msg.Dispatch(t.id, t.job, t.priority, t.cost_ns, t.progress_ns, slot=a.slot)
+            if isinstance(e, (Start, RunSync)):  # a sync task too: the node runs it
+                self.decisions += 1
+                t = e.task
+                start = msg.Dispatch(t.id, t.job, t.priority, t.cost_ns, t.progress_ns, slot=e.slot)
                 self.loop.send(node, *start.encode())
-            elif isinstance(a, Preempt):
-                v = a.victim
-                stop = msg.Preempt(v.id, v.job, trigger_ns or self.clock(), a.cancel)
+            elif isinstance(e, PreemptTask):
+                self.decisions += 1
+                v = e.victim
+                now = self.clock()
+                stop = msg.Preempt(v.id, v.job, e.trigger_ns or now, e.cancel)
                 self.loop.send(node, *stop.encode())
                 # The node reports the true progress later; the node keeps its own record,
                 # so an estimate from the start time is enough to requeue it here.
-                est = v.progress_ns + max(0, self.clock() - v.started_ns)
-                actions[i:i] = s.yielded(v.id, est)
-            elif isinstance(a, (Cancel, Forward)):
-                pass
+                est = v.progress_ns + max(0, now - v.started_ns)
+                effects[i:i] = core.preempted(v, est, now)
+            # SetLoad, and Send (a core that knows no peer sends nothing): nothing to do
 
 
 class Executor:

@@ -288,3 +288,29 @@ def test_every_input_carries_its_time() -> None:
     assert [e.t_ns for e in core.scheduler.explain(1)] == [123_456_789]
     effects = core.tick(555 * MS)
     assert effects[-1] == SetTimer(555 * MS + HEARTBEAT_NS)
+
+
+def test_a_coordinator_decides_with_one_core_per_node() -> None:
+    """The central baseline's use: cores that know no peer, fed every member's SYNC_READY."""
+    cores = {
+        n: NodeCore(
+            n,
+            {n: ""},
+            slots=1,
+            inc=1,
+            dead_after_ns=DEAD_AFTER_NS,
+            heartbeat_ns=HEARTBEAT_NS,
+            now=0,
+            sync_cost_ns=MS,
+        )
+        for n in (0, 1)
+    }
+    for n, core in cores.items():
+        core.define_group(2, frozenset(cores), 0)
+        assert core.dispatch(task(1, origin=n), 1)[0] == StartTask(core.scheduler.get(1, n), 0)
+    assert cores[0].member_ready(2, 0, 0, 5, 10) == []
+    effects = cores[0].member_ready(2, 0, 1, 7, 11)
+    kinds = [type(e) for e in effects]
+    assert kinds[:2] == [PreemptTask, RunSync]  # the compute task makes way for the sync
+    assert isinstance(effects[0], PreemptTask) and effects[0].trigger_ns == 7
+    assert not any(isinstance(e, Send) for e in effects)  # it knows no peer: no message
