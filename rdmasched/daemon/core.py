@@ -69,6 +69,11 @@ def sync_task_id(group: int, step: int) -> int:
 
 
 # ---- effects ---------------------------------------------------------------------------------
+#: build a NamedTuple from a tuple without its Python-level __new__ (the hot path makes one
+#: per decision; the scheduler does the same with its actions)
+_new = tuple.__new__
+
+
 class Send(NamedTuple):
     """Send `message` to `peer` (a Heartbeat even to a peer declared dead)."""
 
@@ -485,18 +490,18 @@ class NodeCore:
         for a in actions:
             t = type(a)
             if t is Start:
-                out.append(a if a.task.group is None else RunSync(a.task, a.slot))
+                out.append(a if a.task.group is None else _new(RunSync, (a.task, a.slot)))
             elif t is Preempt:
-                out.append(PreemptTask(a.victim, a.slot, a.cancel, trigger))
+                out.append(_new(PreemptTask, (a.victim, a.slot, a.cancel, trigger)))
             elif t is Forward:
-                out.append(Send(a.peer, self._dispatch_msg(a.task, True)))
+                out.append(_new(Send, (a.peer, self._dispatch_msg(a.task, True))))
             elif t is Cancel:
                 _log.info("node %d: task %d cancelled", self.me, a.task.id)
         self._trigger_ns = 0
         load = self.scheduler.load_hint()
         if load != self._load:
             self._load = load
-            out.append(SetLoad(load))
+            out.append(_new(SetLoad, (load,)))
         return out
 
     def _heartbeats(self, peers: Iterable[int] | None) -> list[Effect]:
