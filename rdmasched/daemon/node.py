@@ -1,8 +1,9 @@
 """`Node`: the node daemon's Python API.
 
 A node owns its inbound lanes, polls them on one loop thread, feeds every message to its own
-scheduler and calls the user's handlers with the scheduler's decisions. There is no central
-scheduler: each node decides what runs on its own execution slots.
+decision logic (`NodeCore`, daemon/core.py: sans-IO, it owns the scheduler) and carries out
+what that decides: sending, and calling the user's handlers. There is no central scheduler:
+each node decides what runs on its own execution slots.
 
     with Node.from_config("cluster.toml", "gpu-a") as node:
         @node.on_dispatch
