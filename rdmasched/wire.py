@@ -31,11 +31,18 @@ assert HEAD.size == CONT.size == SLOT_SIZE
 class Kind(IntEnum):
     """What a control message asks for."""
 
-    DISPATCH = 1  # run a task: id=task, job, priority, arg0=cost_ns, arg1=progress_ns
-    PREEMPT = 2  # stop a task (or every task of a job): id=task, job; flags CANCEL, JOB
-    SYNC_READY = 3  # a member reached a step: id=group, arg0=step, arg1=group size
-    COMPLETE = 4  # a task finished: id=task, job, arg0=runtime_ns, arg2=status
-    HEARTBEAT = 5  # liveness and load: arg0=sender's clock (ns), load in the header
+    # The fields of each kind, as docs/PROTOCOL.md section 4 (and 4.2) defines them; named
+    # in code by rdmasched/messages.py.
+    DISPATCH = 1  # run a task: id=task, job, priority, arg0=cost_ns, arg1=progress_ns,
+    #               arg2=origin node (with START: the slot); hops; metadata=payload
+    PREEMPT = 2  # stop a task (or every task of a job): id=task (0 with JOB), job,
+    #              arg0=trigger time ns; flags CANCEL, JOB
+    SYNC_READY = 3  # a member reached a step: id=group, job, arg0=step,
+    #                 arg1=sender's clock ns, arg2=member node
+    COMPLETE = 4  # a task finished (sent to its origin): id=task, job, arg0=runtime_ns,
+    #               arg1=progress_ns, arg2=status (0 done, 1 yielded: central baseline only)
+    HEARTBEAT = 5  # liveness: arg0=sender's clock ns, arg1=queued tasks, arg2=running
+    #                tasks, metadata=incarnation map {"inc", "ack", "dead"}; load in the header
 
 
 CONT_KIND = 0x7F
@@ -47,7 +54,8 @@ class Flag(IntFlag):
     NONE = 0
     CANCEL = 0x01  # PREEMPT: cancel the task instead of requeueing it
     JOB = 0x02  # PREEMPT: the target is every task of `job`, not task `id`
-    SUBMITTED = 0x04  # DISPATCH: placed by submit(); the receiver may pass it on (bounded hops)
+    SUBMITTED = 0x04  # DISPATCH: placed by submit(); a busy receiver may hand it back to its
+    #                   origin, which places it again (hops counts placements, bounded)
     START = 0x08  # DISPATCH: run now on slot arg2 (the central baseline's coordinator only)
 
 

@@ -1,8 +1,9 @@
 """`Node`: the node daemon's Python API.
 
 A node owns its inbound lanes, polls them on one loop thread, feeds every message to its own
-scheduler and calls the user's handlers with the scheduler's decisions. There is no central
-scheduler: each node decides what runs on its own execution slots.
+decision logic (`NodeCore`, daemon/core.py: sans-IO, it owns the scheduler) and carries out
+what that decides: sending, and calling the user's handlers. There is no central scheduler:
+each node decides what runs on its own execution slots.
 
     with Node.from_config("cluster.toml", "gpu-a") as node:
         @node.on_dispatch
@@ -27,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+from rdmasched import messages as msg
 from rdmasched._wire import Message
 from rdmasched.cluster import ClusterConfig
 from rdmasched.daemon.checks import (
@@ -37,9 +39,24 @@ from rdmasched.daemon.checks import (
     check_node,
     check_payload,
 )
+from rdmasched.daemon.core import (
+    EARLY_SYNC_MAX,
+    SYNC_ID_BASE,
+    CompleteNotice,
+    Effect,
+    MarkDead,
+    NodeCore,
+    PreemptTask,
+    Revive,
+    RunSync,
+    Send,
+    SetLoad,
+    SetTimer,
+    sync_task_id,
+)
 from rdmasched.daemon.links import Links, ShmLinks, VerbsLinks, close_quietly
 from rdmasched.daemon.loop import Loop
-from rdmasched.daemon.membership import Change, Membership, PeerGone, PeerJoined, Rejoined, Replace
+from rdmasched.daemon.membership import Membership
 from rdmasched.errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -47,19 +64,8 @@ from rdmasched.errors import (
     NodeFailedError,
     RdmaschedError,
 )
-from rdmasched.scheduler import (
-    Action,
-    Cancel,
-    Event,
-    Forward,
-    PeerTable,
-    Preempt,
-    Scheduler,
-    SchedulerError,
-    Start,
-    Task,
-)
-from rdmasched.wire import Flag, Kind
+from rdmasched.scheduler import Event, PeerTable, Scheduler, Start, Task
+from rdmasched.wire import Kind
 
 _log = logging.getLogger("rdmasched.daemon")
 _T = TypeVar("_T")
@@ -69,23 +75,14 @@ PreemptHandler = Callable[[Task, int, bool], int]
 SyncHandler = Callable[[Task, int], object]
 CompleteHandler = Callable[[int, int], None]
 
-_DISPATCH, _PREEMPT, _SYNC_READY = int(Kind.DISPATCH), int(Kind.PREEMPT), int(Kind.SYNC_READY)
-_COMPLETE, _HEARTBEAT = int(Kind.COMPLETE), int(Kind.HEARTBEAT)
-_CANCEL, _JOB, _SUBMITTED = int(Flag.CANCEL), int(Flag.JOB), int(Flag.SUBMITTED)
+_COMPLETE = int(Kind.COMPLETE)
+_HEARTBEAT_T = msg.Heartbeat
 
-#: sync tasks get ids from their own space so they never collide with submitted tasks
-SYNC_ID_BASE = 1 << 63
-
-
-def sync_task_id(group: int, step: int) -> int:
-    return SYNC_ID_BASE | ((group & 0x7FFFFFFF) << 32) | (step & 0xFFFFFFFF)
-
+__all__ = ["EARLY_SYNC_MAX", "LATER", "SYNC_ID_BASE", "Node", "Reactions", "sync_task_id"]
 
 GROUP_MAX = (1 << 31) - 1
 #: steps are 0..2**32-1 (a sync task's id holds the step in 32 bits)
 STEP_MAX = (1 << 32) - 1
-#: SYNC_READYs kept for groups not (yet) defined here, at most (over it: rejected)
-EARLY_SYNC_MAX = 4096
 
 
 class _Later:
@@ -145,46 +142,29 @@ class Node:
         self.clock = clock
         self._links_given = links
         self._spin_us = spin_us
-        self.peers = PeerTable(clock=clock, dead_after_us=cluster.dead_after_ms * 1000)
-        for n in cluster.nodes:
-            if n.id != self.id:
-                self.peers.add(n.id, n.domain)
+        # The decisions: a sans-IO core this node drives (docs/DAEMON.md, "The node core").
         # A process starts as an incarnation above any earlier one of this node: the wall
         # clock in ms (docs/DAEMON.md, "Dead peers, incarnations and rejoining").
-        self.members = Membership(
+        self.core = NodeCore(
             self.id,
-            (n.id for n in cluster.nodes),
+            {n.id: n.domain for n in cluster.nodes},
+            slots=self.spec.slots,
             inc=max(1, time.time_ns() // 1_000_000),
             dead_after_ns=cluster.dead_after_ms * 1_000_000,
             heartbeat_ns=cluster.heartbeat_ms * 1_000_000,
             now=clock(),
-        )
-        #: peers whose messages are ignored (their incarnation ended)
-        self._shunned: set[int] = set()
-        #: peers that have not acknowledged this node's current incarnation
-        self._unacked: set[int] = set()
-        self.stale_msgs = 0
-        self.scheduler = Scheduler(
-            self.spec.slots,
-            clock=clock,
             starvation_us=starvation_us,
             aging_us=aging_us,
             events=events,
-            node_id=self.id,
-            peers=self.peers,
-            domain=self.spec.domain,
+            sync_cost_ns=sync_cost_ns,
             max_hops=max_hops,
         )
         self.sync_cost_ns = sync_cost_ns
         self.reactions = Reactions()
-        self.rejected: dict[str, int] = {}
         self._dispatch: DispatchHandler | None = None
         self._preempt: PreemptHandler | None = None
         self._sync: SyncHandler | None = None
         self._complete: CompleteHandler | None = None
-        self._groups: dict[int, frozenset[int]] = {}
-        self._trigger_ns = 0
-        self._load = -1
         self.loop: Loop | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -199,6 +179,31 @@ class Node:
     def from_env(cls, env: dict[str, str] | None = None, **kw: Any) -> Node:
         cluster, rank = ClusterConfig.from_env(env)
         return cls(cluster, rank, **kw)
+
+    # ---- the core's state, read-only views -------------------------------------------------
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.core.scheduler
+
+    @property
+    def peers(self) -> PeerTable:
+        return self.core.peers
+
+    @property
+    def members(self) -> Membership:
+        return self.core.members
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        return self.core.rejected
+
+    @property
+    def stale_msgs(self) -> int:
+        return self.core.stale_msgs
+
+    @property
+    def sync_early_kept(self) -> int:
+        return self.core.sync_early_kept
 
     # ---- handlers --------------------------------------------------------------------------
     def on_dispatch(self, fn: DispatchHandler) -> DispatchHandler:
@@ -246,9 +251,8 @@ class Node:
         self.loop.keep_on_death = frozenset({_COMPLETE})
         self.loop.stall_ns = self.members.stall_ns
         self.loop.on_stall = self._stalled
-        self.members.last_tick_ns = self.clock()
-        self._heartbeats()  # first, so that peers know this incarnation before anything else
-        self._schedule_heartbeat()
+        # first heartbeats, so that peers know this incarnation before anything else
+        self._do(self.core.open(self.clock()))
 
     def run(self, until: Callable[[], bool] | None = None) -> None:
         """Run the loop on this thread until `stop()` (or `until()` is true)."""
@@ -342,7 +346,7 @@ class Node:
         """Run a task here if a slot is free, else on a lighter peer (power of two choices,
         same topology domain first), else queue it here."""
         task = self._checked_task(task_id, job, priority, cost_ns, payload)
-        self._call(lambda: self._act(self._guard(lambda: self.scheduler.submit(task))))
+        self._call(lambda: self._do(self.core.submit(task, self.clock())))
 
     def dispatch(
         self,
@@ -359,10 +363,10 @@ class Node:
         task = self._checked_task(task_id, job, priority, cost_ns, payload)
         to = None if to is None else check_node(self.cluster, "to", to)
         if to is None or to == self.id:
-            self._call(lambda: self._act(self._guard(lambda: self.scheduler.dispatch(task))))
+            self._call(lambda: self._do(self.core.dispatch(task, self.clock())))
         else:
             self._check_peer(to)
-            self._call(lambda: self._dispatch_to(to, task))
+            self._call(lambda: self._do(self.core.dispatch_to(to, task, self.clock())))
 
     def preempt(
         self,
@@ -376,32 +380,13 @@ class Node:
         node)."""
         task_id, job, node = self._checked_preempt(task_id, job, node, cancel)
         if node is None or node == self.id:
-
-            def local() -> None:
-                self._trigger_ns = self.clock()
-                origin = None
-                if task_id is not None:
-                    t = self._resolve(task_id, None)
-                    if t is None:
-                        return
-                    origin = t.origin
-                self._act(
-                    self._guard(
-                        lambda: self.scheduler.preempt(
-                            task_id, job=job, cancel=cancel, origin=origin
-                        ),
-                        task_id or 0,
-                    )
-                )
-
-            self._call(local)
+            self._call(lambda: self._do(self.core.preempt(task_id, job, cancel, self.clock())))
             return
         self._check_peer(node)
-        flags = (Flag.CANCEL if cancel else 0) | (Flag.JOB if job is not None else 0)
-        tid, jid = task_id or 0, job or 0
-        self._call(
-            lambda: self._loop().send(node, Kind.PREEMPT, tid, jid, 0, int(flags), self.clock())
-        )
+        # No decision here (the receiver makes it): sent as is, stamped at the moment it is
+        # sent (the trigger of the reaction the receiver measures).
+        stop = msg.Preempt(task_id or 0, job or 0, 0, cancel, job is not None)
+        self._call(lambda: self._loop().send(node, *stop.stamped(self.clock())))
 
     def define_group(self, group: int, members: Iterable[int | str]) -> None:
         """Declare sync group `group` (its members: node ids or names); every member
@@ -411,20 +396,8 @@ class Node:
         group = check_int("group", group, 0, GROUP_MAX)
         mem = self._checked_members(group, members)
 
-        def step_task(g: int, step: int) -> Task:
-            return Task(
-                sync_task_id(g, step),
-                g,
-                255,
-                self.sync_cost_ns,
-                payload={"step": step},
-                origin=self.id,
-            )
-
         def define() -> None:
-            self.scheduler.define_group(group, mem, step_task)
-            self._groups[group] = mem
-            self._replay_early_sync(group)
+            self._do(self.core.define_group(group, mem, self.clock()))
 
         with self._defs_lock:
             old = self._group_defs.get(group)
@@ -447,16 +420,7 @@ class Node:
             raise ArgumentError(f"sync_ready for group {group}, which define_group never declared")
 
         def announce() -> None:
-            mem = self._groups.get(group)
-            if mem is None:
-                self._reject("unknown-group", f"sync_ready for undefined group {group}")
-                return
-            now = self.clock()
-            for m in mem:
-                if m != self.id:
-                    self._loop().send(m, Kind.SYNC_READY, group, group, 0, 0, step, now, self.id)
-            self._trigger_ns = now
-            self._act(self._guard(lambda: self.scheduler.sync_ready(group, step, self.id)))
+            self._do(self.core.sync_ready(group, step, self.clock()))
 
         self._call(announce)
 
@@ -472,27 +436,7 @@ class Node:
             origin = check_node(self.cluster, "origin", origin)
 
         def done() -> None:
-            task = self._resolve(task_id, origin)
-            if task is None:
-                return
-            try:
-                actions = self.scheduler.complete(task.id, task.origin)
-            except (SchedulerError, ValueError) as exc:
-                self._reject(type(exc).__name__, str(exc))
-                return
-            if task.origin != self.id:
-                self._loop().send(
-                    task.origin,
-                    Kind.COMPLETE,
-                    task_id,
-                    task.job,
-                    0,
-                    0,
-                    runtime_ns,
-                    task.progress_ns,
-                    0,
-                )
-            self._act(actions)
+            self._do(self.core.complete(task_id, origin, runtime_ns, self.clock()))
 
         self._call(done)
 
@@ -576,10 +520,6 @@ class Node:
     def _init_api_state(self) -> None:
         #: handler (or call_later callback) -> exceptions it raised (or bad results)
         self.handler_errors: dict[str, int] = {}
-        #: SYNC_READYs that came before their group was defined here, kept and replayed
-        self.sync_early_kept = 0
-        self._early_sync: dict[int, list[tuple[int, int]]] = {}
-        self._early_sync_n = 0
         #: groups declared through the API (caller side; the loop's copy is `_groups`)
         self._group_defs: dict[int, frozenset[int]] = {}
         self._defs_lock = threading.Lock()
@@ -681,7 +621,7 @@ class Node:
             exc_info=exc if exc.__traceback__ is not None else None,
         )
 
-    def _preempt_progress(self, a: Preempt) -> int:
+    def _preempt_progress(self, a: PreemptTask) -> int:
         """Call the preempt handler; its progress, or the task's last one if it failed."""
         victim = a.victim
         assert self._preempt is not None
@@ -702,8 +642,8 @@ class Node:
             return victim.progress_ns
         return got
 
-    def _start_sync(self, t: Task, slot: int) -> list[Action]:
-        """Run the sync handler; complete the sync task when it returns, unless LATER."""
+    def _run_sync(self, t: Task, slot: int) -> bool:
+        """Run the sync handler; True if the sync task is done (unless it returned LATER)."""
         result: object = None
         if self._sync is not None:
             try:
@@ -711,7 +651,7 @@ class Node:
             except Exception as exc:  # a failed sync must not keep its slot
                 self._handler_failed("on_sync", exc, t.id)
             if result is LATER:
-                return []
+                return False
             if result is not None:
                 self._handler_failed(
                     "on_sync",
@@ -721,28 +661,7 @@ class Node:
                     ),
                     t.id,
                 )
-        return self._guard(lambda: self.scheduler.complete(t.id), t.id)
-
-    def _keep_early_sync(self, group: int, step: int, member: int) -> None:
-        """A SYNC_READY for a group not defined here yet: keep it (bounded) for define."""
-        if self._early_sync_n >= EARLY_SYNC_MAX:
-            self._reject("unknown-group", f"SYNC_READY for undefined group {group}; none kept")
-            return
-        self._early_sync.setdefault(group, []).append((step, member))
-        self._early_sync_n += 1
-        self.sync_early_kept += 1
-
-    def _replay_early_sync(self, group: int) -> None:
-        kept = self._early_sync.pop(group, ())
-        self._early_sync_n -= len(kept)
-        for step, member in kept:
-            self._act(
-                self._guard(
-                    lambda step=step, member=member: self.scheduler.sync_ready(  # type: ignore[misc]
-                        group, step, member
-                    )
-                )
-            )
+        return True
 
     # ---- internals -------------------------------------------------------------------------
     def _loop(self) -> Loop:
@@ -762,245 +681,77 @@ class Node:
             raise ValueError("job must be a u64 and cost_ns >= 0")
         return Task(task_id, job, priority, cost_ns, payload=payload, origin=self.id)
 
-    def _resolve(self, task_id: int, origin: int | None, prefer: int | None = None) -> Task | None:
-        """The task held here that `task_id` (of `origin`) names; None (and a rejection)
-        if there is none or the name is ambiguous. Without `origin`: `prefer`'s task (a
-        peer's PREEMPT names its own tasks first), this node's own, else the only one."""
-        sched = self.scheduler
-        if origin is not None:
-            t = sched.lookup(task_id, origin)
-            if t is None:
-                self._reject("unknown-task", f"unknown task {task_id} of node {origin}")
-            return t
-        if prefer is not None:
-            t = sched.lookup(task_id, prefer)
-            if t is not None:
-                return t
-        t = sched.lookup(task_id, self.id)
-        if t is not None:
-            return t
-        found = sched.find(task_id)
-        if len(found) == 1:
-            return found[0]
-        if not found:
-            self._reject("unknown-task", f"unknown task {task_id}")
-        else:
-            origins = [t.origin for t in found]
-            self._reject("ambiguous-task", f"tasks {task_id} of nodes {origins}: pass origin=")
-        return None
-
     def _check_peer(self, node: int) -> None:
         self.cluster.node(node)
 
-    def _reject(self, reason: str, detail: str) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
-        _log.warning("node %d: rejected (%s): %s", self.id, reason, detail)
-
-    def _guard(self, fn: Callable[[], list[Action]], task_id: int = 0) -> list[Action]:
-        """Scheduler input errors are counted and logged; the node keeps running."""
-        try:
-            return fn()
-        except (SchedulerError, ValueError) as exc:
-            self._reject(type(exc).__name__, str(exc))
-            return []
-
-    def _dispatch_to(self, peer: int, task: Task) -> None:
-        """`dispatch(to=peer)`: recorded as held by `peer` (see Scheduler.place_on)."""
-        try:
-            self.scheduler.place_on(task, peer)
-        except (SchedulerError, ValueError) as exc:
-            self._reject(type(exc).__name__, str(exc))
-            return
-        self._send_task(peer, task, submitted=False)
-
-    def _send_task(self, peer: int, task: Task, submitted: bool) -> None:
-        flags = Flag.SUBMITTED if submitted else 0
-        self._loop().send(
-            peer,
-            Kind.DISPATCH,
-            task.id,
-            task.job,
-            task.priority,
-            int(flags),
-            task.cost_ns,
-            task.progress_ns,
-            task.origin,
-            task.hops,
-            task.payload,
-        )
-
-    def _act(self, actions: list[Action]) -> None:
-        """Carry out the scheduler's decisions, in order."""
-        i = 0
-        while i < len(actions):
-            a = actions[i]
-            i += 1
-            if isinstance(a, Start):
-                t = a.task
-                if t.group is not None:
-                    actions[i:i] = self._start_sync(t, a.slot)
-                elif self._dispatch is not None:
-                    try:
-                        self._dispatch(t, a.slot)
-                    except Exception as exc:  # the task keeps its slot: complete or preempt it
-                        self._handler_failed("on_dispatch", exc, t.id)
-            elif isinstance(a, Preempt):
-                if self._trigger_ns:
-                    self.reactions.add(self.clock() - self._trigger_ns)
-                progress = a.victim.progress_ns
-                if self._preempt is not None:
-                    progress = self._preempt_progress(a)
-                victim_id, victim_origin = a.victim.id, a.victim.origin
-
-                def requeue(
-                    victim_id: int = victim_id, progress: int = progress, o: int = victim_origin
-                ) -> list[Action]:
-                    return self.scheduler.yielded(victim_id, progress, o)
-
-                actions[i:i] = self._guard(requeue)
-            elif isinstance(a, Forward):
-                self._send_task(a.peer, a.task, submitted=True)
-            elif isinstance(a, Cancel):
-                _log.info("node %d: task %d cancelled", self.id, a.task.id)
-        self._trigger_ns = 0
-        load = self.scheduler.load_hint()
-        if load != self._load:
-            self._load = load
-            self._loop().set_load(load)
-
+    # ---- the driver: carrying out the core's effects ----------------------------------------
     def _on_message(self, m: Message, peer: int) -> None:
-        # The hot path of a node: plain ints, not the enums (an IntFlag `&` costs ~0.5 us).
-        kind = m.kind
-        if kind == _HEARTBEAT:
-            changes = self.members.on_heartbeat(peer, m.meta, self.clock())
-            if changes:
-                self._apply(changes)
-        if peer in self._shunned:  # a message of an incarnation that ended
-            self.stale_msgs += 1
-            return
-        self.peers.seen(peer, m.load)
-        sched = self.scheduler
-        try:
-            if kind == _PREEMPT:
-                self._trigger_ns = m.arg0
-                cancel = bool(m.flags & _CANCEL)
-                if m.flags & _JOB:
-                    self._act(sched.preempt(job=m.job, cancel=cancel))
+        effects = self.core.receive(m, peer, self.clock())
+        if effects:
+            self._do(effects)
+
+    def _do(self, effects: list[Effect]) -> None:
+        """Carry out the core's effects, in order. A handler's answer goes back to the core
+        at once, and what the core makes of it is carried out next, before the rest."""
+        # On the hot path: one `type(e) is` test per kind, no isinstance, no asserts.
+        core = self.core
+        i = 0
+        while i < len(effects):
+            e: Any = effects[i]
+            i += 1
+            t = type(e)
+            if t is Start:
+                if self._dispatch is not None:
+                    try:
+                        self._dispatch(e.task, e.slot)
+                    except Exception as exc:  # the task keeps its slot: complete or preempt it
+                        self._handler_failed("on_dispatch", exc, e.task.id)
+            elif t is PreemptTask:
+                if e.trigger_ns:
+                    self.reactions.add(self.clock() - e.trigger_ns)
+                progress = e.victim.progress_ns
+                if self._preempt is not None:
+                    progress = self._preempt_progress(e)
+                effects[i:i] = core.preempted(e.victim, progress, self.clock())
+            elif t is Send:
+                if type(e.message) is _HEARTBEAT_T:  # also to a peer declared dead
+                    self._loop().send(e.peer, *e.message.encode(), force=True)
                 else:
-                    t = self._resolve(m.id, None, prefer=peer)
-                    if t is not None:
-                        self._act(sched.preempt(m.id, cancel=cancel, origin=t.origin))
-            elif kind == _DISPATCH:
-                origin = int(m.arg2)
-                if origin != self.id and peer in self._unacked:
-                    # sent to this node's previous incarnation: its origin places it again
-                    self.stale_msgs += 1
-                    return
-                task = Task(
-                    m.id, m.job, m.priority, m.arg0, m.arg1, m.meta, origin=origin, hops=m.hops
-                )
-                # Placed work may move on (back to its origin); work sent here is for here.
-                self._act(sched.receive(task, peer, bool(m.flags & _SUBMITTED)))
-            elif kind == _SYNC_READY:
-                if m.id not in self._groups:  # before our define_group: keep it
-                    self._keep_early_sync(m.id, m.arg0, m.arg2)
-                    return
-                self._trigger_ns = m.arg1
-                self._act(sched.sync_ready(m.id, m.arg0, m.arg2))
-            elif kind == _COMPLETE:
-                sched.remote_complete(peer, m.id)
+                    self._loop().send(e.peer, *e.message.encode())
+            elif t is SetLoad:
+                self._loop().set_load(e.load)
+            elif t is RunSync:
+                if self._run_sync(e.task, e.slot):
+                    effects[i:i] = core.sync_done(e.task, self.clock())
+            elif t is CompleteNotice:
                 if self._complete is not None:
                     try:
-                        self._complete(m.id, peer)
+                        self._complete(e.task_id, e.node)
                     except Exception as exc:
-                        self._handler_failed("on_complete", exc, m.id)
-            elif kind != _HEARTBEAT:  # a heartbeat is all in `seen` above
-                self._reject("unknown-kind", f"kind {kind} from node {peer}")
-        except (SchedulerError, ValueError) as exc:
-            # Counted by the scheduler too; the message is refused, the node goes on.
-            self._trigger_ns = 0
-            self._reject(type(exc).__name__, str(exc))
+                        self._handler_failed("on_complete", exc, e.task_id)
+            elif t is MarkDead:
+                loop = self._loop()
+                loop.mark_dead(e.peer, e.why)
+                release = getattr(loop.links, "release_gone", None)
+                if release is not None:
+                    release(e.peer)
+            elif t is Revive:
+                loop = self._loop()
+                if e.again or e.peer in loop.dead_peers:
+                    loop.revive(e.peer)
+            elif t is SetTimer:
+                self._loop().call_at(e.at_ns, self._tick)
 
-    # ---- membership (rules in membership.py and docs/DAEMON.md) --------------------------
-    def _heartbeat(self, peer: int, now: int, queued: int, running: int) -> None:
-        """A HEARTBEAT to `peer`, also one declared dead: its metadata says which
-        incarnation of it this node knows as alive, or declared dead."""
-        self._loop().send(
-            peer,
-            _HEARTBEAT,
-            0,
-            0,
-            0,
-            0,
-            now,
-            queued,
-            running,
-            0,
-            self.members.heartbeat_meta(peer),
-            force=True,
-        )
-
-    def _heartbeats(self, peers: Iterable[int] | None = None) -> None:
-        now = self.clock()
-        queued = self.scheduler.stats().queue_len
-        running = len(self.scheduler.running())
-        for p in self.members.views if peers is None else peers:
-            self._heartbeat(p, now, queued, running)
+    def _tick(self) -> None:
+        """The heartbeat timer (armed by the core's SetTimer)."""
+        loop = self._loop()
+        effects: list[Effect] = []
+        for p, why in loop.lost:
+            effects += self.core.peer_lost(p, why, self.clock())
+        loop.lost.clear()
+        effects += self.core.tick(self.clock(), loop.listened_ns)
+        self._do(effects)
 
     def _stalled(self, gap_ns: int) -> None:
         """The loop did not run for `gap_ns`: maybe declared dead meanwhile."""
-        self._apply(self.members.stalled(gap_ns, self.clock()))
-
-    def _apply(self, changes: list[Change]) -> None:
-        """Carry out membership changes, in order."""
-        loop = self._loop()
-        sched = self.scheduler
-        for c in changes:
-            if isinstance(c, PeerGone):
-                _log.warning(
-                    "node %d: node %d (incarnation %d) is gone: %s", self.id, c.peer, c.inc, c.why
-                )
-                loop.mark_dead(c.peer, c.why)
-                release = getattr(loop.links, "release_gone", None)
-                if release is not None:
-                    release(c.peer)
-                self._act(sched.peer_gone(c.peer))
-            elif isinstance(c, PeerJoined):
-                self.peers.revive(c.peer)
-                if c.again or c.peer in loop.dead_peers:
-                    loop.revive(c.peer)
-                self._heartbeats([c.peer])  # answer at once: it waits for our ack
-            elif isinstance(c, Rejoined):
-                _log.warning(
-                    "node %d: rejoining as incarnation %d (was %d): %s",
-                    self.id,
-                    c.new,
-                    c.old,
-                    c.why,
-                )
-                self.peers.refresh()  # their silence was ours
-                self.peers.mark_stale()  # what they hold now, they drop (Replace below)
-                self._act(sched.drop_origin(None))
-                self._heartbeats()
-            elif isinstance(c, Replace):
-                self._act(sched.replace_held(c.peer, f"node {c.peer} dropped it (rejoin)"))
-        views = self.members.views
-        self._shunned = {p for p, v in views.items() if not v.alive}
-        self._unacked = {p for p, v in views.items() if not v.acked}
-
-    def _schedule_heartbeat(self) -> None:
-        period = self.cluster.heartbeat_ms * 1_000_000
-
-        def beat() -> None:
-            loop = self._loop()
-            changes: list[Change] = []
-            for p, why in loop.lost:
-                changes += self.members.gone(p, why)
-            loop.lost.clear()
-            now = self.clock()
-            changes += self.members.tick(now, self.peers.expired(loop.listened_ns))
-            self._apply(changes)
-            self._heartbeats()
-            loop.call_later(period, beat)
-
-        self._loop().call_later(period, beat)
+        self._do(self.core.stalled(gap_ns, self.clock()))

@@ -1,7 +1,8 @@
 """The central-scheduler baseline: one coordinator makes every decision for every node.
 
-The coordinator holds one `Scheduler` per node (the same class, the same rules and settings
-as rdmasched's nodes use) and the sync groups. Nodes are executors: they hand every new task,
+The coordinator holds one `NodeCore` per node (rdmasched's own decision logic: the same
+object, rules and settings as rdmasched's nodes use, scheduler included) and the sync
+groups. Nodes are executors: they hand every new task,
 every completion and every SYNC_READY to the coordinator and run what it tells them (DISPATCH
 with START, PREEMPT). Lanes, doorbells and the loop are the same as rdmasched's, so the only
 difference is where decisions are made, and the round trip that costs.
@@ -11,19 +12,26 @@ from __future__ import annotations
 
 from typing import Any
 
+from rdmasched import messages as msg
 from rdmasched._wire import Message
+from rdmasched.daemon.core import Effect, NodeCore, PreemptTask, RunSync
 from rdmasched.daemon.loop import Loop
-from rdmasched.daemon.node import Reactions, sync_task_id
+from rdmasched.daemon.node import Reactions
 from rdmasched.demo.workload import GROUP
-from rdmasched.scheduler import Action, Cancel, Forward, Preempt, Scheduler, Start, Task
-from rdmasched.wire import Flag, Kind
+from rdmasched.errors import MessageError
+from rdmasched.scheduler import Scheduler, Start, Task
 
-START = Flag.START  # DISPATCH flag: run this task now on slot arg2 (PROTOCOL.md 4.1)
-YIELDED = 1  # COMPLETE status: a preempted task's progress
+YIELDED = msg.YIELDED  # COMPLETE status: a preempted task's progress (PROTOCOL.md 4.1)
 
 
 class Coordinator:
-    """Decides for every node. Runs on its own loop with a lane to and from each node."""
+    """Decides for every node. Runs on its own loop with a lane to and from each node.
+
+    Its decisions are made by the daemon's own decision logic: one `NodeCore` per node it
+    schedules for (rdmasched/daemon/core.py), fed what that node reports; the core's
+    effects become orders to the node (a start: DISPATCH with START; a preemption:
+    PREEMPT). So the policy is the same object as in rdmasched's nodes, only placed here.
+    """
 
     def __init__(
         self,
@@ -37,74 +45,80 @@ class Coordinator:
     ) -> None:
         self.loop = loop
         self.clock = loop.clock
-        self.sched: dict[int, Scheduler] = {}
+        now = self.clock()
+        self.cores: dict[int, NodeCore] = {}
         for node, slots in nodes.items():
-            s = Scheduler(
-                slots,
-                clock=self.clock,
+            # a core that knows no peer: it places nothing elsewhere, and has no liveness
+            # to keep (the coordinator's nodes are executors)
+            core = NodeCore(
+                node,
+                {node: ""},
+                slots=slots,
+                inc=1,
+                dead_after_ns=10**10,
+                heartbeat_ns=10**9,
+                now=now,
                 starvation_us=starvation_us,
                 aging_us=aging_us,
-                node_id=node,
+                sync_cost_ns=sync_cost_ns,
             )
-
-            def step_task(g: int, step: int, node: int = node) -> Task:
-                return Task(
-                    sync_task_id(g, step), g, 255, sync_cost_ns, payload={"step": step}, origin=node
-                )
-
-            s.define_group(group, set(nodes), step_task)
-            self.sched[node] = s
+            core.define_group(group, frozenset(nodes), now)
+            self.cores[node] = core
+        #: node -> its scheduler (the cores'), for traces and stats
+        self.sched: dict[int, Scheduler] = {n: c.scheduler for n, c in self.cores.items()}
         self.decisions = 0
-        self.rejected = 0
+        self._bad_msgs = 0
+
+    @property
+    def rejected(self) -> int:
+        """Inputs refused: by the cores (unknown tasks, ...) and messages that are not ours."""
+        return self._bad_msgs + sum(sum(c.rejected.values()) for c in self.cores.values())
 
     def on_message(self, m: Message, peer: int) -> None:
-        s = self.sched[peer]
+        core = self.cores.get(peer)
         try:
-            if m.kind == Kind.DISPATCH:
-                acts = s.dispatch(Task(m.id, m.job, m.priority, m.arg0, m.arg1, origin=peer))
-                self._do(peer, acts, 0)
-            elif m.kind == Kind.COMPLETE:
-                if m.arg2 == YIELDED:
-                    return  # the estimate given to yielded() stands
-                self._do(peer, s.complete(m.id), 0)
-            elif m.kind == Kind.SYNC_READY:
-                for node, sn in self.sched.items():
-                    self._do(node, sn.sync_ready(m.id, m.arg0, m.arg2), m.arg1)
-        except (KeyError, ValueError):  # SchedulerError subclasses these
-            self.rejected += 1
+            x = msg.decode(m)
+        except MessageError:
+            x = None
+        now = self.clock()
+        if core is None or x is None:
+            self._bad_msgs += 1
+        elif isinstance(x, msg.Dispatch):
+            t = Task(x.task, x.job, x.priority, x.cost_ns, x.progress_ns, origin=peer)
+            self._do(peer, core.dispatch(t, now))
+        elif isinstance(x, msg.Complete):
+            if x.status == YIELDED:
+                return  # the estimate given to preempted() stands
+            self._do(peer, core.complete(x.task, peer, x.runtime_ns, now))
+        elif isinstance(x, msg.SyncReady):
+            for node, c in self.cores.items():
+                self._do(node, c.member_ready(x.group, x.step, x.member, x.sent_ns, now))
+        else:
+            self._bad_msgs += 1
 
-    def _do(self, node: int, actions: list[Action], trigger_ns: int) -> None:
-        s = self.sched[node]
+    def _do(self, node: int, effects: list[Effect]) -> None:
+        """The core's decisions for `node`, as orders to it."""
+        core = self.cores[node]
         i = 0
-        while i < len(actions):
-            a = actions[i]
+        while i < len(effects):
+            e = effects[i]
             i += 1
-            self.decisions += 1
-            if isinstance(a, Start):
-                t = a.task
-                self.loop.send(
-                    node,
-                    Kind.DISPATCH,
-                    t.id,
-                    t.job,
-                    t.priority,
-                    START,
-                    t.cost_ns,
-                    t.progress_ns,
-                    a.slot,
-                )
-            elif isinstance(a, Preempt):
-                v = a.victim
-                flags = Flag.CANCEL if a.cancel else 0
-                self.loop.send(
-                    node, Kind.PREEMPT, v.id, v.job, 0, int(flags), trigger_ns or self.clock()
-                )
+            if isinstance(e, (Start, RunSync)):  # a sync task too: the node runs it
+                self.decisions += 1
+                t = e.task
+                start = msg.Dispatch(t.id, t.job, t.priority, t.cost_ns, t.progress_ns, slot=e.slot)
+                self.loop.send(node, *start.encode())
+            elif isinstance(e, PreemptTask):
+                self.decisions += 1
+                v = e.victim
+                now = self.clock()
+                stop = msg.Preempt(v.id, v.job, e.trigger_ns or now, e.cancel)
+                self.loop.send(node, *stop.encode())
                 # The node reports the true progress later; the node keeps its own record,
                 # so an estimate from the start time is enough to requeue it here.
-                est = v.progress_ns + max(0, self.clock() - v.started_ns)
-                actions[i:i] = s.yielded(v.id, est)
-            elif isinstance(a, (Cancel, Forward)):
-                pass
+                est = v.progress_ns + max(0, now - v.started_ns)
+                effects[i:i] = core.preempted(v, est, now)
+            # SetLoad, and Send (a core that knows no peer sends nothing): nothing to do
 
 
 class Executor:
@@ -128,49 +142,42 @@ class Executor:
         self.loop.call_later(delay_ns, fn)
 
     def submit_local(self, task: Task) -> None:
-        self.loop.send(
-            self.coord,
-            Kind.DISPATCH,
-            task.id,
-            task.job,
-            task.priority,
-            0,
-            task.cost_ns,
-            task.progress_ns,
-            self.node,
+        m = msg.Dispatch(
+            task.id, task.job, task.priority, task.cost_ns, task.progress_ns, origin=self.node
         )
+        self.loop.send(self.coord, *m.encode())
 
     def sync_ready(self, step: int) -> None:
-        self.loop.send(
-            self.coord, Kind.SYNC_READY, GROUP, GROUP, 0, 0, step, self.clock(), self.node
-        )
+        m = msg.SyncReady(GROUP, step, self.node, sent_ns=self.clock(), job=GROUP)
+        self.loop.send(self.coord, *m.encode())
 
     def complete(self, task: Task, runtime_ns: int) -> None:
         self.running.pop(task.id, None)
         self.progress.pop(task.id, None)
-        self.loop.send(
-            self.coord, Kind.COMPLETE, task.id, task.job, 0, 0, runtime_ns, task.progress_ns, 0
-        )
+        m = msg.Complete(task.id, task.job, runtime_ns, task.progress_ns)
+        self.loop.send(self.coord, *m.encode())
 
     def on_message(self, m: Message, peer: int) -> None:
-        if m.kind == Kind.DISPATCH and m.flags & START:
-            group = m.job if m.priority == 255 else None
+        x = msg.decode(m)
+        if isinstance(x, msg.Dispatch) and x.slot is not None:
+            group = x.job if x.priority == 255 else None
             t = Task(
-                m.id,
-                m.job,
-                m.priority,
-                m.arg0,
-                self.progress.get(m.id, m.arg1),
+                x.task,
+                x.job,
+                x.priority,
+                x.cost_ns,
+                self.progress.get(x.task, x.progress_ns),
                 origin=self.node,
                 group=group,
             )
-            self.running[m.id] = t
-            self.trainer.on_start(t, int(m.arg2))
-        elif m.kind == Kind.PREEMPT:
-            victim = self.running.pop(m.id, None)
+            self.running[x.task] = t
+            self.trainer.on_start(t, x.slot)
+        elif isinstance(x, msg.Preempt):
+            victim = self.running.pop(x.task, None)
             if victim is None:
                 return  # finished meanwhile: nothing to stop
-            self.reactions.add(self.clock() - m.arg0)
-            progress = self.trainer.on_preempt(victim, 0, bool(m.flags & Flag.CANCEL))
-            self.progress[m.id] = progress
-            self.loop.send(self.coord, Kind.COMPLETE, m.id, m.job, 0, 0, 0, progress, YIELDED)
+            self.reactions.add(self.clock() - x.trigger_ns)
+            progress = self.trainer.on_preempt(victim, 0, x.cancel)
+            self.progress[x.task] = progress
+            back = msg.Complete(x.task, x.job, 0, progress, YIELDED)
+            self.loop.send(self.coord, *back.encode())

@@ -1,0 +1,275 @@
+"""The control messages as typed values: one small class per kind, with named fields.
+
+docs/PROTOCOL.md section 4 (and 4.2 for what the daemon adds) says what every positional
+field of a slot means for each kind; this module says it once, in code. Each class has
+
+* `encode()`: the positional fields `Loop.send` and `TxLane.send` take after the peer,
+  `(kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta)` (an `Outgoing`), so a
+  sender writes `loop.send(peer, *Preempt(task=7, job=1, trigger_ns=now).encode())`;
+* `decode(m)`: the value from a received `rdmasched._wire.Message` (or anything with the
+  same attributes), checking its kind.
+
+`decode(m)` picks the class by `m.kind`. The classes are frozen, so a decoded message can
+be kept and compared; `decode(encode(x)) == x` for every valid `x`.
+
+The daemon's receive path (`NodeCore.receive`) does not build these objects: it is the hot
+path, and reads the same fields as plain ints in one function, following the mapping below
+(tests/tier1/test_messages.py checks that both agree).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rdmasched.errors import MessageError
+from rdmasched.wire import Flag, Kind
+
+#: the fields of a message to send, as `Loop.send`/`TxLane.send` take them after the peer
+Outgoing = tuple[int, int, int, int, int, int, int, int, int, dict[Any, Any] | None]
+
+_DISPATCH, _PREEMPT, _SYNC_READY = int(Kind.DISPATCH), int(Kind.PREEMPT), int(Kind.SYNC_READY)
+_COMPLETE, _HEARTBEAT = int(Kind.COMPLETE), int(Kind.HEARTBEAT)
+_CANCEL, _JOB = int(Flag.CANCEL), int(Flag.JOB)
+_SUBMITTED, _START = int(Flag.SUBMITTED), int(Flag.START)
+
+#: COMPLETE status: the task ran to its end
+DONE = 0
+#: COMPLETE status (central baseline only, PROTOCOL.md 4.1): a preempted task's progress
+YIELDED = 1
+
+
+class Received(Protocol):
+    """What `decode` reads: the fields of a delivered message (`rdmasched._wire.Message`)."""
+
+    @property
+    def kind(self) -> int: ...
+    @property
+    def flags(self) -> int: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def hops(self) -> int: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def job(self) -> int: ...
+    @property
+    def arg0(self) -> int: ...
+    @property
+    def arg1(self) -> int: ...
+    @property
+    def arg2(self) -> int: ...
+    @property
+    def meta(self) -> dict[Any, Any] | None: ...
+
+
+def _expect(m: Received, kind: int, flags: int) -> None:
+    if m.kind != kind:
+        raise MessageError(f"a {Kind(kind).name} cannot be decoded from a message of kind {m.kind}")
+    if m.flags & ~flags:
+        raise MessageError(f"a {Kind(kind).name} has no flags {m.flags & ~flags:#x}")
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """DISPATCH: run, queue or place task `task` of node `origin`.
+
+    `submitted` (flag SUBMITTED): placed by `submit()`; a busy receiver may hand it back to
+    its origin. `slot` (flag START, central baseline only): run it now on that slot; then
+    arg2 carries the slot, not the origin (the task is the receiver's own: `origin` is 0).
+    """
+
+    task: int  #: id
+    job: int  #: job
+    priority: int = 0  #: priority
+    cost_ns: int = 0  #: arg0: estimated cost
+    progress_ns: int = 0  #: arg1: progress so far
+    origin: int = 0  #: arg2: the node that owns the task (PROTOCOL.md 4.2)
+    hops: int = 0  #: hops: how many times it was placed
+    submitted: bool = False  #: flag SUBMITTED
+    slot: int | None = None  #: flag START, arg2 (central baseline only)
+    payload: dict[Any, Any] | None = None  #: metadata
+
+    def __post_init__(self) -> None:
+        if self.slot is not None and self.origin:
+            raise MessageError("a DISPATCH with START carries the slot in arg2, not an origin")
+
+    def encode(self) -> Outgoing:
+        flags = _SUBMITTED if self.submitted else 0
+        arg2 = self.origin
+        if self.slot is not None:
+            flags |= _START
+            arg2 = self.slot
+        return (
+            _DISPATCH,
+            self.task,
+            self.job,
+            self.priority,
+            flags,
+            self.cost_ns,
+            self.progress_ns,
+            arg2,
+            self.hops,
+            self.payload,
+        )
+
+    @classmethod
+    def decode(cls, m: Received) -> Dispatch:
+        _expect(m, _DISPATCH, _SUBMITTED | _START)
+        start = bool(m.flags & _START)
+        return cls(
+            m.id,
+            m.job,
+            m.priority,
+            m.arg0,
+            m.arg1,
+            0 if start else m.arg2,
+            m.hops,
+            bool(m.flags & _SUBMITTED),
+            m.arg2 if start else None,
+            m.meta,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    """PREEMPT: stop task `task` (or, `whole_job`, every task of `job`); `cancel` drops it
+    instead of requeueing it. `trigger_ns`: CLOCK_MONOTONIC of the event that made the
+    preemption necessary (the send time for a plain PREEMPT)."""
+
+    task: int  #: id (0 with whole_job)
+    job: int = 0  #: job
+    trigger_ns: int = 0  #: arg0
+    cancel: bool = False  #: flag CANCEL
+    whole_job: bool = False  #: flag JOB
+
+    def encode(self) -> Outgoing:
+        return self.stamped(self.trigger_ns)
+
+    def stamped(self, trigger_ns: int) -> Outgoing:
+        """`encode()` with `trigger_ns` as the trigger time: for a sender that builds the
+        message ahead and stamps it at the moment it sends (building one takes about a
+        microsecond, which would otherwise count in the preemption reaction)."""
+        flags = (_CANCEL if self.cancel else 0) | (_JOB if self.whole_job else 0)
+        return (_PREEMPT, self.task, self.job, 0, flags, trigger_ns, 0, 0, 0, None)
+
+    @classmethod
+    def decode(cls, m: Received) -> Preempt:
+        _expect(m, _PREEMPT, _CANCEL | _JOB)
+        return cls(m.id, m.job, m.arg0, bool(m.flags & _CANCEL), bool(m.flags & _JOB))
+
+
+@dataclass(frozen=True, slots=True)
+class SyncReady:
+    """SYNC_READY: node `member` reached step `step` of group `group`, sent at `sent_ns`
+    (its CLOCK_MONOTONIC)."""
+
+    group: int  #: id
+    step: int  #: arg0
+    member: int  #: arg2
+    sent_ns: int = 0  #: arg1
+    job: int = 0  #: job (rdmasched's nodes send the group)
+
+    def encode(self) -> Outgoing:
+        return (
+            _SYNC_READY,
+            self.group,
+            self.job,
+            0,
+            0,
+            self.step,
+            self.sent_ns,
+            self.member,
+            0,
+            None,
+        )
+
+    @classmethod
+    def decode(cls, m: Received) -> SyncReady:
+        _expect(m, _SYNC_READY, 0)
+        return cls(m.id, m.arg0, m.arg2, m.arg1, m.job)
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """COMPLETE, sent to the task's origin: task `task` (the origin's id) finished after
+    `runtime_ns` with progress `progress_ns`; `status` DONE, or YIELDED (central baseline
+    only: a preempted task's progress)."""
+
+    task: int  #: id
+    job: int = 0  #: job
+    runtime_ns: int = 0  #: arg0
+    progress_ns: int = 0  #: arg1
+    status: int = DONE  #: arg2
+
+    def encode(self) -> Outgoing:
+        return (
+            _COMPLETE,
+            self.task,
+            self.job,
+            0,
+            0,
+            self.runtime_ns,
+            self.progress_ns,
+            self.status,
+            0,
+            None,
+        )
+
+    @classmethod
+    def decode(cls, m: Received) -> Complete:
+        _expect(m, _COMPLETE, 0)
+        return cls(m.id, m.job, m.arg0, m.arg1, m.arg2)
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """HEARTBEAT: the sender's clock, its queued and running tasks, and its incarnation
+    map (PROTOCOL.md 4.2: `{"inc": ..., "ack": ..., "dead": ...}`; None from a peer that is
+    not a daemon). The load hint travels in every message's header, not here."""
+
+    clock_ns: int  #: arg0
+    queued: int = 0  #: arg1
+    running: int = 0  #: arg2
+    incarnations: dict[Any, Any] | None = None  #: metadata
+
+    def encode(self) -> Outgoing:
+        return (
+            _HEARTBEAT,
+            0,
+            0,
+            0,
+            0,
+            self.clock_ns,
+            self.queued,
+            self.running,
+            0,
+            self.incarnations,
+        )
+
+    @classmethod
+    def decode(cls, m: Received) -> Heartbeat:
+        _expect(m, _HEARTBEAT, 0)
+        return cls(m.arg0, m.arg1, m.arg2, m.meta)
+
+
+ControlMessage = Dispatch | Preempt | SyncReady | Complete | Heartbeat
+
+_BY_KIND: dict[int, Any] = {
+    _DISPATCH: Dispatch,
+    _PREEMPT: Preempt,
+    _SYNC_READY: SyncReady,
+    _COMPLETE: Complete,
+    _HEARTBEAT: Heartbeat,
+}
+
+
+def decode(m: Received) -> ControlMessage:
+    """The typed value of a received message; `MessageError` for a kind or flags that
+    PROTOCOL.md section 4 does not define."""
+    cls = _BY_KIND.get(m.kind)
+    if cls is None:
+        raise MessageError(f"no message kind {m.kind}")
+    msg: ControlMessage = cls.decode(m)
+    return msg

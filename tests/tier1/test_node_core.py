@@ -1,0 +1,316 @@
+"""The sans-IO node core (rdmasched/daemon/core.py), driven by hand: no thread, no lane, no
+clock. Several cores exchange their `Send` effects through a list on a fake clock, each
+message encoded and decoded by the real codec (rdmasched._wire) as a lane would deliver
+it; the handlers' answers go back to the core as the threaded `Node` gives them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from rdmasched import _wire
+from rdmasched import messages as msg
+from rdmasched.daemon.core import (
+    CompleteNotice,
+    Effect,
+    MarkDead,
+    NodeCore,
+    PreemptTask,
+    Revive,
+    RunSync,
+    Send,
+    SetLoad,
+    SetTimer,
+    StartTask,
+)
+from rdmasched.scheduler import Task
+
+MS = 1_000_000
+HEARTBEAT_NS = 20 * MS
+DEAD_AFTER_NS = 200 * MS
+
+
+class Cluster:
+    """N cores and the messages between them, on one fake clock."""
+
+    def __init__(self, n: int, slots: int = 1) -> None:
+        self.now = 10_000 * MS
+        self.cores = {
+            i: NodeCore(
+                i,
+                {j: "rack" for j in range(n)},
+                slots=slots,
+                inc=100 + i,
+                dead_after_ns=DEAD_AFTER_NS,
+                heartbeat_ns=HEARTBEAT_NS,
+                now=self.now,
+            )
+            for i in range(n)
+        }
+        self.wire: deque[tuple[int, int, msg.ControlMessage]] = deque()
+        self.timers: dict[int, int] = {}
+        self.load = dict.fromkeys(self.cores, 0)
+        #: node -> what its handlers saw: ("start", origin, id, slot), ("preempt", ...), ...
+        self.seen: dict[int, list[tuple[Any, ...]]] = {i: [] for i in self.cores}
+        self.down: set[int] = set()  #: nodes stopped: they neither run nor get messages
+        self.progress_step = 1000
+        for i, core in self.cores.items():
+            self.do(i, core.open(self.now))
+
+    def do(self, node: int, effects: list[Effect]) -> None:
+        """Carry out `node`'s effects as the threaded Node does (handlers answer at once)."""
+        core, seen = self.cores[node], self.seen[node]
+        i = 0
+        while i < len(effects):
+            e = effects[i]
+            i += 1
+            if isinstance(e, Send):
+                self.wire.append((node, e.peer, e.message))
+            elif type(e) is StartTask:
+                seen.append(("start", e.task.origin, e.task.id, e.slot))
+            elif isinstance(e, PreemptTask):
+                seen.append(("preempt", e.victim.origin, e.victim.id, e.cancel, e.trigger_ns))
+                progress = e.victim.progress_ns + self.progress_step
+                effects[i:i] = core.preempted(e.victim, progress, self.now)
+            elif isinstance(e, RunSync):
+                assert e.task.payload is not None
+                seen.append(("sync", e.task.group, e.task.payload["step"], e.slot))
+                effects[i:i] = core.sync_done(e.task, self.now)
+            elif isinstance(e, CompleteNotice):
+                seen.append(("completed", e.task_id, e.node))
+            elif isinstance(e, SetTimer):
+                self.timers[node] = e.at_ns
+            elif isinstance(e, MarkDead):
+                seen.append(("dead", e.peer))
+            elif isinstance(e, Revive):
+                seen.append(("revive", e.peer))
+            elif isinstance(e, SetLoad):
+                self.load[node] = e.load
+            else:
+                raise AssertionError(f"unknown effect {e!r}")
+
+    def deliver(self) -> int:
+        """Deliver every message in flight (and those they cause), in order."""
+        n = 0
+        while self.wire:
+            src, dst, m = self.wire.popleft()
+            if src in self.down or dst in self.down:
+                continue  # lost with the stopped node
+            kind, id_, job, prio, flags, a0, a1, a2, hops, meta = m.encode()
+            raw = _wire.encode(
+                kind,
+                id=id_,
+                job=job,
+                priority=prio,
+                flags=flags,
+                arg0=a0,
+                arg1=a1,
+                arg2=a2,
+                hops=hops,
+                meta=meta,
+                src=src,
+                load=self.load[src],
+                nslots=64,
+            )
+            self.do(dst, self.cores[dst].receive(_wire.decode(raw, nslots=64), src, self.now))
+            n += 1
+        return n
+
+    def advance(self, ns: int, step: int = HEARTBEAT_NS // 2) -> None:
+        """Let time pass: fire due heartbeat timers, deliver what they send."""
+        end = self.now + ns
+        while self.now < end:
+            self.now = min(end, self.now + step)
+            for i, at in list(self.timers.items()):
+                if i not in self.down and at <= self.now:
+                    self.do(i, self.cores[i].tick(self.now, self.now))
+            self.deliver()
+
+    def of(self, node: int, what: str) -> list[tuple[Any, ...]]:
+        return [s for s in self.seen[node] if s[0] == what]
+
+
+def task(i: int, origin: int, priority: int = 10) -> Task:
+    return Task(i, 1, priority, 5 * MS, origin=origin)
+
+
+def test_sync_is_released_on_every_member_once_all_are_ready() -> None:
+    c = Cluster(3)
+    c.deliver()
+    for i, core in c.cores.items():
+        c.do(i, core.define_group(7, frozenset(c.cores), c.now))
+    c.do(0, c.cores[0].sync_ready(7, 0, c.now))
+    c.do(1, c.cores[1].sync_ready(7, 0, c.now))
+    c.deliver()
+    assert not any(c.of(i, "sync") for i in c.cores)  # node 2 is not ready yet
+    c.do(2, c.cores[2].sync_ready(7, 0, c.now))
+    c.deliver()
+    for i in c.cores:
+        assert c.of(i, "sync") == [("sync", 7, 0, 0)]
+
+
+def test_a_sync_ready_before_the_group_is_defined_is_kept() -> None:
+    c = Cluster(2)
+    c.do(0, c.cores[0].define_group(1, frozenset({0, 1}), c.now))
+    c.do(0, c.cores[0].sync_ready(1, 0, c.now))
+    c.deliver()  # node 1 has not defined group 1 yet
+    assert c.cores[1].sync_early_kept == 1
+    c.do(1, c.cores[1].define_group(1, frozenset({0, 1}), c.now))
+    c.do(1, c.cores[1].sync_ready(1, 0, c.now))
+    c.deliver()
+    assert c.of(0, "sync") == c.of(1, "sync") == [("sync", 1, 0, 0)]
+
+
+def test_a_peers_preempt_stops_the_task_and_it_runs_again() -> None:
+    c = Cluster(2)
+    c.do(1, c.cores[1].dispatch(task(5, origin=1), c.now))
+    assert c.of(1, "start") == [("start", 1, 5, 0)]
+    trigger = c.now - 3000
+    c.wire.append((0, 1, msg.Preempt(5, 1, trigger_ns=trigger)))
+    c.deliver()
+    # stopped with the trigger of the PREEMPT, requeued with its progress, started again
+    assert c.of(1, "preempt") == [("preempt", 1, 5, False, trigger)]
+    assert c.of(1, "start") == [("start", 1, 5, 0), ("start", 1, 5, 0)]
+    assert c.cores[1].scheduler.lookup(5, 1).progress_ns == c.progress_step  # type: ignore[union-attr]
+
+
+def test_a_released_sync_preempts_compute_when_no_slot_is_free() -> None:
+    c = Cluster(2)
+    for i, core in c.cores.items():
+        c.do(i, core.define_group(3, frozenset(c.cores), c.now))
+        c.do(i, core.dispatch(task(1, origin=i), c.now))
+    c.do(0, c.cores[0].sync_ready(3, 4, c.now))
+    sent = c.now
+    c.now += 50_000
+    c.do(1, c.cores[1].sync_ready(3, 4, c.now))
+    c.deliver()
+    # each releases the step on the other's SYNC_READY, and counts the reaction from when
+    # the other sent it; both preempt their compute task for the sync, which completes
+    # when the handler returns, and the compute task runs again
+    assert c.of(0, "preempt") == [("preempt", 0, 1, False, c.now)]
+    assert c.of(1, "preempt") == [("preempt", 1, 1, False, sent)]
+    for i in c.cores:
+        assert c.of(i, "sync") == [("sync", 3, 4, 0)]
+        assert c.of(i, "start") == [("start", i, 1, 0), ("start", i, 1, 0)]
+
+
+def test_forwarded_work_runs_on_the_peer_and_its_completion_comes_back() -> None:
+    c = Cluster(2)
+    c.deliver()
+    c.do(0, c.cores[0].submit(task(1, origin=0), c.now))  # takes node 0's one slot
+    c.do(0, c.cores[0].submit(task(2, origin=0), c.now))  # node 1 is idle: sent there
+    c.deliver()
+    assert c.of(1, "start") == [("start", 0, 2, 0)]
+    assert c.cores[0].peers.held_count() == 1
+    c.do(1, c.cores[1].complete(2, 0, 4 * MS, c.now))
+    c.deliver()
+    assert c.of(0, "completed") == [("completed", 2, 1)]
+    assert c.cores[0].peers.held_count() == 0
+
+
+def test_a_busy_peer_hands_submitted_work_back_to_its_origin() -> None:
+    c = Cluster(2)
+    c.deliver()
+    c.do(0, c.cores[0].submit(task(1, origin=0), c.now))
+    c.do(1, c.cores[1].dispatch(task(9, origin=1, priority=200), c.now))
+    # node 0 still believes node 1 idle (no message from it since): it sends task 2 there
+    c.do(0, c.cores[0].submit(task(2, origin=0), c.now))
+    c.do(0, c.cores[0].complete(1, None, MS, c.now))  # node 0's slot is free meanwhile
+    c.deliver()
+    # node 1 (busy, and node 0 now lighter) hands it back; node 0 runs it itself
+    assert not [s for s in c.of(1, "start") if s[1] == 0]
+    assert c.of(0, "start") == [("start", 0, 1, 0), ("start", 0, 2, 0)]
+    assert c.cores[0].peers.held_count() == 0
+
+
+def test_a_dead_peers_tasks_are_placed_again_and_the_peer_rejoins_without_running_them() -> None:
+    c = Cluster(2)
+    c.deliver()
+    c.do(0, c.cores[0].submit(task(1, origin=0), c.now))
+    c.do(0, c.cores[0].submit(task(2, origin=0), c.now))
+    c.deliver()
+    assert c.of(1, "start") == [("start", 0, 2, 0)]
+    c.down.add(1)  # node 1 stops (SIGSTOP): it neither runs nor reads its lanes
+    c.advance(DEAD_AFTER_NS + 3 * HEARTBEAT_NS)
+    assert c.of(0, "dead") == [("dead", 1)]
+    assert c.cores[0].members.dead() == [1]
+    # node 0 placed task 2 again: its slot is busy and no peer is alive, so it waits here
+    assert [t.id for t in c.cores[0].scheduler.queued()] == [2]
+    c.do(0, c.cores[0].complete(1, None, MS, c.now))
+    assert c.of(0, "start")[-1] == ("start", 0, 2, 0)
+    # node 1 comes back; it learns from node 0's heartbeat that it was declared dead,
+    # cancels its run of task 2 before anything else, and rejoins as a new incarnation
+    c.down.discard(1)
+    c.now += HEARTBEAT_NS
+    inc = c.cores[1].members.inc
+    c.do(1, c.cores[1].stalled(DEAD_AFTER_NS + 3 * HEARTBEAT_NS, c.now))
+    c.advance(3 * HEARTBEAT_NS)
+    assert c.cores[1].members.inc > inc
+    assert c.of(1, "preempt") == [("preempt", 0, 2, True, 0)]
+    assert c.cores[0].members.alive() == [1]
+    assert ("revive", 1) in c.seen[0]
+    # task 2 ran once on each incarnation that held it, the first run cancelled
+    assert [s for s in c.of(1, "start") if s[2] == 2] == [("start", 0, 2, 0)]
+
+
+def test_a_message_from_an_ended_incarnation_is_ignored() -> None:
+    c = Cluster(2)
+    c.deliver()
+    c.down.add(1)
+    c.advance(DEAD_AFTER_NS + 3 * HEARTBEAT_NS)
+    assert c.cores[0].members.dead() == [1]
+    stale = c.cores[0].stale_msgs
+    c.down.discard(1)
+    c.wire.append((1, 0, msg.Dispatch(4, 1, 10, origin=1, submitted=True)))
+    c.deliver()
+    assert c.cores[0].stale_msgs == stale + 1
+    assert not c.of(0, "start")
+
+
+def test_bad_input_is_counted_and_the_core_goes_on() -> None:
+    c = Cluster(2)
+    c.deliver()
+    assert c.cores[0].complete(77, None, 0, c.now) == []
+    assert c.cores[0].rejected == {"unknown-task": 1}
+    c.wire.append((1, 0, msg.Preempt(12345)))
+    c.deliver()
+    assert c.cores[0].rejected == {"unknown-task": 2}
+    c.do(0, c.cores[0].submit(task(1, origin=0), c.now))
+    assert c.of(0, "start") == [("start", 0, 1, 0)]
+
+
+def test_every_input_carries_its_time() -> None:
+    """The core reads no clock: what it records is the `now` it was given."""
+    c = Cluster(1)
+    core = c.cores[0]
+    core.dispatch(task(1, origin=0), 123_456_789)
+    assert [e.t_ns for e in core.scheduler.explain(1)] == [123_456_789]
+    effects = core.tick(555 * MS)
+    assert effects[-1] == SetTimer(555 * MS + HEARTBEAT_NS)
+
+
+def test_a_coordinator_decides_with_one_core_per_node() -> None:
+    """The central baseline's use: cores that know no peer, fed every member's SYNC_READY."""
+    cores = {
+        n: NodeCore(
+            n,
+            {n: ""},
+            slots=1,
+            inc=1,
+            dead_after_ns=DEAD_AFTER_NS,
+            heartbeat_ns=HEARTBEAT_NS,
+            now=0,
+            sync_cost_ns=MS,
+        )
+        for n in (0, 1)
+    }
+    for n, core in cores.items():
+        core.define_group(2, frozenset(cores), 0)
+        assert core.dispatch(task(1, origin=n), 1)[0] == StartTask(core.scheduler.get(1, n), 0)
+    assert cores[0].member_ready(2, 0, 0, 5, 10) == []
+    effects = cores[0].member_ready(2, 0, 1, 7, 11)
+    kinds = [type(e) for e in effects]
+    assert kinds[:2] == [PreemptTask, RunSync]  # the compute task makes way for the sync
+    assert isinstance(effects[0], PreemptTask) and effects[0].trigger_ns == 7
+    assert not any(isinstance(e, Send) for e in effects)  # it knows no peer: no message
