@@ -214,9 +214,12 @@ class NodeCore:
 
     # ---- time and liveness -------------------------------------------------------------------
     def open(self, now: int) -> list[Effect]:
-        """The node starts: tell every peer this incarnation, first; arm the heartbeat."""
+        """The node starts: tell every peer this incarnation, first; arm the heartbeat.
+        Peers count as heard from now: their silence while this node was still setting
+        up (lanes, a verbs bootstrap) says nothing about them."""
         self.now = now
         self.members.last_tick_ns = now
+        self.peers.refresh()
         out = self._heartbeats(None)
         out.append(SetTimer(now + self.heartbeat_ns))
         return out

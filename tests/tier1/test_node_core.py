@@ -314,3 +314,31 @@ def test_a_coordinator_decides_with_one_core_per_node() -> None:
     assert kinds[:2] == [PreemptTask, RunSync]  # the compute task makes way for the sync
     assert isinstance(effects[0], PreemptTask) and effects[0].trigger_ns == 7
     assert not any(isinstance(e, Send) for e in effects)  # it knows no peer: no message
+
+
+def test_silence_before_open_does_not_count() -> None:
+    """A node whose start-up (lanes, a verbs bootstrap in a slow VM) took longer than
+    dead_after must not declare its peers dead on its first tick: their silence counts
+    from when it opened, not from when it was constructed (a tier-3 run saw both nodes
+    declare each other dead during their first connection set-up)."""
+    t0 = 10_000 * MS
+    core = NodeCore(
+        0,
+        {0: "rack", 1: "rack"},
+        slots=1,
+        inc=1,
+        dead_after_ns=DEAD_AFTER_NS,
+        heartbeat_ns=HEARTBEAT_NS,
+        now=t0,
+    )
+    opened = t0 + 5 * DEAD_AFTER_NS  # the bootstrap took five times dead_after
+    core.open(opened)
+    effects = core.tick(opened + HEARTBEAT_NS, opened + HEARTBEAT_NS)
+    assert not [e for e in effects if isinstance(e, MarkDead)]
+    # and silence after open still counts (ticks every heartbeat, as the loop runs them)
+    dead: list[int] = []
+    t = opened + HEARTBEAT_NS
+    while t <= opened + DEAD_AFTER_NS + 2 * HEARTBEAT_NS:
+        t += HEARTBEAT_NS
+        dead += [e.peer for e in core.tick(t, t) if isinstance(e, MarkDead)]
+    assert dead == [1]
