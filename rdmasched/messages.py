@@ -20,8 +20,9 @@ path, and reads the same fields as plain ints in one function, following the map
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from rdmasched._wire import Message
 from rdmasched.errors import MessageError
 from rdmasched.wire import Flag, Kind
 
@@ -39,32 +40,7 @@ DONE = 0
 YIELDED = 1
 
 
-class Received(Protocol):
-    """What `decode` reads: the fields of a delivered message (`rdmasched._wire.Message`)."""
-
-    @property
-    def kind(self) -> int: ...
-    @property
-    def flags(self) -> int: ...
-    @property
-    def priority(self) -> int: ...
-    @property
-    def hops(self) -> int: ...
-    @property
-    def id(self) -> int: ...
-    @property
-    def job(self) -> int: ...
-    @property
-    def arg0(self) -> int: ...
-    @property
-    def arg1(self) -> int: ...
-    @property
-    def arg2(self) -> int: ...
-    @property
-    def meta(self) -> dict[Any, Any] | None: ...
-
-
-def _expect(m: Received, kind: int, flags: int) -> None:
+def _expect(m: Message, kind: int, flags: int) -> None:
     if m.kind != kind:
         raise MessageError(f"a {Kind(kind).name} cannot be decoded from a message of kind {m.kind}")
     if m.flags & ~flags:
@@ -115,7 +91,7 @@ class Dispatch:
         )
 
     @classmethod
-    def decode(cls, m: Received) -> Dispatch:
+    def decode(cls, m: Message) -> Dispatch:
         _expect(m, _DISPATCH, _SUBMITTED | _START)
         start = bool(m.flags & _START)
         return cls(
@@ -155,7 +131,7 @@ class Preempt:
         return (_PREEMPT, self.task, self.job, 0, flags, trigger_ns, 0, 0, 0, None)
 
     @classmethod
-    def decode(cls, m: Received) -> Preempt:
+    def decode(cls, m: Message) -> Preempt:
         _expect(m, _PREEMPT, _CANCEL | _JOB)
         return cls(m.id, m.job, m.arg0, bool(m.flags & _CANCEL), bool(m.flags & _JOB))
 
@@ -186,7 +162,7 @@ class SyncReady:
         )
 
     @classmethod
-    def decode(cls, m: Received) -> SyncReady:
+    def decode(cls, m: Message) -> SyncReady:
         _expect(m, _SYNC_READY, 0)
         return cls(m.id, m.arg0, m.arg2, m.arg1, m.job)
 
@@ -218,7 +194,7 @@ class Complete:
         )
 
     @classmethod
-    def decode(cls, m: Received) -> Complete:
+    def decode(cls, m: Message) -> Complete:
         _expect(m, _COMPLETE, 0)
         return cls(m.id, m.job, m.arg0, m.arg1, m.arg2)
 
@@ -249,7 +225,7 @@ class Heartbeat:
         )
 
     @classmethod
-    def decode(cls, m: Received) -> Heartbeat:
+    def decode(cls, m: Message) -> Heartbeat:
         _expect(m, _HEARTBEAT, 0)
         return cls(m.arg0, m.arg1, m.arg2, m.meta)
 
@@ -265,7 +241,7 @@ _BY_KIND: dict[int, Any] = {
 }
 
 
-def decode(m: Received) -> ControlMessage:
+def decode(m: Message) -> ControlMessage:
     """The typed value of a received message; `MessageError` for a kind or flags that
     PROTOCOL.md section 4 does not define."""
     cls = _BY_KIND.get(m.kind)

@@ -34,9 +34,10 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from rdmasched import messages as msg
+from rdmasched._wire import Message
 from rdmasched.daemon.membership import Change, Membership, PeerGone, PeerJoined, Rejoined, Replace
 from rdmasched.messages import ControlMessage
 from rdmasched.scheduler import (
@@ -141,13 +142,6 @@ Effect = (
 )
 
 
-class Received(msg.Received, Protocol):
-    """What `receive` reads of a message (`rdmasched._wire.Message`)."""
-
-    @property
-    def load(self) -> int: ...
-
-
 class NodeCore:
     """One node's decisions (see the module doc). Not thread-safe: one driver calls it."""
 
@@ -244,7 +238,7 @@ class NodeCore:
         return self._apply(self.members.stalled(gap_ns, now))
 
     # ---- messages ------------------------------------------------------------------------------
-    def receive(self, m: Received, peer: int, now: int) -> list[Effect]:
+    def receive(self, m: Message, peer: int, now: int) -> list[Effect]:
         """A message from `peer` (the node whose lane it came in on).
 
         The hot path of a node, and the daemon's one decoder of received messages: it

@@ -20,6 +20,7 @@ from rdmasched.errors import MessageError
 from rdmasched.messages import Complete, Dispatch, Heartbeat, Preempt, SyncReady
 from rdmasched.transport import shm
 from rdmasched.wire import Flag, Kind
+from tests.codec import through_codec
 
 Names = Callable[[str], str]
 
@@ -68,25 +69,6 @@ completes = st.builds(
 )
 heartbeats = st.builds(Heartbeat, clock_ns=u64, queued=u64, running=u32, incarnations=incs)
 any_message = dispatches | preempts | syncs | completes | heartbeats
-
-
-def through_codec(x: messages.ControlMessage) -> _wire.Message:
-    """`x` encoded into one slot (and its continuations) by the Cython codec, decoded back."""
-    kind, id_, job, prio, flags, a0, a1, a2, hops, meta = x.encode()
-    raw = _wire.encode(
-        kind,
-        id=id_,
-        job=job,
-        priority=prio,
-        flags=flags,
-        arg0=a0,
-        arg1=a1,
-        arg2=a2,
-        hops=hops,
-        meta=meta,
-        nslots=64,
-    )
-    return _wire.decode(raw, nslots=64)
 
 
 @settings(max_examples=400, deadline=None)

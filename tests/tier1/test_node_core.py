@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from rdmasched import _wire
 from rdmasched import messages as msg
 from rdmasched.daemon.core import (
     CompleteNotice,
@@ -25,6 +24,7 @@ from rdmasched.daemon.core import (
     StartTask,
 )
 from rdmasched.scheduler import Task
+from tests.codec import through_codec
 
 MS = 1_000_000
 HEARTBEAT_NS = 20 * MS
@@ -97,23 +97,8 @@ class Cluster:
             src, dst, m = self.wire.popleft()
             if src in self.down or dst in self.down:
                 continue  # lost with the stopped node
-            kind, id_, job, prio, flags, a0, a1, a2, hops, meta = m.encode()
-            raw = _wire.encode(
-                kind,
-                id=id_,
-                job=job,
-                priority=prio,
-                flags=flags,
-                arg0=a0,
-                arg1=a1,
-                arg2=a2,
-                hops=hops,
-                meta=meta,
-                src=src,
-                load=self.load[src],
-                nslots=64,
-            )
-            self.do(dst, self.cores[dst].receive(_wire.decode(raw, nslots=64), src, self.now))
+            received = through_codec(m, src=src, load=self.load[src])
+            self.do(dst, self.cores[dst].receive(received, src, self.now))
             n += 1
         return n
 
