@@ -93,20 +93,13 @@ class ShmLinks:
         pending = list(self.peers)
         while pending:
             for p in list(pending):
-                # A receiver creates a lane in two steps (shm_open, then ftruncate): a
-                # segment that does not exist yet or is still empty is a peer still
-                # starting. Attach only once it has its size, which it then keeps.
-                name = self.lane_name(self.cluster, p, self.me)
                 try:
-                    if os.stat(shm.SHM_DIR + shm.lane_segment_name(name)).st_size == 0:
-                        continue
-                except FileNotFoundError:
-                    continue
-                try:
-                    self.outbound[p] = shm.attach_lane(name, src=self.me)
+                    self.outbound[p] = shm.attach_lane(
+                        self.lane_name(self.cluster, p, self.me), src=self.me
+                    )
                     pending.remove(p)
                 except PeerDeadError:
-                    pass  # not created yet (or a stale one): retry
+                    pass  # not created yet, still being created (or a stale one): retry
             if pending:
                 if time.monotonic() > deadline:
                     raise PeerDeadError(
@@ -199,7 +192,6 @@ class VerbsLinks:
         gid_index: int | None = None,
         connect_timeout_s: float = 60.0,
     ) -> None:
-        import os
         import threading
 
         from rdmasched.cluster import parse_address

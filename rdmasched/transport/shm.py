@@ -284,6 +284,13 @@ def attach_lane(name: str, *, src: int = 0, timeout_us: int = DEFAULT_TIMEOUT_US
             f"lane {name!r} does not exist (no {SHM_DIR}{seg_name}): "
             "its receiver has not created it, or is gone"
         ) from None
+    except LaneError:
+        # (ShmSegment.open's one LaneError: the segment is empty.) A receiver creates a lane
+        # in two steps, shm_open then ftruncate: an empty segment is one still being
+        # created, as a header without its magic is: retryable.
+        raise PeerDeadError(
+            f"lane {name!r} is still being created by its receiver (its segment is empty)"
+        ) from None
     bell = None
     try:
         hdr = _check_header(seg, name)
