@@ -311,7 +311,7 @@ class NodeCore:
         except (SchedulerError, ValueError) as exc:
             self._reject(type(exc).__name__, str(exc))
             return []
-        return [Send(peer, self._dispatch_msg(task, False))]
+        return [self._send(peer, self._dispatch_msg(task, False))]
 
     def preempt(self, task_id: int | None, job: int | None, cancel: bool, now: int) -> list[Effect]:
         """Stop task `task_id` (or every task of `job`) held here."""
@@ -362,7 +362,7 @@ class NodeCore:
             self._reject("unknown-group", f"sync_ready for undefined group {group}")
             return []
         ready = msg.SyncReady(group, step, self.me, sent_ns=now, job=group)
-        out: list[Effect] = [Send(m, ready) for m in mem if m != self.me]
+        out: list[Effect] = [self._send(m, ready) for m in mem if m != self.me]
         self._trigger_ns = now
         me = self.me
         return self._act(self._guard(lambda: self.scheduler.sync_ready(group, step, me)), out)
@@ -395,7 +395,7 @@ class NodeCore:
         out: list[Effect] = []
         if task.origin != self.me:
             done = msg.Complete(task_id, task.job, runtime_ns, task.progress_ns)
-            out.append(Send(task.origin, done))
+            out.append(self._send(task.origin, done))
         return self._act(actions, out)
 
     # ---- what the handlers returned ----------------------------------------------------------
@@ -464,6 +464,11 @@ class NodeCore:
         self._early_sync_n += 1
         self.sync_early_kept += 1
 
+    def _send(self, dst: int, message: ControlMessage) -> Send:
+        """The one way the core sends: `message` for node `dst`. Every protocol (placement,
+        sync, liveness) goes through here, so routing lives in one place."""
+        return _new(Send, (dst, message))
+
     def _dispatch_msg(self, task: Task, submitted: bool) -> msg.Dispatch:
         return msg.Dispatch(
             task.id,
@@ -491,7 +496,7 @@ class NodeCore:
             elif t is Preempt:
                 out.append(_new(PreemptTask, (a.victim, a.slot, a.cancel, trigger)))
             elif t is Forward:
-                out.append(_new(Send, (a.peer, self._dispatch_msg(a.task, True))))
+                out.append(self._send(a.peer, self._dispatch_msg(a.task, True)))
             elif t is Cancel:
                 _log.info("node %d: task %d cancelled", self.me, a.task.id)
         self._trigger_ns = 0
@@ -509,7 +514,7 @@ class NodeCore:
         running = len(self.scheduler.running())
         meta = self.members.heartbeat_meta
         return [
-            Send(p, msg.Heartbeat(now, queued, running, meta(p)))
+            self._send(p, msg.Heartbeat(now, queued, running, meta(p)))
             for p in (self.members.views if peers is None else peers)
         ]
 
