@@ -51,6 +51,7 @@ from rdmasched.scheduler import (
     Start,
     Task,
 )
+from rdmasched.topology import Topology
 from rdmasched.wire import Flag, Kind
 
 _log = logging.getLogger("rdmasched.daemon")
@@ -160,9 +161,19 @@ class NodeCore:
         events: int = 4096,
         sync_cost_ns: int = 0,
         max_hops: int = 2,
+        topology: Topology | None = None,
     ) -> None:
-        """`nodes`: every node of the cluster (this one too) -> its topology domain."""
+        """`nodes`: every node of the cluster (this one too) -> its topology domain.
+        `topology`: the cluster's links and routes; None: every node is linked to every
+        other (a full mesh: tests, small clusters, the central baseline)."""
         self.me = me
+        self.topology = topology
+        #: the nodes this one has a lane to (and heartbeats); any other is reached by relays
+        self.links: frozenset[int] = (
+            frozenset(n for n in nodes if n != me)
+            if topology is None
+            else frozenset(topology.links(me))
+        )
         self.now = now
         self.heartbeat_ns = heartbeat_ns
         self.sync_cost_ns = sync_cost_ns
