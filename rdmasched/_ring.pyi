@@ -30,6 +30,10 @@ class Batch:
         arg2: int = 0,
         hops: int = 0,
         meta: dict[Any, Any] | None = None,
+        *,
+        dst: int = 0,
+        src: int = -1,
+        relays: int = 0,
     ) -> None: ...
 
 class RxLane:
@@ -68,6 +72,10 @@ class TxLane:
         hops: int = 0,
         meta: dict[Any, Any] | None = None,
         timeout_us: float | None = None,
+        *,
+        dst: int = 0,
+        src: int = -1,
+        relays: int = 0,
     ) -> int: ...
     def send_batch(self, batch: Batch, timeout_us: float | None = None) -> int: ...
     def stats(self) -> dict[str, int]: ...

@@ -2,6 +2,9 @@
 
 from typing import Any
 
+WIRE_VERSION: int
+NODE_MAX: int
+JOB_MAX: int
 SLOT_BYTES: int
 CONT_BYTES: int
 META_MAX: int
@@ -23,6 +26,10 @@ class Message:
     def hops(self) -> int: ...
     @property
     def src(self) -> int: ...
+    @property
+    def dst(self) -> int: ...
+    @property
+    def relays(self) -> int: ...
     @property
     def load(self) -> int: ...
     @property
@@ -65,5 +72,7 @@ def encode(
     epoch: int = 1,
     pos: int = 0,
     nslots: int = 256,
+    dst: int = 0,
+    relays: int = 0,
 ) -> bytes: ...
 def decode(data: bytes, epoch: int = 1, pos: int = 0, nslots: int = 256) -> Message: ...

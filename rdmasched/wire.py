@@ -15,14 +15,22 @@ from typing import Any
 
 import msgpack
 
+#: The wire protocol version (docs/PROTOCOL.md): the lane carries it (the shm lane header,
+#: the verbs lane descriptor), never the slot.
+VERSION = 2
 SLOT_SIZE = 64
 CONT_PAYLOAD = 51
 MAX_META = 4096
 MAX_CONT = -(-MAX_META // CONT_PAYLOAD)
+#: Node ids are 24-bit; 0xFFFFFF is reserved (a head naming it as src or dst is malformed).
+NODE_MAX = 0xFFFFFF - 1
+#: `job` is a u32 in version 2.
+JOB_MAX = 0xFFFFFFFF
 
-#: Head slot: kind flags priority ncont src load seq meta_len hops reserved id job arg0 arg1
-#: arg2 crc stamp, little-endian, no padding (offsets in docs/PROTOCOL.md).
-HEAD = struct.Struct("<BBBBHHIHBBQQQQIIQ")
+#: Head slot: kind flags priority ncont src(u24 as 3 bytes) relays dst(u24 as 3 bytes) hops
+#: seq load meta_len job id arg0 arg1 arg2 crc stamp, little-endian, no padding (offsets in
+#: docs/PROTOCOL.md section 2).
+HEAD = struct.Struct("<BBBB3sB3sBIHHIQQQIIQ")
 #: Continuation slot: kind (CONT), 51 bytes of metadata, crc, stamp.
 CONT = struct.Struct("<B51sIQ")
 assert HEAD.size == CONT.size == SLOT_SIZE
@@ -116,34 +124,89 @@ class Fields:
     load: int = 0
     seq: int = 0
     meta: dict[Any, Any] | None = field(default=None, compare=True)
+    dst: int = 0
+    relays: int = 0
+
+
+def head_body(
+    kind: int,
+    *,
+    flags: int = 0,
+    priority: int = 0,
+    ncont: int = 0,
+    src: int = 0,
+    relays: int = 0,
+    dst: int = 0,
+    hops: int = 0,
+    seq: int = 0,
+    load: int = 0,
+    meta_len: int = 0,
+    job: int = 0,
+    id: int = 0,
+    arg0: int = 0,
+    arg1: int = 0,
+    arg2: int = 0,
+) -> bytes:
+    """Bytes 0..51 of a head slot with these field values as they are (no rule checked:
+    tests build damaged heads with it); `seal` completes the slot."""
+    return HEAD.pack(
+        kind,
+        flags,
+        priority,
+        ncont,
+        src.to_bytes(3, "little"),
+        relays,
+        dst.to_bytes(3, "little"),
+        hops,
+        seq,
+        load,
+        meta_len,
+        job,
+        id,
+        arg0,
+        arg1,
+        arg2,
+        0,
+        0,
+    )[:52]
+
+
+def _check_range(f: Fields) -> None:
+    for name, value, hi in (("src", f.src, NODE_MAX), ("dst", f.dst, NODE_MAX)):
+        if not 0 <= value <= hi:
+            raise ValueError(f"{name} must be a node id 0..{hi}, not {value}")
+    if not 0 <= f.job <= JOB_MAX:
+        raise ValueError(f"job must be 0..2**32-1, not {f.job}")
+    if not 0 <= f.relays <= 255:
+        raise ValueError(f"relays must be 0..255, not {f.relays}")
 
 
 def encode(f: Fields, *, epoch: int, pos: int, nslots: int) -> list[bytes]:
     """The slots of message `f` written at lane position `pos`: head first, then its
     continuation slots (at pos+1, pos+2, ...)."""
+    _check_range(f)
     raw = msgpack.packb(f.meta, use_bin_type=True) if f.meta is not None else b""
     if len(raw) > MAX_META:
         raise ValueError(f"metadata is {len(raw)} bytes; the bound is {MAX_META}")
     ncont = -(-len(raw) // CONT_PAYLOAD)
-    head = HEAD.pack(
+    head = head_body(
         f.kind,
-        f.flags,
-        f.priority,
-        ncont,
-        f.src,
-        f.load,
-        f.seq,
-        len(raw),
-        f.hops,
-        0,
-        f.id,
-        f.job,
-        f.arg0,
-        f.arg1,
-        f.arg2,
-        0,
-        0,
-    )[:52]
+        flags=f.flags,
+        priority=f.priority,
+        ncont=ncont,
+        src=f.src,
+        relays=f.relays,
+        dst=f.dst,
+        hops=f.hops,
+        seq=f.seq,
+        load=f.load,
+        meta_len=len(raw),
+        job=f.job,
+        id=f.id,
+        arg0=f.arg0,
+        arg1=f.arg1,
+        arg2=f.arg2,
+    )
     slots = [seal(head, stamp(epoch, pos, nslots))]
     for i in range(ncont):
         chunk = raw[i * CONT_PAYLOAD : (i + 1) * CONT_PAYLOAD].ljust(CONT_PAYLOAD, b"\0")
@@ -204,23 +267,27 @@ def decode(slots: list[bytes], *, epoch: int, pos: int, nslots: int) -> Fields:
         flags,
         prio,
         ncont,
-        src,
-        load,
-        seq,
-        meta_len,
+        src3,
+        relays,
+        dst3,
         hops,
-        reserved,
-        id_,
+        seq,
+        load,
+        meta_len,
         job,
+        id_,
         arg0,
         arg1,
         arg2,
         _crc,
         _stamp,
     ) = HEAD.unpack(slots[0])
+    src = int.from_bytes(src3, "little")
+    dst = int.from_bytes(dst3, "little")
     if (
         kind not in Kind.__members__.values()
-        or reserved != 0
+        or src > NODE_MAX
+        or dst > NODE_MAX
         or meta_len > MAX_META
         or ncont != -(-meta_len // CONT_PAYLOAD)
         or 1 + ncont > nslots // 2
@@ -259,4 +326,6 @@ def decode(slots: list[bytes], *, epoch: int, pos: int, nslots: int) -> Fields:
         load=load,
         seq=seq,
         meta=meta,
+        dst=dst,
+        relays=relays,
     )

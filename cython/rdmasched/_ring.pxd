@@ -56,7 +56,7 @@ cdef struct rs_tx:
     const volatile uint32_t *closed   # non-zero once the receiver closed its end (shm)
     volatile uint32_t *bell     # receiver's doorbell futex word (shm), or NULL
     uint32_t seq
-    uint16_t src
+    uint32_t src                # this sender's node id: the src of what it makes (u24)
     uint16_t load
     int acked                   # the receiver accepted `epoch`
     int dead

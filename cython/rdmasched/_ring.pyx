@@ -21,7 +21,8 @@ from cpython.bytes cimport PyBytes_AS_STRING
 cimport cython
 
 from rdmasched._wire cimport (
-    rs_slot, rs_cont, rs_msg, Message, message_from_c, msg_from_args, rs_stamp, rs_ncont,
+    rs_slot, rs_cont, rs_msg, Message, message_from_c, msg_from_args, msg_route, rs_stamp,
+    rs_ncont, SRC_LANE,
     rs_meta_check, META_OK,
     rs_store_slot, rs_fill_head, rs_fill_cont, rs_read_slot, rs_head_valid, rs_msg_from_head,
     rs_load_acquire_u64, rs_store_release_u32, rs_load_acquire_u32, rs_fence, rs_pause,
@@ -464,7 +465,8 @@ cdef int rs_tx_put(rs_tx *t, const rs_msg *m, const uint8_t *meta) noexcept nogi
         rs_store_slot(&t.ring[(pos + 1 + i) & t.mask], &tmp,
                       rs_stamp(t.epoch, pos + 1 + i, t.shift))
     rs_fill_head(&tmp, m, t.seq)
-    tmp.src = t.src
+    if m.src == SRC_LANE:
+        tmp.src_relays = (t.src & 0xFFFFFFu) | (tmp.src_relays & 0xFF000000u)
     tmp.load = t.load
     rs_store_slot(&t.ring[pos & t.mask], &tmp, rs_stamp(t.epoch, pos, t.shift))
     t.tail = pos + 1 + ncont
@@ -560,7 +562,8 @@ cdef class Batch:
 
     def append(self, int kind, unsigned long long id=0, unsigned long long job=0,
                int priority=0, int flags=0, unsigned long long arg0=0,
-               unsigned long long arg1=0, unsigned int arg2=0, int hops=0, meta=None):
+               unsigned long long arg1=0, unsigned int arg2=0, int hops=0, meta=None, *,
+               long long dst=0, long long src=-1, int relays=0):
         """Add a message to send; the same arguments as `TxLane.send`."""
         cdef bytes raw
         cdef rs_msg *m
@@ -568,6 +571,7 @@ cdef class Batch:
             raise BufferError(f"batch is full ({self.cap} messages)")
         m = &self.msgs[self.count]
         msg_from_args(m, kind, id, job, priority, flags, arg0, arg1, arg2, hops)
+        msg_route(m, dst, src, relays)
         if meta is not None:
             raw = pack_meta(meta)
             if self.arena_used + len(raw) > self.arena_cap:
@@ -743,8 +747,13 @@ cdef class TxLane:
     def send(self, int kind, unsigned long long id=0, unsigned long long job=0,
              int priority=0, int flags=0, unsigned long long arg0=0,
              unsigned long long arg1=0, unsigned int arg2=0, int hops=0, meta=None,
-             timeout_us=None):
+             timeout_us=None, *, long long dst=0, long long src=-1, int relays=0):
         """Write one message into the peer's lane; returns its message number (seq).
+
+        `dst`: the node the message is for (docs/PROTOCOL.md section 2); `src`: the node that
+        made it (< 0: this lane's own node id, `self.src`); `relays`: times relayed so far
+        (a relay passes the received src and dst, and relays + 1). The load hint is the
+        lane's (`load`).
 
         Blocks while the lane has no credit, up to `timeout_us` (default: the lane's), then
         raises LaneFullError. On any error nothing was written.
@@ -757,6 +766,7 @@ cdef class TxLane:
         if not self._open:
             raise LaneClosedError(f"lane {self.name!r} is closed")
         msg_from_args(&m, kind, id, job, priority, flags, arg0, arg1, arg2, hops)
+        msg_route(&m, dst, src, relays)
         if meta is not None:
             raw = pack_meta(meta)
             m.meta_len = len(raw)

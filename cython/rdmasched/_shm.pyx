@@ -70,7 +70,7 @@ cdef struct shm_hdr:
 
 cdef enum:
     HDR_SIZE = 256
-    VERSION = 1
+    VERSION = 2              # the wire protocol version (docs/PROTOCOL.md); slots carry none
 
 MAGIC = 0x3130454E414C5352          # b"RSLANE01" little-endian
 HEADER_BYTES = HDR_SIZE
@@ -317,8 +317,8 @@ cdef class ShmTxLane(TxLane):
         cdef ShmTxLane lane = ShmTxLane.__new__(ShmTxLane)
         cdef shm_hdr *h = <shm_hdr *><size_t>seg.address
         cdef uint32_t req, new
-        if src > 0xFFFF:
-            raise ValueError("src must be 0..65535")
+        if src >= 0xFFFFFF:
+            raise ValueError(f"src must be a node id 0..{0xFFFFFF - 1}, not {src}")
         while True:
             req = rs_load_acquire_u32(&h.epoch_req)
             new = req + 1 if req != 0xFFFFFFFFu else 1
@@ -331,7 +331,7 @@ cdef class ShmTxLane(TxLane):
         lane.name = name
         lane.pid = pid
         rs_tx_init(&lane.st, <rs_slot *>(<char *>h + HDR_SIZE), h.nslots, new, &h.credit)
-        lane.st.src = <uint16_t>src
+        lane.st.src = src
         lane.st.closed = &h.closed
         lane.st.ready = _ready
         lane.st.ctx = h

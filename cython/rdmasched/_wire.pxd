@@ -25,21 +25,22 @@ cdef extern from "rs_arch.h" nogil:
 
 
 # ---- the slot -------------------------------------------------------------------------------
-# Head slot (the first slot of every message). Offsets are in docs/PROTOCOL.md. Every field
-# sits at its natural alignment, so no packing is needed; _wire checks the offsets at import.
+# Head slot (the first slot of every message), wire protocol version 2. Offsets are in
+# docs/PROTOCOL.md. Every field sits at its natural alignment, so no packing is needed; _wire
+# checks the offsets at import. The two 24-bit node ids share a little-endian u32 with the
+# byte after them: src (bits 0..23) with relays (bits 24..31), dst with hops.
 ctypedef struct rs_slot:
     uint8_t kind        # 0   Kind; CONT (0x7F) marks a continuation slot
     uint8_t flags       # 1   per-kind flag bits
     uint8_t priority    # 2   0..255, higher is more urgent
     uint8_t ncont       # 3   continuation slots that follow this one
-    uint16_t src        # 4   sender's node id
-    uint16_t load       # 6   sender's load hint (permille of its slots busy or queued)
-    uint32_t seq        # 8   message number in this lane and epoch: 0, 1, 2, ...
-    uint16_t meta_len   # 12  msgpack metadata bytes carried in the continuation slots
-    uint8_t hops        # 14  times this task was forwarded between nodes
-    uint8_t reserved    # 15  must be 0
-    uint64_t id         # 16  task id (group id for SYNC_READY)
-    uint64_t job        # 24  job id
+    uint32_t src_relays # 4   src: the node that made the message (u24); 7: relays so far (u8)
+    uint32_t dst_hops   # 8   dst: the final destination node (u24); 11: task hops (u8)
+    uint32_t seq        # 12  message number in this lane and epoch: 0, 1, 2, ...
+    uint16_t load       # 16  load hint of the node that wrote this slot (the last hop)
+    uint16_t meta_len   # 18  msgpack metadata bytes carried in the continuation slots
+    uint32_t job        # 20  job id
+    uint64_t id         # 24  task id (group id for SYNC_READY)
     uint64_t arg0       # 32  kind-specific
     uint64_t arg1       # 40  kind-specific
     uint32_t arg2       # 48  kind-specific
@@ -54,6 +55,9 @@ ctypedef struct rs_cont:
     uint64_t stamp
 
 cdef enum:
+    WIRE_VERSION_2 = 2       # the wire protocol version (the lane carries it, not the slot)
+    NODE_NONE = 0xFFFFFF     # the reserved node id: never a src or dst
+    SRC_LANE = 0xFFFFFFFF    # rs_msg.src: "the sending lane's own node id" (rs_tx_put fills it)
     SLOT_SIZE = 64
     CRC_OFFSET = 52
     CONT_PAYLOAD = 51
@@ -95,12 +99,14 @@ ctypedef struct rs_msg:
     uint8_t flags
     uint8_t priority
     uint8_t hops
-    uint16_t src
+    uint8_t relays
     uint16_t load
+    uint32_t src             # SRC_LANE: the sending lane's node id
+    uint32_t dst
     uint32_t seq
     uint32_t arg2
+    uint32_t job
     uint64_t id
-    uint64_t job
     uint64_t arg0
     uint64_t arg1
     uint32_t meta_len
@@ -133,12 +139,11 @@ cdef inline void rs_fill_head(rs_slot *h, const rs_msg *m, uint32_t seq) noexcep
     h.flags = m.flags
     h.priority = m.priority
     h.ncont = <uint8_t>rs_ncont(m.meta_len)
-    h.src = m.src
+    h.src_relays = (m.src & 0xFFFFFFu) | (<uint32_t>m.relays << 24)
+    h.dst_hops = (m.dst & 0xFFFFFFu) | (<uint32_t>m.hops << 24)
     h.load = m.load
     h.seq = seq
     h.meta_len = <uint16_t>m.meta_len
-    h.hops = m.hops
-    h.reserved = 0
     h.id = m.id
     h.job = m.job
     h.arg0 = m.arg0
@@ -184,7 +189,9 @@ cdef inline int rs_head_valid(const rs_slot *h, uint32_t nslots) noexcept nogil:
     """The rules a head slot with a good checksum must still meet (PROTOCOL.md)."""
     if h.kind < 1 or h.kind > KIND_MAX:
         return 0
-    if h.reserved != 0 or h.meta_len > MAX_META:
+    if (h.src_relays & 0xFFFFFFu) == NODE_NONE or (h.dst_hops & 0xFFFFFFu) == NODE_NONE:
+        return 0
+    if h.meta_len > MAX_META:
         return 0
     if h.ncont != rs_ncont(h.meta_len):
         return 0
@@ -197,8 +204,10 @@ cdef inline void rs_msg_from_head(rs_msg *m, const rs_slot *h) noexcept nogil:
     m.kind = h.kind
     m.flags = h.flags
     m.priority = h.priority
-    m.hops = h.hops
-    m.src = h.src
+    m.hops = <uint8_t>(h.dst_hops >> 24)
+    m.relays = <uint8_t>(h.src_relays >> 24)
+    m.src = h.src_relays & 0xFFFFFFu
+    m.dst = h.dst_hops & 0xFFFFFFu
     m.load = h.load
     m.seq = h.seq
     m.arg2 = h.arg2
@@ -216,11 +225,13 @@ cdef class Message:
     cdef readonly int priority
     cdef readonly int hops
     cdef readonly int src
+    cdef readonly int dst
+    cdef readonly int relays
     cdef readonly int load
     cdef readonly unsigned int seq
     cdef readonly unsigned int arg2
     cdef readonly unsigned long long id
-    cdef readonly unsigned long long job
+    cdef readonly unsigned int job
     cdef readonly unsigned long long arg0
     cdef readonly unsigned long long arg1
     cdef readonly int lane
@@ -231,3 +242,4 @@ cdef Message message_from_c(const rs_msg *m, const uint8_t *meta)
 cdef int msg_from_args(rs_msg *m, int kind, unsigned long long id, unsigned long long job,
                        int priority, int flags, unsigned long long arg0,
                        unsigned long long arg1, unsigned int arg2, int hops) except -1
+cdef int msg_route(rs_msg *m, long long dst, long long src, int relays) except -1

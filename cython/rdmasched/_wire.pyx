@@ -21,21 +21,24 @@ rs_crc32c_init()
 
 
 # Byte offsets of the head slot's fields: docs/PROTOCOL.md's table, checked against the struct.
-SLOT_OFFSETS = {"kind": 0, "flags": 1, "priority": 2, "ncont": 3, "src": 4, "load": 6,
-                "seq": 8, "meta_len": 12, "hops": 14, "reserved": 15, "id": 16, "job": 24,
-                "arg0": 32, "arg1": 40, "arg2": 48, "crc": 52, "stamp": 56}
+SLOT_OFFSETS = {"kind": 0, "flags": 1, "priority": 2, "ncont": 3, "src": 4, "relays": 7,
+                "dst": 8, "hops": 11, "seq": 12, "load": 16, "meta_len": 18, "job": 20,
+                "id": 24, "arg0": 32, "arg1": 40, "arg2": 48, "crc": 52, "stamp": 56}
 
 
 cdef int _check_layout() except -1:
     cdef rs_slot s
     cdef rs_cont c
     cdef char *b = <char *>&s
+    # src and relays share a little-endian u32 (src in its low three bytes), as do dst and
+    # hops: the byte after each node id is the u32's top byte
     offsets = {
         "kind": <char *>&s.kind - b, "flags": <char *>&s.flags - b,
         "priority": <char *>&s.priority - b, "ncont": <char *>&s.ncont - b,
-        "src": <char *>&s.src - b, "load": <char *>&s.load - b, "seq": <char *>&s.seq - b,
-        "meta_len": <char *>&s.meta_len - b, "hops": <char *>&s.hops - b,
-        "reserved": <char *>&s.reserved - b, "id": <char *>&s.id - b, "job": <char *>&s.job - b,
+        "src": <char *>&s.src_relays - b, "relays": <char *>&s.src_relays - b + 3,
+        "dst": <char *>&s.dst_hops - b, "hops": <char *>&s.dst_hops - b + 3,
+        "seq": <char *>&s.seq - b, "load": <char *>&s.load - b,
+        "meta_len": <char *>&s.meta_len - b, "job": <char *>&s.job - b, "id": <char *>&s.id - b,
         "arg0": <char *>&s.arg0 - b, "arg1": <char *>&s.arg1 - b, "arg2": <char *>&s.arg2 - b,
         "crc": <char *>&s.crc - b, "stamp": <char *>&s.stamp - b,
     }
@@ -48,6 +51,11 @@ cdef int _check_layout() except -1:
 
 _check_layout()
 
+#: the wire protocol version this codec speaks (docs/PROTOCOL.md); lanes carry it
+WIRE_VERSION = WIRE_VERSION_2
+#: the largest node id (0xFFFFFF is reserved)
+NODE_MAX = NODE_NONE - 1
+JOB_MAX = 0xFFFFFFFF
 SLOT_BYTES = SLOT_SIZE
 CONT_BYTES = CONT_PAYLOAD
 META_MAX = MAX_META
@@ -68,9 +76,9 @@ cdef class Message:
     def __repr__(self):
         name = KIND_NAMES.get(self.kind, str(self.kind))
         return (f"Message({name}, id={self.id}, job={self.job}, priority={self.priority}, "
-                f"src={self.src}, seq={self.seq}, arg0={self.arg0}, arg1={self.arg1}, "
-                f"arg2={self.arg2}, flags={self.flags}, hops={self.hops}, load={self.load}, "
-                f"meta={self.meta!r})")
+                f"src={self.src}, dst={self.dst}, relays={self.relays}, seq={self.seq}, "
+                f"arg0={self.arg0}, arg1={self.arg1}, arg2={self.arg2}, flags={self.flags}, "
+                f"hops={self.hops}, load={self.load}, meta={self.meta!r})")
 
     def __eq__(self, other):
         if not isinstance(other, Message):
@@ -82,13 +90,14 @@ cdef class Message:
 
     def astuple(self):
         return (self.kind, self.flags, self.priority, self.hops, self.src, self.load, self.seq,
-                self.id, self.job, self.arg0, self.arg1, self.arg2, self.meta)
+                self.id, self.job, self.arg0, self.arg1, self.arg2, self.meta, self.dst,
+                self.relays)
 
     def asdict(self):
         return {"kind": self.kind, "flags": self.flags, "priority": self.priority,
                 "hops": self.hops, "src": self.src, "load": self.load, "seq": self.seq,
                 "id": self.id, "job": self.job, "arg0": self.arg0, "arg1": self.arg1,
-                "arg2": self.arg2, "meta": self.meta}
+                "arg2": self.arg2, "meta": self.meta, "dst": self.dst, "relays": self.relays}
 
 
 cdef Message message_from_c(const rs_msg *m, const uint8_t *meta):
@@ -99,6 +108,8 @@ cdef Message message_from_c(const rs_msg *m, const uint8_t *meta):
     out.priority = m.priority
     out.hops = m.hops
     out.src = m.src
+    out.dst = m.dst
+    out.relays = m.relays
     out.load = m.load
     out.seq = m.seq
     out.arg2 = m.arg2
@@ -336,18 +347,38 @@ cdef int msg_from_args(rs_msg *m, int kind, unsigned long long id, unsigned long
         raise MessageError(f"flags must be 0..255, not {flags}")
     if hops < 0 or hops > 255:
         raise MessageError(f"hops must be 0..255, not {hops}")
+    if job > 0xFFFFFFFFu:
+        raise MessageError(f"job must be 0..2**32-1 (a u32 since wire version 2), not {job}")
     m.kind = <uint8_t>kind
     m.flags = <uint8_t>flags
     m.priority = <uint8_t>priority
     m.hops = <uint8_t>hops
+    m.relays = 0
+    m.src = SRC_LANE
+    m.dst = 0
     m.id = id
-    m.job = job
+    m.job = <uint32_t>job
     m.arg0 = arg0
     m.arg1 = arg1
     m.arg2 = arg2
     m.meta_len = 0
     m.meta_off = 0
     m.lane = 0
+    return 0
+
+
+cdef int msg_route(rs_msg *m, long long dst, long long src, int relays) except -1:
+    """The routing fields: final destination `dst`, origin `src` (< 0: the sending lane's
+    own node id) and `relays` so far. Node ids are 0..NODE_MAX."""
+    if dst < 0 or dst >= NODE_NONE:
+        raise MessageError(f"dst must be a node id 0..{NODE_NONE - 1}, not {dst}")
+    if src >= NODE_NONE:
+        raise MessageError(f"src must be a node id 0..{NODE_NONE - 1}, not {src}")
+    if relays < 0 or relays > 255:
+        raise MessageError(f"relays must be 0..255, not {relays}")
+    m.dst = <uint32_t>dst
+    m.src = SRC_LANE if src < 0 else <uint32_t>src
+    m.relays = <uint8_t>relays
     return 0
 
 
@@ -370,12 +401,14 @@ def crc32c(data) -> int:
 
 def encode(int kind, unsigned long long id=0, unsigned long long job=0, int priority=0,
            int flags=0, unsigned long long arg0=0, unsigned long long arg1=0,
-           unsigned int arg2=0, int hops=0, int src=0, int load=0, unsigned int seq=0,
+           unsigned int arg2=0, int hops=0, long long src=0, int load=0, unsigned int seq=0,
            meta=None, unsigned int epoch=1, unsigned long long pos=0,
-           unsigned int nslots=256) -> bytes:
+           unsigned int nslots=256, long long dst=0, int relays=0) -> bytes:
     """The bytes of one message as it sits in a lane of `nslots` at position `pos`.
 
-    `meta` is a dict (msgpack-encoded here) or, for tests, bytes used as they are.
+    `meta` is a dict (msgpack-encoded here) or, for tests, bytes used as they are. `src` is
+    the node that made the message, `dst` its final destination, `relays` the times it was
+    relayed so far (docs/PROTOCOL.md section 2); `load` the writer's load hint.
 
     Returns (1 + continuation slots) * 64 bytes: the head slot first, then the continuation
     slots in position order (in a ring they may wrap; each slot's stamp uses its own position).
@@ -385,12 +418,14 @@ def encode(int kind, unsigned long long id=0, unsigned long long job=0, int prio
     cdef uint32_t shift = _shift_of(nslots)
     cdef uint32_t ncont, i
     cdef bytes raw = b""
-    if src < 0 or src > 0xFFFF or load < 0 or load > 0xFFFF:
-        raise MessageError("src and load must be 0..65535")
+    if src < 0 or src >= NODE_NONE:
+        raise MessageError(f"src must be a node id 0..{NODE_NONE - 1}, not {src}")
+    if load < 0 or load > 0xFFFF:
+        raise MessageError(f"load must be 0..65535, not {load}")
     if epoch == 0:
         raise MessageError("epoch 0 is never valid (fresh memory is zero)")
     msg_from_args(&m, kind, id, job, priority, flags, arg0, arg1, arg2, hops)
-    m.src = <uint16_t>src
+    msg_route(&m, dst, src, relays)
     m.load = <uint16_t>load
     if meta is not None:
         raw = bytes(meta) if isinstance(meta, (bytes, bytearray)) else pack_meta(meta)
@@ -400,14 +435,14 @@ def encode(int kind, unsigned long long id=0, unsigned long long job=0, int prio
         raise MessageTooLargeError(f"message needs {1 + ncont} slots; a lane of {nslots} "
                                    f"takes at most {nslots // 2}")
     out = PyBytes_FromStringAndSize(NULL, (1 + ncont) * SLOT_SIZE)
-    cdef rs_slot *dst = <rs_slot *>PyBytes_AS_STRING(out)
+    cdef rs_slot *slots = <rs_slot *>PyBytes_AS_STRING(out)
     memset(&tmp, 0, sizeof(tmp))
     rs_fill_head(&tmp, &m, seq)
-    rs_store_slot(&dst[0], &tmp, rs_stamp(epoch, pos, shift))
+    rs_store_slot(&slots[0], &tmp, rs_stamp(epoch, pos, shift))
     for i in range(ncont):
         memset(&tmp, 0, sizeof(tmp))
         rs_fill_cont(&tmp, <const uint8_t *>(<char *>raw), m.meta_len, i)
-        rs_store_slot(&dst[1 + i], &tmp, rs_stamp(epoch, pos + 1 + i, shift))
+        rs_store_slot(&slots[1 + i], &tmp, rs_stamp(epoch, pos + 1 + i, shift))
     return out
 
 

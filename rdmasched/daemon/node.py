@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from rdmasched import messages as msg
-from rdmasched._wire import Message
+from rdmasched._wire import JOB_MAX, Message
 from rdmasched.cluster import ClusterConfig
 from rdmasched.daemon.checks import (
     U64_MAX,
@@ -536,7 +536,7 @@ class Node:
     ) -> Task:
         """`_new_task` with every argument checked (types, the wire's ranges, the payload)."""
         task_id = check_int("task_id", task_id, 0, SYNC_ID_BASE - 1)
-        job = check_int("job", job)
+        job = check_int("job", job, 0, JOB_MAX)
         priority = check_int("priority", priority, 0, 254)
         cost_ns = check_int("cost_ns", cost_ns)
         check_payload(payload)
@@ -550,7 +550,7 @@ class Node:
         check_bool("cancel", cancel)
         return (
             None if task_id is None else check_int("task_id", task_id),
-            None if job is None else check_int("job", job),
+            None if job is None else check_int("job", job, 0, JOB_MAX),
             None if node is None else check_node(self.cluster, "node", node),
         )
 
@@ -677,8 +677,8 @@ class Node:
             )
         if not 0 <= priority <= 254:
             raise ValueError(f"priority must be 0..254 (255 is for sync tasks), not {priority}")
-        if not 0 <= job < (1 << 64) or cost_ns < 0:
-            raise ValueError("job must be a u64 and cost_ns >= 0")
+        if not 0 <= job <= JOB_MAX or cost_ns < 0:
+            raise ValueError("job must be a u32 (wire version 2) and cost_ns >= 0")
         return Task(task_id, job, priority, cost_ns, payload=payload, origin=self.id)
 
     def _check_peer(self, node: int) -> None:

@@ -352,7 +352,11 @@ def _check_header(seg: ShmSegment, name: str) -> dict[str, Any]:
     if hdr["magic"] != MAGIC:
         raise LaneError(f"lane {name!r}: not an rdmasched lane (bad magic)")
     if hdr["version"] != LANE_VERSION:
-        raise LaneError(f"lane {name!r}: version {hdr['version']}, this is {LANE_VERSION}")
+        raise LaneError(
+            f"lane {name!r} speaks wire protocol version {hdr['version']}, this node "
+            f"version {LANE_VERSION}: run the same rdmasched version on every node "
+            "(docs/PROTOCOL.md section 9)"
+        )
     nslots = hdr["nslots"]
     if hdr["slot_size"] != 64 or nslots < 16 or nslots & (nslots - 1):
         raise LaneError(f"lane {name!r}: bad geometry ({nslots} slots of {hdr['slot_size']})")

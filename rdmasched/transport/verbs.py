@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rdmasched import bootstrap
+from rdmasched.wire import VERSION as WIRE_VERSION
 from rdmasched.errors import BootstrapError, ConfigError, DeviceError, RdmaschedError
 
 __all__ = [
@@ -381,6 +382,18 @@ def _ifname(ifindex: int) -> str | None:
 
 
 # ---- descriptors ------------------------------------------------------------------------------
+def wire_version_problem(d: Any, peer: str) -> str | None:
+    """Why a peer's lane descriptor `d` is of another wire protocol version (a v1 peer
+    sends no "wire" key), or None if it speaks this node's."""
+    v = d.get("wire", 1) if isinstance(d, dict) else None
+    if v == WIRE_VERSION and type(v) is int:
+        return None
+    return (
+        f"bootstrap peer {peer} speaks wire protocol version {v!r}, this node version "
+        f"{WIRE_VERSION}: run the same rdmasched version on every node (docs/PROTOCOL.md)"
+    )
+
+
 @dataclass(frozen=True)
 class Descriptor:
     """What one side of a connection tells the other (the "desc" bootstrap message)."""
@@ -397,9 +410,13 @@ class Descriptor:
     epoch: int  # the epoch you send with
     ctl_addr: int  # my control block: you write the credit of your inbound lane here
     ctl_rkey: int
+    #: the wire protocol version of the slots in my lanes (docs/PROTOCOL.md); a v1 peer
+    #: sends no "wire" key
+    wire: int = WIRE_VERSION
 
     def to_wire(self) -> dict[str, Any]:
         return {
+            "wire": self.wire,
             "node": self.node,
             "gid": self.gid,
             "gid_index": self.gid_index,
@@ -430,6 +447,9 @@ class Descriptor:
 
         if not isinstance(d, dict):
             raise BootstrapError(f"bootstrap peer {peer} sent no lane descriptor")
+        problem = wire_version_problem(d, peer)
+        if problem is not None:
+            raise BootstrapError(problem)
         gid = d.get("gid")
         if not isinstance(gid, bytes) or len(gid) != 16:
             raise BootstrapError(f"bootstrap peer {peer} sent a bad lane descriptor: gid")
@@ -452,6 +472,16 @@ class Descriptor:
             ctl_addr=need(ctl, "addr", 1, u64),
             ctl_rkey=need(ctl, "rkey", 0, u32),
         )
+
+
+def _their_descriptor(ch: bootstrap.Channel) -> Descriptor:
+    """The peer's descriptor; a peer of another wire version is told why (error `version`)."""
+    d = ch.recv("desc").get("desc")
+    problem = wire_version_problem(d, ch.peer)
+    if problem is not None:
+        ch.fail("version", problem)
+        raise BootstrapError(problem)
+    return Descriptor.from_wire(d, ch.peer)
 
 
 # ---- connections --------------------------------------------------------------------------------
@@ -911,9 +941,9 @@ class Endpoint:
                 local = conn._build(reuse, epoch, nslots)
                 if initiator:
                     ch.send({"t": "desc", "desc": local.to_wire()})
-                    remote = Descriptor.from_wire(ch.recv("desc").get("desc"), ch.peer)
+                    remote = _their_descriptor(ch)
                 else:
-                    remote = Descriptor.from_wire(ch.recv("desc").get("desc"), ch.peer)
+                    remote = _their_descriptor(ch)
                     ch.send({"t": "desc", "desc": local.to_wire()})
                 if remote.node != peer:
                     raise BootstrapError(

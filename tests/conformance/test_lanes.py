@@ -31,7 +31,7 @@ def test_round_trip_of_every_field(pairs: Any) -> None:
     tx.send(
         Kind.SYNC_READY,
         2**64 - 1,
-        2**63,
+        2**32 - 1,
         255,
         0x7,
         2**40,
@@ -39,12 +39,18 @@ def test_round_trip_of_every_field(pairs: Any) -> None:
         2**32 - 1,
         9,
         {"step": 12, "members": [1, 2, 3], "blob": b"\x00\xff" * 40},
+        dst=0xFFFFFE,
+        src=0xABCDEF,
+        relays=255,
     )
-    (m,) = recv_all(rx, 1)
+    tx.send(Kind.PREEMPT, 1)  # src: the lane's own node id; dst 0; relays 0
+    m, own = recv_all(rx, 2)
+    assert (m.src, m.dst, m.relays) == (0xABCDEF, 0xFFFFFE, 255)
+    assert (own.src, own.dst, own.relays) == (tx.src, 0, 0)
     assert (m.kind, m.id, m.job, m.priority, m.flags, m.arg0, m.arg1, m.arg2, m.hops) == (
         Kind.SYNC_READY,
         2**64 - 1,
-        2**63,
+        2**32 - 1,
         255,
         0x7,
         2**40,
@@ -53,7 +59,7 @@ def test_round_trip_of_every_field(pairs: Any) -> None:
         9,
     )
     assert m.meta == {"step": 12, "members": [1, 2, 3], "blob": b"\x00\xff" * 40}
-    assert (m.src, m.load, m.seq) == (tx.src, 321, 0)
+    assert (m.load, m.seq) == (321, 0)
     assert rx.peer_load == 321
 
 

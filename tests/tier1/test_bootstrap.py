@@ -220,3 +220,17 @@ def test_bad_descriptor_field_is_named(path: tuple[str, ...], value: Any) -> Non
     target[path[-1]] = value
     with pytest.raises(BootstrapError, match=path[-1]):
         Descriptor.from_wire(d, "peer:1")
+
+
+@pytest.mark.parametrize("version", [None, 1, 3])
+def test_a_descriptor_of_another_wire_version_is_refused(version: int | None) -> None:
+    """Wire v2 (issue 8 item 3): the lane descriptor carries the wire protocol version; a v1
+    peer (whose descriptor has no "wire" key) or any other version is refused, naming both."""
+    d = _desc()
+    assert d["wire"] == 2
+    if version is None:
+        del d["wire"]
+    else:
+        d["wire"] = version
+    with pytest.raises(BootstrapError, match=rf"wire protocol version {version or 1}.*version 2"):
+        Descriptor.from_wire(d, "peer:1")

@@ -38,7 +38,7 @@ dispatches = st.one_of(
     st.builds(
         Dispatch,
         task=u64,
-        job=u64,
+        job=u32,
         priority=u8,
         cost_ns=u64,
         progress_ns=u64,
@@ -50,7 +50,7 @@ dispatches = st.one_of(
     st.builds(
         Dispatch,
         task=u64,
-        job=u64,
+        job=u32,
         priority=u8,
         cost_ns=u64,
         progress_ns=u64,
@@ -61,11 +61,11 @@ dispatches = st.one_of(
     ),
 )
 preempts = st.builds(
-    Preempt, task=u64, job=u64, trigger_ns=u64, cancel=st.booleans(), whole_job=st.booleans()
+    Preempt, task=u64, job=u32, trigger_ns=u64, cancel=st.booleans(), whole_job=st.booleans()
 )
-syncs = st.builds(SyncReady, group=u64, step=u64, member=u32, sent_ns=u64, job=u64)
+syncs = st.builds(SyncReady, group=u64, step=u64, member=u32, sent_ns=u64, job=u32)
 completes = st.builds(
-    Complete, task=u64, job=u64, runtime_ns=u64, progress_ns=u64, status=st.sampled_from([0, 1])
+    Complete, task=u64, job=u32, runtime_ns=u64, progress_ns=u64, status=st.sampled_from([0, 1])
 )
 heartbeats = st.builds(Heartbeat, clock_ns=u64, queued=u64, running=u32, incarnations=incs)
 any_message = dispatches | preempts | syncs | completes | heartbeats

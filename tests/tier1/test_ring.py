@@ -250,7 +250,7 @@ def test_malformed_head_is_counted(rx: shm.ShmRxLane) -> None:
 
 def test_bad_metadata_is_counted_and_the_lane_goes_on(rx: shm.ShmRxLane) -> None:
     raw = msgpack.packb([1, 2])  # valid msgpack, not a map
-    head = struct.pack("<BBBBHHIHBBQQQQI", 1, 0, 0, 1, 0, 0, 0, len(raw), 0, 0, 1, 0, 0, 0, 0)
+    head = wire.head_body(1, ncont=1, meta_len=len(raw), id=1)
     cont = bytes([wire.CONT_KIND]) + raw.ljust(51, b"\0")
     put(rx, 0, [wire.seal(head, wire.stamp(1, 0, 64)), wire.seal(cont, wire.stamp(1, 1, 64))])
     put(rx, 2, slots_of(Fields(kind=Kind.DISPATCH, id=2, seq=1), 2, 64))
@@ -453,6 +453,20 @@ def test_attach_to_something_that_is_not_a_lane(lane_name: Names) -> None:
             shm.attach_lane(lane_name())
     finally:
         seg.close()
+
+
+def test_a_version_1_lane_is_refused_naming_both_versions(lane_name: Names) -> None:
+    """Wire v2 (issue 8 item 3): a lane made by a v1 receiver (header version 1) is refused
+    before anything is written, and the error names both versions."""
+    rx = shm.create_lane(lane_name(), 16)
+    try:
+        assert shm.read_header(rx.segment)["version"] == shm.LANE_VERSION == 2
+        ctypes.memmove(rx.segment.address + 8, struct.pack("<I", 1), 4)  # a v1 receiver's
+        with pytest.raises(LaneError, match=r"version 1.*version 2"):
+            shm.attach_lane(lane_name())
+        assert shm.read_header(rx.segment)["epoch_req"] == 0  # nothing claimed
+    finally:
+        rx.close()
 
 
 def test_second_sender_in_the_same_process_is_refused(lane_name: Names) -> None:

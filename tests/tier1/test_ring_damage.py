@@ -57,9 +57,7 @@ def message_slots(
 ) -> list[bytes]:
     """The slots of DISPATCH i (seq i) carrying `raw` as metadata, written at `pos`."""
     ncont = -(-len(raw) // wire.CONT_PAYLOAD)
-    head = wire.HEAD.pack(Kind.DISPATCH, 0, 0, ncont, 3, 0, i, len(raw), 0, 0, i, 0, 0, 0, 0, 0, 0)[
-        :52
-    ]
+    head = wire.head_body(Kind.DISPATCH, ncont=ncont, src=3, seq=i, meta_len=len(raw), id=i)
     slots = [wire.seal(head, wire.stamp(epoch, pos, nslots))]
     for k in range(ncont):
         chunk = raw[k * wire.CONT_PAYLOAD : (k + 1) * wire.CONT_PAYLOAD]
@@ -328,8 +326,8 @@ def test_seq_wraps_and_seq_behind_is_counted(lane_name: Names) -> None:
         base = rx.segment.address + shm.HEADER_BYTES
         seqs = [0x7FFFFFFF, 0xFFFFFFFE, 0xFFFFFFFF, 0, 1, 0, 1]
         for p, seq in enumerate(seqs):
-            head = wire.HEAD.pack(Kind.DISPATCH, 0, 0, 0, 0, 0, seq, 0, 0, 0, p, 0, 0, 0, 0, 0, 0)
-            ctypes.memmove(base + p * 64, wire.seal(head[:52], wire.stamp(1, p, 64)), 64)
+            head = wire.head_body(Kind.DISPATCH, seq=seq, id=p)
+            ctypes.memmove(base + p * 64, wire.seal(head, wire.stamp(1, p, 64)), 64)
         got = [m.seq for m in iter(rx.poll, None)]
         assert got == seqs  # every one delivered
         st = rx.stats()
@@ -361,4 +359,4 @@ def test_struct_of_model_slots_matches_the_codec() -> None:
     slots = message_slots(7, raw, 0, 5, 64)
     m = _wire.decode(b"".join(slots), epoch=1, pos=5, nslots=64)
     assert (m.id, m.seq, m.meta) == (7, 7, msgpack.unpackb(raw))
-    assert struct.unpack_from("<I", slots[0], 8)[0] == 7
+    assert struct.unpack_from("<I", slots[0], 12)[0] == 7  # seq, at its v2 offset

@@ -17,6 +17,7 @@ u64 = st.integers(0, 2**64 - 1)
 u32 = st.integers(0, 2**32 - 1)
 u16 = st.integers(0, 2**16 - 1)
 u8 = st.integers(0, 255)
+node_ids = st.integers(0, wire.NODE_MAX)
 metas = st.none() | st.dictionaries(
     st.text(max_size=8),
     st.integers(-(2**63), 2**64 - 1)
@@ -33,17 +34,19 @@ def messages(draw: st.DrawFn) -> Fields:
     return Fields(
         kind=draw(st.sampled_from(list(Kind))),
         id=draw(u64),
-        job=draw(u64),
+        job=draw(u32),
         priority=draw(u8),
         flags=draw(u8),
         arg0=draw(u64),
         arg1=draw(u64),
         arg2=draw(u32),
         hops=draw(u8),
-        src=draw(u16),
+        src=draw(node_ids),
         load=draw(u16),
         seq=draw(u32),
         meta=draw(metas),
+        dst=draw(node_ids),
+        relays=draw(u8),
     )
 
 
@@ -65,6 +68,8 @@ def cy_encode(f: Fields, epoch: int, pos: int, nslots: int) -> bytes:
         epoch,
         pos,
         nslots,
+        dst=f.dst,
+        relays=f.relays,
     )
 
 
@@ -88,6 +93,8 @@ def as_fields(m: _wire.Message) -> Fields:
         load=m.load,
         seq=m.seq,
         meta=m.meta,
+        dst=m.dst,
+        relays=m.relays,
     )
 
 
@@ -99,13 +106,14 @@ def test_layout_matches_protocol_table() -> None:
         "priority": 2,
         "ncont": 3,
         "src": 4,
-        "load": 6,
-        "seq": 8,
-        "meta_len": 12,
-        "hops": 14,
-        "reserved": 15,
-        "id": 16,
-        "job": 24,
+        "relays": 7,
+        "dst": 8,
+        "hops": 11,
+        "seq": 12,
+        "load": 16,
+        "meta_len": 18,
+        "job": 20,
+        "id": 24,
         "arg0": 32,
         "arg1": 40,
         "arg2": 48,
@@ -113,6 +121,19 @@ def test_layout_matches_protocol_table() -> None:
         "stamp": 56,
     }
     assert wire.HEAD.size == _wire.SLOT_BYTES == 64
+    assert wire.HEAD.format == "<BBBB3sB3sBIHHIQQQIIQ"
+    assert _wire.WIRE_VERSION == wire.VERSION == 2
+
+
+def test_v2_fields_sit_where_the_table_says() -> None:
+    """Each field read at its PROTOCOL.md offset, straight from the Cython codec's bytes."""
+    raw = _wire.encode(
+        1, id=0x1122334455667788, job=0xA1B2C3D4, priority=7, flags=4, arg0=9, arg1=10,
+        arg2=11, hops=3, src=0xABCDEF, load=999, seq=0x01020304, dst=0x123456, relays=5,
+    )
+    assert raw[4:7] == (0xABCDEF).to_bytes(3, "little") and raw[7] == 5
+    assert raw[8:11] == (0x123456).to_bytes(3, "little") and raw[11] == 3
+    assert struct.unpack_from("<IHHIQ", raw, 12) == (0x01020304, 999, 0, 0xA1B2C3D4, 0x1122334455667788)
 
 
 def test_crc32c_check_value() -> None:
@@ -206,12 +227,18 @@ def test_stamp_encodes_epoch_and_lap() -> None:
 
 def test_malformed_fields_with_good_checksum_are_rejected() -> None:
     good = wire.encode(Fields(kind=Kind.DISPATCH, id=1), epoch=1, pos=0, nslots=64)[0]
-    for offset, value in [(0, 0), (0, 99), (15, 1), (3, 2)]:  # kind 0, kind 99, reserved, ncont
+    # kind 0, kind 99, ncont, src 0xFFFFFF, dst 0xFFFFFF (the reserved node id)
+    for offset, value in [(0, 0), (0, 99), (3, 2), (4, b"\xff\xff\xff"), (8, b"\xff\xff\xff")]:
         body = bytearray(good[:52])
-        body[offset] = value
+        if isinstance(value, bytes):
+            body[offset : offset + 3] = value
+        else:
+            body[offset] = value
         slot = wire.seal(bytes(body), wire.stamp(1, 0, 64))
         with pytest.raises(CorruptSlotError, match=r"malformed|truncated"):
             _wire.decode(slot, 1, 0, 64)
+        with pytest.raises(Reject, match=r"malformed|truncated"):
+            wire.decode([slot], epoch=1, pos=0, nslots=64)
 
 
 def test_metadata_that_is_not_a_map_is_rejected() -> None:
@@ -248,6 +275,11 @@ def test_meta_bound_exactly() -> None:
         ({"kind": 1, "meta": ["not", "a", "dict"]}, "meta must be a dict"),
         ({"kind": 1, "meta": {"x": object()}}, "cannot be encoded"),
         ({"kind": 1, "epoch": 0}, "epoch 0"),
+        ({"kind": 1, "job": 2**32}, "job must be 0..2\\*\\*32-1"),
+        ({"kind": 1, "src": 0xFFFFFF}, "src must be a node id 0..16777214"),
+        ({"kind": 1, "dst": 0xFFFFFF}, "dst must be a node id 0..16777214"),
+        ({"kind": 1, "dst": -1}, "dst must be a node id"),
+        ({"kind": 1, "relays": 256}, "relays must be 0..255"),
     ],
 )
 def test_bad_fields_are_clear_errors(kwargs: dict[str, object], err: str) -> None:
@@ -286,7 +318,7 @@ def test_invalid_metadata_is_refused_by_both_codecs(name: str) -> None:
     raw = BAD_METAS[name]
     assert _wire.check_meta(raw) is not None
     ncont = -(-len(raw) // 51)
-    head = wire.HEAD.pack(1, 0, 0, ncont, 0, 0, 0, len(raw), 0, 0, 1, 0, 0, 0, 0, 0, 0)[:52]
+    head = wire.head_body(1, ncont=ncont, meta_len=len(raw), id=1)
     slots = [wire.seal(head, wire.stamp(1, 0, 256))]
     for i in range(ncont):
         body = bytes([wire.CONT_KIND]) + raw[i * 51 : (i + 1) * 51].ljust(51, b"\0")
@@ -374,3 +406,28 @@ def test_c_check_and_mirror_agree_on_mutated_metadata(
     elif cut > 0:
         raw += bytes(cut)
     assert (_wire.check_meta(bytes(raw)) is None) == _mirror_accepts(bytes(raw))
+
+
+# ---- range checks of the pure-Python encoder (issue 8 item 3) ---------------------------------
+@pytest.mark.parametrize(
+    ("change", "err"),
+    [
+        ({"job": 2**32}, "job"),
+        ({"src": 0xFFFFFF}, "src"),
+        ({"dst": 2**24}, "dst"),
+        ({"relays": 256}, "relays"),
+    ],
+)
+def test_mirror_refuses_out_of_range_fields(change: dict[str, int], err: str) -> None:
+    with pytest.raises(ValueError, match=err):
+        wire.encode(Fields(kind=Kind.DISPATCH, **change), epoch=1, pos=0, nslots=64)
+
+
+def test_a_v1_slot_is_not_a_v2_slot() -> None:
+    """A v1 head (v1 struct layout, checksum right) does not decode as the message it was: a
+    slot carries no version, which is why the lane does (shm header, verbs descriptor)."""
+    v1 = struct.Struct("<BBBBHHIHBBQQQQIIQ")
+    body = v1.pack(1, 0, 5, 0, 3, 100, 7, 0, 1, 0, 42, 9, 1, 2, 3, 0, 0)[:52]
+    slot = wire.seal(body, wire.stamp(1, 0, 64))
+    m = _wire.decode(slot, 1, 0, 64)
+    assert (m.src, m.id, m.job) != (3, 42, 9)
