@@ -6,7 +6,9 @@ from rdmasched import _wire
 from rdmasched import messages as msg
 
 
-def through_codec(x: msg.ControlMessage, src: int = 0, load: int = 0) -> _wire.Message:
+def through_codec(
+    x: msg.ControlMessage, src: int = 0, load: int = 0, dst: int = 0, relays: int = 0
+) -> _wire.Message:
     """`x` encoded into one slot (and its continuations) by the Cython codec, decoded back."""
     kind, id_, job, prio, flags, a0, a1, a2, hops, meta = x.encode()
     raw = _wire.encode(
@@ -22,6 +24,31 @@ def through_codec(x: msg.ControlMessage, src: int = 0, load: int = 0) -> _wire.M
         meta=meta,
         src=src,
         load=load,
+        dst=dst,
+        relays=relays,
+        nslots=64,
+    )
+    return _wire.decode(raw, nslots=64)
+
+
+def relayed_through_codec(m: _wire.Message, load: int = 0) -> _wire.Message:
+    """A received message as a relay writes it on (docs/PROTOCOL.md section 10): every field
+    unchanged but `relays` + 1 and the relay's own `load`, decoded back."""
+    raw = _wire.encode(
+        m.kind,
+        id=m.id,
+        job=m.job,
+        priority=m.priority,
+        flags=m.flags,
+        arg0=m.arg0,
+        arg1=m.arg1,
+        arg2=m.arg2,
+        hops=m.hops,
+        meta=m.meta,
+        src=m.src,
+        load=load,
+        dst=m.dst,
+        relays=m.relays + 1,
         nslots=64,
     )
     return _wire.decode(raw, nslots=64)

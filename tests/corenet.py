@@ -1,23 +1,29 @@
 """A network of sans-IO node cores (rdmasched/daemon/core.py) on one fake clock, for tests.
 
-Several cores exchange their `Send` effects through a queue, each message encoded and decoded
-by the real codec (rdmasched._wire) as a lane would deliver it; the handlers' answers go back
-to the core as the threaded `Node` gives them. Tests of every protocol the core runs (sync,
-liveness, routing, placement) use this one harness.
+Several cores exchange their `Send` and `Relay` effects through a queue, each message encoded
+and decoded by the real codec (rdmasched._wire) as a lane would deliver it; the handlers'
+answers go back to the core as the threaded `Node` gives them. Tests of every protocol the
+core runs (sync, liveness, routing, placement) use this one harness.
+
+With a `topology`, a core only has lanes to its links: every delivery is asserted to go over
+one, and a message for an unlinked node is relayed by the cores on its route.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
 from typing import Any
 
+from rdmasched import _wire
 from rdmasched import messages as msg
 from rdmasched.daemon.core import (
+    MAX_RELAYS,
     CompleteNotice,
     Effect,
     MarkDead,
     NodeCore,
     PreemptTask,
+    Relay,
     Revive,
     RunSync,
     Send,
@@ -26,9 +32,11 @@ from rdmasched.daemon.core import (
     StartTask,
 )
 from rdmasched.scheduler import Task
-from tests.codec import through_codec
+from rdmasched.topology import Topology
+from tests.codec import relayed_through_codec, through_codec
 
 MS = 1_000_000
+Wire = tuple[msg.ControlMessage, int] | msg.ControlMessage | _wire.Message
 HEARTBEAT_NS = 20 * MS
 DEAD_AFTER_NS = 200 * MS
 
@@ -36,21 +44,34 @@ DEAD_AFTER_NS = 200 * MS
 class Cluster:
     """N cores and the messages between them, on one fake clock."""
 
-    def __init__(self, n: int, slots: int = 1) -> None:
+    def __init__(
+        self,
+        n: int,
+        slots: int = 1,
+        topology: Topology | None = None,
+        max_relays: int = MAX_RELAYS,
+    ) -> None:
         self.now = 10_000 * MS
+        self.topology = topology
         self.cores = {
             i: NodeCore(
                 i,
-                {j: "rack" for j in range(n)},
+                {j: "rack" if topology is None else topology.domain(j) for j in range(n)},
                 slots=slots,
                 inc=100 + i,
                 dead_after_ns=DEAD_AFTER_NS,
                 heartbeat_ns=HEARTBEAT_NS,
                 now=self.now,
+                topology=topology,
+                max_relays=max_relays,
             )
             for i in range(n)
         }
-        self.wire: deque[tuple[int, int, msg.ControlMessage]] = deque()
+        #: (writer, lane's receiver, what it writes): a typed message with its dst, a typed
+        #: message for the lane's receiver, or a received message relayed
+        self.wire: deque[tuple[int, int, Wire]] = deque()
+        #: node -> (sender, message) of every message delivered to it as its destination
+        self.arrived: defaultdict[int, list[tuple[int, _wire.Message]]] = defaultdict(list)
         self.timers: dict[int, int] = {}
         self.load = dict.fromkeys(self.cores, 0)
         #: node -> what its handlers saw: ("start", origin, id, slot), ("preempt", ...), ...
@@ -67,8 +88,11 @@ class Cluster:
         while i < len(effects):
             e = effects[i]
             i += 1
-            if isinstance(e, Send):
-                self.wire.append((node, e.peer, e.message))
+            if isinstance(e, Send | Relay):
+                # a lane exists only over a link (every other node without a topology)
+                assert e.peer in core.links, f"node {node} has no lane to node {e.peer}: {e!r}"
+                payload = (e.message, e.dst) if isinstance(e, Send) else e.message
+                self.wire.append((node, e.peer, payload))
             elif type(e) is StartTask:
                 seen.append(("start", e.task.origin, e.task.id, e.slot))
             elif isinstance(e, PreemptTask):
@@ -96,11 +120,17 @@ class Cluster:
         """Deliver every message in flight (and those they cause), in order."""
         n = 0
         while self.wire:
-            src, dst, m = self.wire.popleft()
-            if src in self.down or dst in self.down:
+            writer, to, m = self.wire.popleft()
+            if writer in self.down or to in self.down:
                 continue  # lost with the stopped node
-            received = through_codec(m, src=src, load=self.load[src])
-            self.do(dst, self.cores[dst].receive(received, src, self.now))
+            if isinstance(m, _wire.Message):
+                received = relayed_through_codec(m, load=self.load[writer])
+            else:
+                x, dst = m if isinstance(m, tuple) else (m, to)
+                received = through_codec(x, src=writer, load=self.load[writer], dst=dst)
+            if received.dst == to:
+                self.arrived[to].append((received.src, received))
+            self.do(to, self.cores[to].receive(received, writer, self.now))
             n += 1
         return n
 

@@ -10,8 +10,12 @@ or a simulator drives it by hand, delivering each `Send` to the peer's core.
 
 Effects (docs/DAEMON.md, "The node core", is the contract):
 
-* `Send(peer, message)`: send a typed message (rdmasched.messages) to `peer`. A `Heartbeat`
-  goes even to a peer declared dead (it must learn that it was).
+* `Send(peer, message, dst)`: send a typed message (rdmasched.messages) for node `dst` over
+  the lane to `peer`: `dst` itself when this node has a lane to it, else the next hop of its
+  route (docs/PROTOCOL.md section 10). A `Heartbeat` goes even to a peer declared dead (it
+  must learn that it was).
+* `Relay(peer, message)`: a received message for another node: write it to `peer` (the next
+  hop) unchanged but for `relays` + 1 and this node's load hint.
 * `StartTask(task, slot)` (the scheduler's `Start`): call the dispatch handler.
 * `PreemptTask(victim, slot, cancel, trigger_ns)`: call the preempt handler, then give its
   result back with `preempted(...)`; its effects come next, before the rest.
@@ -39,6 +43,7 @@ from typing import Any, NamedTuple
 from rdmasched import messages as msg
 from rdmasched._wire import Message
 from rdmasched.daemon.membership import Change, Membership, PeerGone, PeerJoined, Rejoined, Replace
+from rdmasched.errors import ConfigError
 from rdmasched.messages import ControlMessage
 from rdmasched.scheduler import (
     Action,
@@ -64,6 +69,11 @@ _CANCEL, _JOB, _SUBMITTED = int(Flag.CANCEL), int(Flag.JOB), int(Flag.SUBMITTED)
 SYNC_ID_BASE = 1 << 63
 #: SYNC_READYs kept for groups not (yet) defined here, at most (over it: rejected)
 EARLY_SYNC_MAX = 4096
+#: times a message may be relayed, by default (docs/PROTOCOL.md section 10): the topology's
+#: longest route, 4 hops (3 relays), plus one for a route around a dead relay's leaf
+MAX_RELAYS = 4
+#: next hops kept per core, at most (a cache of the topology's routes; cleared when full)
+ROUTE_CACHE_MAX = 1 << 16
 
 
 def sync_task_id(group: int, step: int) -> int:
@@ -77,10 +87,21 @@ _new = tuple.__new__
 
 
 class Send(NamedTuple):
-    """Send `message` to `peer` (a Heartbeat even to a peer declared dead)."""
+    """Send `message` for node `dst` over the lane to `peer` (`dst` itself, or the next hop
+    of its route); a Heartbeat even to a peer declared dead."""
 
     peer: int
     message: ControlMessage
+    #: the final destination, written in the slot (`peer` unless relayed)
+    dst: int
+
+
+class Relay(NamedTuple):
+    """Write the received `message` (for another node) to `peer`, the next hop of its
+    route, unchanged but for `relays` + 1 and this node's load hint."""
+
+    peer: int
+    message: Message
 
 
 #: Call the dispatch handler: run `task` on `slot` (the scheduler's own action, passed on).
@@ -139,7 +160,16 @@ class SetLoad(NamedTuple):
 
 
 Effect = (
-    Send | Start | PreemptTask | RunSync | CompleteNotice | SetTimer | MarkDead | Revive | SetLoad
+    Send
+    | Relay
+    | Start
+    | PreemptTask
+    | RunSync
+    | CompleteNotice
+    | SetTimer
+    | MarkDead
+    | Revive
+    | SetLoad
 )
 
 
@@ -162,12 +192,26 @@ class NodeCore:
         sync_cost_ns: int = 0,
         max_hops: int = 2,
         topology: Topology | None = None,
+        max_relays: int = MAX_RELAYS,
     ) -> None:
         """`nodes`: every node of the cluster (this one too) -> its topology domain.
         `topology`: the cluster's links and routes; None: every node is linked to every
-        other (a full mesh: tests, small clusters, the central baseline)."""
+        other (a full mesh: tests, small clusters, the central baseline). `max_relays`:
+        a message relayed that many times is not relayed again (docs/PROTOCOL.md 10)."""
         self.me = me
         self.topology = topology
+        if topology is not None and topology.plan.hops - 1 > max_relays:
+            raise ConfigError(
+                f"the topology's routes take up to {topology.plan.hops} hops "
+                f"({topology.plan.hops - 1} relays); max_relays is {max_relays}"
+            )
+        if not 0 <= max_relays <= 255:
+            raise ConfigError(f"max_relays must be 0..255 (a u8 in the slot), not {max_relays}")
+        self.max_relays = max_relays
+        #: messages for other nodes relayed on; reason -> messages not relayed (dropped)
+        self.relayed = 0
+        self.relay_dropped: dict[str, int] = {}
+        self._routes: dict[tuple[int, int], int] = {}
         #: the nodes this one has a lane to (and heartbeats); any other is reached by relays
         self.links: frozenset[int] = (
             frozenset(n for n in nodes if n != me)
@@ -250,23 +294,38 @@ class NodeCore:
 
     # ---- messages ------------------------------------------------------------------------------
     def receive(self, m: Message, peer: int, now: int) -> list[Effect]:
-        """A message from `peer` (the node whose lane it came in on).
+        """A message that came in on the lane from `peer` (its last hop).
+
+        A message for another node (`m.dst`) is relayed on (`Relay`, docs/PROTOCOL.md
+        section 10). One for this node was made by `m.src`, its **sender** for every
+        protocol: whose incarnation, task, completion or heartbeat it is. `peer` wrote the
+        slot: its load hint is `peer`'s (the same node unless relayed); both count as heard
+        from.
 
         The hot path of a node, and the daemon's one decoder of received messages: it
         reads the fields as plain ints, as rdmasched.messages names them, instead of
         building a message object (which costs about a microsecond) per message.
         """
         self.now = now
+        if m.dst != self.me:
+            return self._relay(m, peer)
+        src = m.src
         kind = m.kind
         out: list[Effect] = []
-        if kind == _HEARTBEAT:  # Heartbeat: meta = incarnations
-            changes = self.members.on_heartbeat(peer, m.meta, now)
+        if kind == _HEARTBEAT:  # Heartbeat: meta = incarnations (of its maker, src)
+            changes = self.members.on_heartbeat(src, m.meta, now)
             if changes:
                 out = self._apply(changes)
-        if peer in self._shunned:  # a message of an incarnation that ended
+        shunned = self._shunned
+        if src in shunned:  # a message of an incarnation that ended
             self.stale_msgs += 1
             return out
-        self.peers.seen(peer, m.load)
+        if peer == src:
+            self.peers.seen(peer, m.load)
+        else:  # relayed: the last hop wrote the load hint; the origin is alive
+            if peer not in shunned:
+                self.peers.seen(peer, m.load)
+            self.peers.revive(src)  # heard from now, its load hint unchanged
         sched = self.scheduler
         try:
             if kind == _PREEMPT:  # Preempt: id=task, job, arg0=trigger_ns, CANCEL, JOB
@@ -274,14 +333,14 @@ class NodeCore:
                 cancel = bool(m.flags & _CANCEL)
                 if m.flags & _JOB:
                     return self._act(sched.preempt(job=m.job, cancel=cancel), out)
-                t = self.resolve(m.id, None, prefer=peer)
+                t = self.resolve(m.id, None, prefer=src)
                 if t is not None:
                     return self._act(sched.preempt(m.id, cancel=cancel, origin=t.origin), out)
             elif kind == _DISPATCH:
                 # Dispatch: id=task, job, priority, arg0=cost, arg1=progress, arg2=origin,
                 # hops, meta=payload, SUBMITTED
                 origin = int(m.arg2)
-                if origin != self.me and peer in self._unacked:
+                if origin != self.me and src in self._unacked:
                     # sent to this node's previous incarnation: its origin places it again
                     self.stale_msgs += 1
                     return out
@@ -289,19 +348,74 @@ class NodeCore:
                     m.id, m.job, m.priority, m.arg0, m.arg1, m.meta, origin=origin, hops=m.hops
                 )
                 # Placed work may move on (back to its origin); work sent here is for here.
-                return self._act(sched.receive(task, peer, bool(m.flags & _SUBMITTED)), out)
+                return self._act(sched.receive(task, src, bool(m.flags & _SUBMITTED)), out)
             elif kind == _SYNC_READY:  # SyncReady: id=group, arg0=step, arg1=sent, arg2=member
                 return self.member_ready(m.id, m.arg0, m.arg2, m.arg1, now)
             elif kind == _COMPLETE:  # Complete: id=task (this node's), job, runtime, ...
-                sched.remote_complete(peer, m.id)
-                out.append(CompleteNotice(m.id, peer))
+                sched.remote_complete(src, m.id)
+                out.append(CompleteNotice(m.id, src))
             elif kind != _HEARTBEAT:  # a heartbeat is all in `seen` above
-                self._reject("unknown-kind", f"kind {kind} from node {peer}")
+                self._reject("unknown-kind", f"kind {kind} from node {src}")
         except (SchedulerError, ValueError) as exc:
             # Counted by the scheduler too; the message is refused, the node goes on.
             self._trigger_ns = 0
             self._reject(type(exc).__name__, str(exc))
         return out
+
+    def _relay(self, m: Message, peer: int) -> list[Effect]:
+        """`m` is for another node: on to the next hop of its route, within the hop bound
+        (docs/PROTOCOL.md section 10). Nothing here acts on it; it is not a sign of life of
+        its origin (only of `peer`, whose load hint it carries)."""
+        if peer not in self._shunned:
+            self.peers.seen(peer, m.load)
+        if m.relays >= self.max_relays:
+            return self._drop_relay(m, peer, "hop-bound")
+        nxt = self._next_hop(m.src, m.dst)
+        if nxt < 0:
+            return self._drop_relay(m, peer, "no-route")
+        if nxt in self._shunned:
+            return self._drop_relay(m, peer, "dead-hop")
+        self.relayed += 1
+        return [_new(Relay, (nxt, m))]
+
+    def _drop_relay(self, m: Message, peer: int, why: str) -> list[Effect]:
+        self.relay_dropped[why] = self.relay_dropped.get(why, 0) + 1
+        _log.info(
+            "node %d: dropped a message from node %d for node %d (relays %d, from lane %d): %s",
+            self.me,
+            m.src,
+            m.dst,
+            m.relays,
+            peer,
+            why,
+        )
+        return []
+
+    def _next_hop(self, src: int, dst: int) -> int:
+        """Where this node sends a message from `src` for `dst`: the node after it on the
+        route (docs/PROTOCOL.md 10; a function of (this node, src, dst) only, so the
+        messages of one pair all take one path), or -1 if none of its links is."""
+        key = (src, dst)
+        nxt = self._routes.get(key)
+        if nxt is not None:
+            return nxt
+        topo = self.topology
+        if topo is None:
+            nxt = dst if dst in self.links else -1
+        else:
+            try:
+                try:
+                    nxt = topo.next_hop(self.me, src, dst)
+                except ValueError:  # not on the route from src (another route): from here
+                    nxt = topo.route(self.me, dst)
+            except (ConfigError, IndexError, ValueError):
+                nxt = -1
+            if nxt not in self.links:
+                nxt = -1
+        if len(self._routes) >= ROUTE_CACHE_MAX:
+            self._routes.clear()
+        self._routes[key] = nxt
+        return nxt
 
     # ---- the API (what the user asks) ----------------------------------------------------------
     def submit(self, task: Task, now: int) -> list[Effect]:
@@ -477,8 +591,16 @@ class NodeCore:
 
     def _send(self, dst: int, message: ControlMessage) -> Send:
         """The one way the core sends: `message` for node `dst`. Every protocol (placement,
-        sync, liveness) goes through here, so routing lives in one place."""
-        return _new(Send, (dst, message))
+        sync, liveness) goes through here, so routing lives in one place: over the lane to
+        `dst` if there is one, else to the next hop of its route (docs/PROTOCOL.md 10)."""
+        if dst in self.links or self.topology is None:
+            return _new(Send, (dst, message, dst))
+        nxt = self._next_hop(self.me, dst)
+        if nxt < 0:  # not a node of the topology: the driver has no lane to it either
+            self.relay_dropped["no-route"] = self.relay_dropped.get("no-route", 0) + 1
+            _log.warning("node %d: no route to node %d", self.me, dst)
+            return _new(Send, (dst, message, dst))
+        return _new(Send, (nxt, message, dst))
 
     def _dispatch_msg(self, task: Task, submitted: bool) -> msg.Dispatch:
         return msg.Dispatch(
@@ -566,12 +688,14 @@ class NodeCore:
 
 __all__ = [
     "EARLY_SYNC_MAX",
+    "MAX_RELAYS",
     "SYNC_ID_BASE",
     "CompleteNotice",
     "Effect",
     "MarkDead",
     "NodeCore",
     "PreemptTask",
+    "Relay",
     "Revive",
     "RunSync",
     "Send",

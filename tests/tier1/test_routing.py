@@ -1,0 +1,207 @@
+"""Relaying (issue 8 item 3): a message for a node without a direct lane crosses the route of
+the topology, relayed by the cores on it, once, in order per (source, destination), within a
+hop bound; relays that cannot go on are dropped and counted.
+
+Every delivery in `Cluster` goes over a link of the topology (the harness asserts it) and
+through the real codec, so `src`, `dst` and `relays` travel in the slot as on a lane.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from rdmasched import _wire
+from rdmasched import messages as msg
+from rdmasched.daemon.core import MAX_RELAYS, NodeCore, Relay, Send
+from rdmasched.errors import ConfigError
+from rdmasched.topology import Topology
+from tests.codec import through_codec
+from tests.corenet import DEAD_AFTER_NS, HEARTBEAT_NS, Cluster, task
+
+GROUP = 77  # a sync group no core defines: its SYNC_READYs are kept, nothing else happens
+
+
+def topo() -> Topology:
+    # 24 nodes in leaves of 4, at most 5 lanes per node: leaf-dragonfly, routes of 3 hops
+    t = Topology.generate(nodes=24, leaf=4, pod=8, budget=5)
+    assert max(len(t.links(n)) for n in range(24)) <= 5
+    return t
+
+
+def far_pairs(t: Topology) -> list[tuple[int, int]]:
+    """(src, dst) pairs whose route has three hops (two relays)."""
+    return [(s, d) for s in range(len(t)) for d in range(len(t)) if len(t.path(s, d)) == 4]
+
+
+def ready(step: int, member: int) -> msg.SyncReady:
+    return msg.SyncReady(GROUP, step, member)
+
+
+def test_send_to_an_unlinked_node_goes_to_the_next_hop_with_the_destination() -> None:
+    t = topo()
+    src, dst = far_pairs(t)[0]
+    c = Cluster(24, topology=t)
+    e = c.cores[src]._send(dst, ready(1, src))
+    assert e == Send(t.route(src, dst), ready(1, src), dst)
+    assert e.peer in c.cores[src].links and dst not in c.cores[src].links
+    linked = t.links(src)[0]
+    assert c.cores[src]._send(linked, ready(1, src)) == Send(linked, ready(1, src), linked)
+
+
+def test_a_burst_from_several_sources_arrives_once_and_in_order_over_three_hops() -> None:
+    t = topo()
+    c = Cluster(24, topology=t)
+    c.deliver()
+    dst = 23
+    sources = [s for s, d in far_pairs(t) if d == dst][:4]
+    assert len(sources) >= 3
+    c.arrived.clear()
+    relayed_before = sum(core.relayed for core in c.cores.values())
+    n = 40
+    # interleaved: every source sends step i before any sends step i + 1
+    for i, s in itertools.product(range(n), sources):
+        c.do(s, [c.cores[s]._send(dst, ready(i, s))])
+    c.deliver()
+    got = [(src, m.arg0) for src, m in c.arrived[dst] if m.kind == msg._SYNC_READY]
+    for s in sources:
+        assert [step for src, step in got if src == s] == list(range(n))  # once, in order
+    assert len(got) == n * len(sources)
+    # each crossed two relays, and the last one wrote relays = 2 into the slot
+    assert all(m.relays == 2 for src, m in c.arrived[dst] if src in sources)
+    assert sum(core.relayed for core in c.cores.values()) - relayed_before == 2 * n * len(sources)
+    assert c.cores[dst].sync_early_kept == n * len(sources)  # the destination handled them
+    assert all(not core.relay_dropped for core in c.cores.values())
+
+
+def test_the_sender_of_a_relayed_message_is_its_origin() -> None:
+    """A COMPLETE relayed twice is reported as completed on its origin node, not the last
+    hop; the last hop's load hint is what the receiver keeps for the last hop."""
+    t = topo()
+    src, dst = far_pairs(t)[0]
+    c = Cluster(24, topology=t)
+    c.deliver()
+    last_hop = t.path(src, dst)[-2]
+    c.load[last_hop] = 345
+    core = c.cores[dst]
+    core.scheduler.place_on(task(9, dst), src)  # dst's task 9 is held on src
+    c.do(src, [c.cores[src]._send(dst, msg.Complete(9, 1, 5, 5))])
+    c.deliver()
+    assert c.of(dst, "completed") == [("completed", 9, src)]
+    assert core.peers.loads().get(last_hop) == 345
+    assert src not in core.peers.loads()  # no load hint of the origin: it wrote no slot here
+
+
+def test_the_hop_bound_drops_and_counts() -> None:
+    t = topo()
+    src, dst = far_pairs(t)[0]
+    first, second = t.path(src, dst)[1:3]
+    c = Cluster(24, topology=t)
+    c.deliver()
+    # the second relay of the route has a bound of 1 (a route of two relays needs 2): as a
+    # message that went round a loop of inconsistent routes would find it
+    c.cores[second].max_relays = 1
+    c.arrived.clear()
+    c.do(src, [c.cores[src]._send(dst, ready(1, src))])
+    c.deliver()
+    assert c.cores[first].relayed >= 1
+    assert c.cores[second].relay_dropped == {"hop-bound": 1}
+    assert not [m for s, m in c.arrived[dst] if s == src and m.kind == msg._SYNC_READY]
+
+
+def test_a_relay_whose_next_hop_is_dead_drops_and_counts() -> None:
+    t = topo()
+    src, dst = far_pairs(t)[0]
+    first, second = t.path(src, dst)[1:3]
+    c = Cluster(24, topology=t)
+    c.deliver()
+    c.down.add(second)
+    c.do(first, c.cores[first].peer_lost(second, "its lane closed", c.now))
+    c.deliver()
+    c.arrived.clear()
+    c.do(src, [c.cores[src]._send(dst, ready(1, src))])
+    c.deliver()
+    assert c.cores[first].relay_dropped == {"dead-hop": 1}
+    assert not c.arrived[dst]
+
+
+def test_a_relayed_message_is_relayed_unchanged_but_for_relays() -> None:
+    t = topo()
+    src, dst = far_pairs(t)[0]
+    first = t.route(src, dst)
+    core = Cluster(24, topology=t).cores[first]
+    m = through_codec(msg.Dispatch(5, 6, 7, 8, 9, origin=src, payload={"x": 1}), src=src, dst=dst)
+    out = core.receive(m, src, core.now)
+    assert out == [Relay(t.path(src, dst)[2], m)]
+    assert core.relayed == 1 and core.scheduler.stats().queue_len == 0
+
+
+def test_receive_refuses_a_message_over_the_bound_before_routing() -> None:
+    t = topo()
+    src, dst = far_pairs(t)[0]
+    first = t.route(src, dst)
+    core = Cluster(24, topology=t).cores[first]
+    m = through_codec(ready(1, src), src=src, dst=dst, relays=MAX_RELAYS)
+    assert core.receive(m, src, core.now) == []
+    assert core.relay_dropped == {"hop-bound": 1}
+
+
+def test_without_a_topology_every_node_is_linked_and_nothing_is_relayed() -> None:
+    c = Cluster(4)
+    c.advance(3 * HEARTBEAT_NS)
+    assert all(core.relayed == 0 and not core.relay_dropped for core in c.cores.values())
+    assert all(src == m.src for node in c.arrived for src, m in c.arrived[node])
+
+
+def test_heartbeats_relayed_keep_unlinked_nodes_alive() -> None:
+    """Until liveness is hierarchical (issue 8 item 5) every node heartbeats every other: the
+    relayed ones must count as signs of life of their origin, or unlinked nodes would be
+    declared dead."""
+    t = topo()
+    c = Cluster(24, topology=t)
+    c.advance(2 * DEAD_AFTER_NS)
+    assert not any(c.of(n, "dead") for n in c.cores)
+    assert sum(core.relayed for core in c.cores.values()) > 0
+
+
+def test_a_topology_whose_routes_exceed_the_bound_is_refused() -> None:
+    t = topo()
+    with pytest.raises(ConfigError, match="relays"):
+        NodeCore(
+            0,
+            dict.fromkeys(range(24), ""),
+            slots=1,
+            inc=1,
+            dead_after_ns=DEAD_AFTER_NS,
+            heartbeat_ns=HEARTBEAT_NS,
+            now=0,
+            topology=t,
+            max_relays=t.plan.hops - 2,
+        )
+
+
+def test_relay_through_the_lane_codec_keeps_every_field() -> None:
+    """What the driver writes for a Relay: the received fields, relays + 1, its own load."""
+    m = through_codec(msg.Heartbeat(1, 2, 3, {"inc": 4}), src=11, dst=12, relays=1, load=5)
+    raw = _wire.encode(
+        m.kind,
+        m.id,
+        m.job,
+        m.priority,
+        m.flags,
+        m.arg0,
+        m.arg1,
+        m.arg2,
+        m.hops,
+        m.src,
+        77,
+        0,
+        m.meta,
+        dst=m.dst,
+        relays=m.relays + 1,
+        nslots=64,
+    )
+    r = _wire.decode(raw, nslots=64)
+    assert (r.src, r.dst, r.relays, r.load) == (11, 12, 2, 77)
+    assert msg.decode(r) == msg.decode(m)
