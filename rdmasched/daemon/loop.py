@@ -33,17 +33,26 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from rdmasched._ring import Batch
+from rdmasched._ring import Batch, TxLane
 from rdmasched._wire import Message
 from rdmasched.daemon.links import Links
 from rdmasched.errors import EpochError, LaneFullError, PeerDeadError
 
 _log = logging.getLogger("rdmasched.daemon")
 
-#: the arguments of `TxLane.send` before timeout_us, as a queued message keeps them
-Outgoing = tuple[int, int, int, int, int, int, int, int, int, dict[str, Any] | None]
+#: a queued message: the arguments of `TxLane.send` before timeout_us, then its dst, src
+#: (-1: this node) and relays (docs/PROTOCOL.md section 2)
+Outgoing = tuple[int, int, int, int, int, int, int, int, int, dict[str, Any] | None, int, int, int]
 #: on_message(message, peer): `peer` is the node whose lane it came in on (authoritative)
 Handler = Callable[[Message, int], None]
+
+
+def _put(tx: TxLane, a: Outgoing) -> None:
+    """Write queued message `a` into `tx` now, or raise (LaneFullError, ...)."""
+    tx.send(
+        a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9],
+        timeout_us=0, dst=a[10], src=a[11], relays=a[12],
+    )  # fmt: skip
 
 
 class Loop:
@@ -158,21 +167,32 @@ class Loop:
         meta: dict[str, Any] | None = None,
         *,
         force: bool = False,
+        dst: int | None = None,
+        src: int = -1,
+        relays: int = 0,
     ) -> bool:
-        """Send without blocking; False if the peer is dead (nothing sent).
+        """Send without blocking over the lane to `peer`; False if the peer is dead (nothing
+        sent).
 
+        `dst`: the message's final destination (default `peer`); `src`: the node that made
+        it (default this one) and `relays` the times it was relayed (a relay passes the
+        received ones, relays + 1; docs/PROTOCOL.md section 10).
         `force`: send even to a peer declared dead, but never queue (a heartbeat)."""
+        if dst is None:
+            dst = peer
         tx = self.links.outbound.get(peer)
+        args: Outgoing = (
+            kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta, dst, src, relays
+        )  # fmt: skip
         if peer in self.dead_peers:
             if kind in self.keep_on_death:
-                kept = (kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta)
-                self._kept.setdefault(peer, []).append(kept)
+                self._kept.setdefault(peer, []).append(args)
                 return False
             if not force or tx is None:
                 self.dropped += 1
                 return False
             try:
-                tx.send(kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta, timeout_us=0)
+                _put(tx, args)
             except (LaneFullError, EpochError, PeerDeadError):
                 self.dropped += 1
                 return False
@@ -182,12 +202,11 @@ class Loop:
             self.dropped += 1
             return False
         box = self._outbox.get(peer)
-        args: Outgoing = (kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta)
         if box:
             box.append(args)
             return True
         try:
-            tx.send(*args, timeout_us=0)
+            _put(tx, args)
             self.msgs_out += 1
         except (LaneFullError, EpochError):  # full, or a restarted sender not yet accepted
             self.outbox_waits += 1
@@ -210,7 +229,7 @@ class Loop:
                 continue
             while box:
                 try:
-                    tx.send(*box[0], timeout_us=0)
+                    _put(tx, box[0])
                 except (LaneFullError, EpochError):
                     waiting = True
                     break

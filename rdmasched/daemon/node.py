@@ -47,6 +47,7 @@ from rdmasched.daemon.core import (
     MarkDead,
     NodeCore,
     PreemptTask,
+    Relay,
     Revive,
     RunSync,
     Send,
@@ -386,7 +387,12 @@ class Node:
         # No decision here (the receiver makes it): sent as is, stamped at the moment it is
         # sent (the trigger of the reaction the receiver measures).
         stop = msg.Preempt(task_id or 0, job or 0, 0, cancel, job is not None)
-        self._call(lambda: self._loop().send(node, *stop.stamped(self.clock())))
+
+        def send() -> None:  # over the lane to `node`, or to its route's next hop
+            to = self.core._send(node, stop)
+            self._loop().send(to.peer, *stop.stamped(self.clock()), dst=to.dst)
+
+        self._call(send)
 
     def define_group(self, group: int, members: Iterable[int | str]) -> None:
         """Declare sync group `group` (its members: node ids or names); every member
@@ -715,9 +721,15 @@ class Node:
                 effects[i:i] = core.preempted(e.victim, progress, self.clock())
             elif t is Send:
                 if type(e.message) is _HEARTBEAT_T:  # also to a peer declared dead
-                    self._loop().send(e.peer, *e.message.encode(), force=True)
+                    self._loop().send(e.peer, *e.message.encode(), force=True, dst=e.dst)
                 else:
-                    self._loop().send(e.peer, *e.message.encode())
+                    self._loop().send(e.peer, *e.message.encode(), dst=e.dst)
+            elif t is Relay:  # a message for another node, on to the next hop
+                m = e.message
+                self._loop().send(
+                    e.peer, m.kind, m.id, m.job, m.priority, m.flags, m.arg0, m.arg1, m.arg2,
+                    m.hops, m.meta, dst=m.dst, src=m.src, relays=m.relays + 1,
+                )  # fmt: skip
             elif t is SetLoad:
                 self._loop().set_load(e.load)
             elif t is RunSync:
