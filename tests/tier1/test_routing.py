@@ -205,3 +205,76 @@ def test_relay_through_the_lane_codec_keeps_every_field() -> None:
     r = _wire.decode(raw, nslots=64)
     assert (r.src, r.dst, r.relays, r.load) == (11, 12, 2, 77)
     assert msg.decode(r) == msg.decode(m)
+
+
+# ---- the threaded driver: real lanes, real loops -----------------------------------------
+def test_nodes_relay_a_dispatch_and_its_complete_over_shm_lanes() -> None:
+    """Four `Node`s on the route s -> a -> b -> d of a 24-node topology, each with shm lanes
+    to its route neighbours only: s dispatches a task to d and d completes it; both messages
+    cross two relays (the loops write src, dst and relays; the cores relay), and the
+    handlers see the origin s and the node d it ran on."""
+    import os
+    import threading
+    import time
+    import uuid
+
+    from rdmasched.cluster import local_cluster
+    from rdmasched.daemon.links import ShmLinks
+    from rdmasched.daemon.node import Node
+
+    t = topo()
+    s, a, b, d = t.path(*far_pairs(t)[0])
+    route = [s, a, b, d]
+    name = f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    cluster = local_cluster(24, 1, name=name)
+    links: dict[int, ShmLinks] = {}
+
+    def make(i: int) -> None:
+        k = route.index(i)
+        links[i] = ShmLinks(name, i, route[max(0, k - 1) : k + 2], nslots=64)
+
+    threads = [threading.Thread(target=make, args=(i,)) for i in route]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert sorted(links) == sorted(route)
+    nodes: dict[int, Node] = {}
+    started: list[tuple[int, int]] = []
+    completed: list[tuple[int, int]] = []
+    try:
+        for i in route:
+            n = Node(cluster, i, links=links[i], spin_us=0)
+            # the topology's view of the cluster (the Node's own construction from a
+            # topology config is docs/SCALE.md's "Links"): lanes to the route only
+            n.core = NodeCore(
+                i,
+                cluster.domains,
+                slots=1,
+                inc=1000 + i,
+                dead_after_ns=cluster.dead_after_ms * 1_000_000,
+                heartbeat_ns=cluster.heartbeat_ms * 1_000_000,
+                now=n.clock(),
+                topology=t,
+            )
+            nodes[i] = n
+        nodes[d].on_dispatch(lambda task, slot: started.append((task.id, task.origin)))
+        nodes[s].on_complete(lambda task_id, node: completed.append((task_id, node)))
+        for n in nodes.values():
+            n.start()
+        nodes[s].dispatch(42, to=d, job=7, priority=5, cost_ns=1000)
+        deadline = time.monotonic() + 60
+        while not started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert started == [(42, s)]
+        nodes[d].complete(42, origin=s)
+        while not completed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert completed == [(42, d)]
+        assert nodes[a].core.relayed >= 2 and nodes[b].core.relayed >= 2  # there and back
+    finally:
+        for n in nodes.values():
+            n.stop()
+        for i, lk in links.items():
+            if i not in nodes:
+                lk.close()
