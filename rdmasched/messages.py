@@ -12,6 +12,15 @@ field of a slot means for each kind; this module says it once, in code. Each cla
 `decode(m)` picks the class by `m.kind`. The classes are frozen, so a decoded message can
 be kept and compared; `decode(encode(x)) == x` for every valid `x`.
 
+Routing is the envelope, not part of these values (wire version 2, docs/PROTOCOL.md
+sections 2 and 10): the node a message is for (`dst`), the node that made it (`src`) and
+how many times it was relayed (`relays`) are slot header fields that `Loop.send` and
+`TxLane.send` take as `dst=`, `src=`, `relays=` (the core's `Send` effect carries `dst`).
+On a received `rdmasched._wire.Message`, `m.src` is the sender every kind below speaks of
+(the origin of a COMPLETE's task's run, the holder of a handed-back DISPATCH, ...), and
+`m.load` the load hint of the lane's own writer. `job` is a u32 since version 2: `encode()`
+does not check ranges, the codec does (`MessageError`).
+
 The daemon's receive path (`NodeCore.receive`) does not build these objects: it is the hot
 path, and reads the same fields as plain ints in one function, following the mapping below
 (tests/tier1/test_messages.py checks that both agree).
