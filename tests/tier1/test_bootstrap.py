@@ -234,3 +234,22 @@ def test_a_descriptor_of_another_wire_version_is_refused(version: int | None) ->
         d["wire"] = version
     with pytest.raises(BootstrapError, match=rf"wire protocol version {version or 1}.*version 2"):
         Descriptor.from_wire(d, "peer:1")
+
+
+def test_a_version_1_peers_descriptor_is_answered_with_a_version_error(
+    listener: bootstrap.Listener,
+) -> None:
+    """Over a real bootstrap channel: the server reads a v1 descriptor (no "wire" key),
+    refuses it, and the v1 client reads why: an error `version` naming both versions."""
+    from rdmasched.transport.verbs import _their_descriptor
+
+    t, out = serve_in_thread(listener, _their_descriptor)
+    v1 = _desc()
+    del v1["wire"]
+    with bootstrap.dial("127.0.0.1", listener.port, token=TOKEN, node=1) as ch:
+        ch.send({"t": "desc", "desc": v1})
+        with pytest.raises(BootstrapError, match=r"wire protocol version 1, this node version 2"):
+            ch.recv("desc")
+    t.join(5)
+    assert isinstance(out["error"], BootstrapError)
+    assert "wire protocol version 1" in str(out["error"])
