@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rdmasched import bootstrap
-from rdmasched.wire import VERSION as WIRE_VERSION
 from rdmasched.errors import BootstrapError, ConfigError, DeviceError, RdmaschedError
+from rdmasched.wire import VERSION as WIRE_VERSION
 
 __all__ = [
     "DEFAULT_NSLOTS",

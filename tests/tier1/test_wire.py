@@ -128,12 +128,30 @@ def test_layout_matches_protocol_table() -> None:
 def test_v2_fields_sit_where_the_table_says() -> None:
     """Each field read at its PROTOCOL.md offset, straight from the Cython codec's bytes."""
     raw = _wire.encode(
-        1, id=0x1122334455667788, job=0xA1B2C3D4, priority=7, flags=4, arg0=9, arg1=10,
-        arg2=11, hops=3, src=0xABCDEF, load=999, seq=0x01020304, dst=0x123456, relays=5,
+        1,
+        id=0x1122334455667788,
+        job=0xA1B2C3D4,
+        priority=7,
+        flags=4,
+        arg0=9,
+        arg1=10,
+        arg2=11,
+        hops=3,
+        src=0xABCDEF,
+        load=999,
+        seq=0x01020304,
+        dst=0x123456,
+        relays=5,
     )
     assert raw[4:7] == (0xABCDEF).to_bytes(3, "little") and raw[7] == 5
     assert raw[8:11] == (0x123456).to_bytes(3, "little") and raw[11] == 3
-    assert struct.unpack_from("<IHHIQ", raw, 12) == (0x01020304, 999, 0, 0xA1B2C3D4, 0x1122334455667788)
+    assert struct.unpack_from("<IHHIQ", raw, 12) == (
+        0x01020304,
+        999,
+        0,
+        0xA1B2C3D4,
+        0x1122334455667788,
+    )
 
 
 def test_crc32c_check_value() -> None:
