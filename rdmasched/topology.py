@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rdmasched.cluster import ClusterConfig, read_toml
+from rdmasched.cluster import MAX_NODES, ClusterConfig, read_toml
 from rdmasched.errors import ConfigError
 
 #: Targets of issue 8 at 100,000 nodes.
@@ -53,7 +53,6 @@ LANE_HEADER_BYTES = 256
 #: Slots per lane: the cluster config's default (`cluster.slots_per_lane`).
 DEFAULT_SLOTS_PER_LANE: int = ClusterConfig.slots_per_lane
 DEFAULT_BUDGET = TARGET_LANES
-MAX_NODES = 1 << 20
 MAX_HOSTLIST = 1 << 20
 
 _SWITCH_NAME = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
@@ -389,19 +388,42 @@ class Topology:
 
     @classmethod
     def from_toml(
-        cls, data: Mapping[str, Any], *, budget: int | None = None, source: str = "config"
+        cls,
+        data: Mapping[str, Any],
+        *,
+        budget: int | None = None,
+        source: str = "config",
+        base: str | Path | None = None,
     ) -> Topology:
-        """From a parsed TOML document with a ``[topology]`` table (docs/SCALE.md)."""
+        """From a parsed TOML document with a ``[topology]`` table (docs/SCALE.md): the
+        generated keys, ``[[topology.switch]]`` entries, or ``slurm = "topology.conf"`` (a
+        relative path is taken from `base`, the directory of the TOML file)."""
         t = data.get("topology")
         if not isinstance(t, Mapping):
             raise ConfigError(f"{source}: no [topology] table")
-        known = {"nodes", "leaf", "pod", "prefix", "budget", "switch"}
+        known = {"nodes", "leaf", "pod", "prefix", "budget", "switch", "slurm"}
         if set(t) - known:
             raise ConfigError(f"{source}: unknown [topology] key(s) {sorted(set(t) - known)}")
         b = t.get("budget", DEFAULT_BUDGET) if budget is None else budget
         if not isinstance(b, int) or isinstance(b, bool):
             raise ConfigError(f"{source}: topology.budget must be an integer, not {b!r}")
         generated = {"nodes", "leaf", "pod", "prefix"} & set(t)
+        if "slurm" in t:
+            others = sorted(set(t) - {"slurm", "budget"})
+            if others:
+                raise ConfigError(
+                    f"{source}: topology.slurm names the whole switch tree; it cannot be "
+                    f"combined with topology.{others[0]}"
+                )
+            path = t["slurm"]
+            if not isinstance(path, str) or not path:
+                raise ConfigError(
+                    f"{source}: topology.slurm must be the path of a topology.conf, not {path!r}"
+                )
+            p = Path(path)
+            if base is not None and not p.is_absolute():
+                p = Path(base) / p
+            return cls.load_slurm(p, budget=b)
         if "switch" in t:
             if generated:
                 raise ConfigError(
@@ -447,6 +469,9 @@ class Topology:
             v = t[key]
             if not isinstance(v, int) or isinstance(v, bool):
                 raise ConfigError(f"{source}: topology.{key} must be an integer, not {v!r}")
+            top = MAX_NODES if key == "nodes" else 1 << 24
+            if not 1 <= v <= top:
+                raise ConfigError(f"{source}: topology.{key} must be in 1..{top}, not {v}")
         prefix = t.get("prefix", "n")
         if not isinstance(prefix, str):
             raise ConfigError(f"{source}: topology.prefix must be a string")
@@ -457,15 +482,21 @@ class Topology:
         """A TOML file with a [topology] table."""
         p = Path(path)
         data = read_toml(p, "topology file")
-        return cls.from_toml(data, budget=budget, source=str(p))
+        return cls.from_toml(data, budget=budget, source=str(p), base=p.parent)
 
     @classmethod
     def load_slurm(cls, path: str | Path, *, budget: int = DEFAULT_BUDGET) -> Topology:
         p = Path(path)
         try:
-            text = p.read_text()
+            text = p.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ConfigError(f"topology file {p} does not exist") from None
+        except IsADirectoryError:
+            raise ConfigError(f"topology file {p} is a directory, not a topology.conf") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"topology file {p} is not UTF-8 text (byte {exc.start})") from None
+        except OSError as exc:
+            raise ConfigError(f"topology file {p}: {exc.strerror or exc}") from None
         return cls.from_slurm(text, budget=budget, source=str(p))
 
     # ---- shape -------------------------------------------------------------------------
