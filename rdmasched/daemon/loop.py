@@ -36,7 +36,7 @@ from typing import Any
 from rdmasched._ring import Batch
 from rdmasched._wire import Message
 from rdmasched.daemon.links import Links
-from rdmasched.errors import EpochError, LaneFullError, PeerDeadError
+from rdmasched.errors import EpochError, LaneError, LaneFullError, PeerDeadError
 
 _log = logging.getLogger("rdmasched.daemon")
 
@@ -86,6 +86,10 @@ class Loop:
         self.listened_ns = clock()
         self.msgs_in = 0
         self.msgs_out = 0
+        #: message kind -> messages sent of it (own and relayed: every message written)
+        self.sent_kinds: dict[int, int] = {}
+        #: the peers this loop has lanes to (a send to any other is a LaneError)
+        self.peers: frozenset[int] = links.peers
         self.outbox_waits = 0
         self.dropped = 0
 
@@ -161,8 +165,15 @@ class Loop:
     ) -> bool:
         """Send without blocking; False if the peer is dead (nothing sent).
 
-        `force`: send even to a peer declared dead, but never queue (a heartbeat)."""
+        `force`: send even to a peer declared dead, but never queue (a heartbeat). A peer
+        this node holds no lane to (not one of its links) is a LaneError: a message for it
+        must be relayed, never dropped silently."""
         tx = self.links.outbound.get(peer)
+        if tx is None and peer not in self.peers:
+            raise LaneError(
+                f"node {self.me} has no lane to node {peer}: it is not one of this node's "
+                f"{len(self.peers)} links (a message for it must be relayed)"
+            )
         if peer in self.dead_peers:
             if kind in self.keep_on_death:
                 kept = (kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta)
@@ -177,6 +188,7 @@ class Loop:
                 self.dropped += 1
                 return False
             self.msgs_out += 1
+            self.sent_kinds[kind] = self.sent_kinds.get(kind, 0) + 1
             return True
         if tx is None:  # a peer whose lane is gone (its process exited)
             self.dropped += 1
@@ -189,6 +201,7 @@ class Loop:
         try:
             tx.send(*args, timeout_us=0)
             self.msgs_out += 1
+            self.sent_kinds[kind] = self.sent_kinds.get(kind, 0) + 1
         except (LaneFullError, EpochError):  # full, or a restarted sender not yet accepted
             self.outbox_waits += 1
             self._outbox.setdefault(peer, deque()).append(args)
@@ -218,8 +231,9 @@ class Loop:
                     self.mark_dead(peer, str(exc))
                     self.lost.append((peer, str(exc)))
                     break
-                box.popleft()
+                kind = box.popleft()[0]
                 self.msgs_out += 1
+                self.sent_kinds[kind] = self.sent_kinds.get(kind, 0) + 1
         return waiting
 
     def set_load(self, load: int) -> None:
