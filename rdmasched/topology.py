@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import random
 import re
 import shlex
@@ -393,7 +394,7 @@ class Topology:
         *,
         budget: int | None = None,
         source: str = "config",
-        base: str | Path | None = None,
+        base: str | os.PathLike[str] | None = None,
     ) -> Topology:
         """From a parsed TOML document with a ``[topology]`` table (docs/SCALE.md): the
         generated keys, ``[[topology.switch]]`` entries, or ``slurm = "topology.conf"`` (a
@@ -958,6 +959,14 @@ def cli(args: Any) -> int:
     if slots > (1 << 20) or slots & (slots - 1):
         raise ConfigError(f"--lane-slots must be a power of two in 16..{1 << 20}, not {slots}")
     generated = [o for o in ("nodes", "leaf", "pod") if getattr(args, o) is not None]
+    sizes = getattr(args, "sizes", None)
+    if sizes is not None:
+        if args.config or args.slurm or args.nodes is not None:
+            other = "--config" if args.config else "--slurm" if args.slurm else "--nodes"
+            raise ConfigError(
+                f"--sizes generates its topologies; it cannot be combined with {other}"
+            )
+        return _cli_sizes(args, sizes, budget, slots)
     if (args.config or args.slurm) and generated:
         raise ConfigError(
             f"--{generated[0]} generates a topology; it cannot be combined with "
@@ -986,6 +995,75 @@ def cli(args: Any) -> int:
     else:
         print(format_report(rep))
     return 0
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``"1k,10k,100000"`` -> ``[1000, 10000, 100000]`` (a ``k`` suffix is x 1,000)."""
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        mult = 1000 if part.endswith("k") else 1
+        digits = part[:-1] if mult > 1 else part
+        if not digits.isdigit():
+            raise ConfigError(f"--sizes must be node counts separated by commas, not {text!r}")
+        n = int(digits) * mult
+        if not 1 <= n <= MAX_NODES:
+            raise ConfigError(f"--sizes: {n} nodes is not in 1..{MAX_NODES}")
+        out.append(n)
+    return out
+
+
+def _cli_sizes(args: Any, sizes: str, budget: int, slots: int) -> int:
+    """`rdmasched topology --sizes 1k,10k,100k`: one generated topology per size, verified
+    as one `--nodes` run verifies it, printed as one table row each (docs/SCALE.md 6)."""
+    import json
+
+    reports = []
+    for n in parse_sizes(sizes):
+        topo = Topology.generate(
+            n, _arg_int(args.leaf, "--leaf", 32), _arg_int(args.pod, "--pod", 1024), budget=budget
+        )
+        reports.append(
+            verify(
+                topo,
+                slots_per_lane=slots,
+                exhaustive_limit=_arg_int(args.exhaustive, "--exhaustive", 2048, 0),
+                sources=_arg_int(args.sources, "--sources", 4),
+                bfs_sources=_arg_int(args.bfs, "--bfs", 2, 0),
+            )
+        )
+    if args.json:
+        print(json.dumps([r.as_dict() for r in reports], indent=2))
+    else:
+        print(format_table(reports))
+    return 0
+
+
+def table_row(r: Report) -> list[str]:
+    """A report as a row of docs/SCALE.md's figures table (after the N column)."""
+    return [
+        r.scheme,
+        f"{r.max_lanes} / {r.mean_lanes:.1f}",
+        str(r.max_qps),
+        _mib(r.max_ring_bytes),
+        str(r.hop_bound),
+        str(max(r.max_hops, r.bfs_max_distance)),
+        str(r.max_hops_one_dead),
+    ]
+
+
+def format_table(reports: Sequence[Report]) -> str:
+    """Reports as a Markdown table: lanes, QPs and ring memory per node, hops, targets."""
+    head = (
+        "| N | plan | lanes max / mean | RC QPs max | ring memory max | hop bound "
+        "| max hops checked | first relay dead | targets missed |"
+    )
+    lines = [head, "|---:|---|---|---|---|---|---|---|---|"]
+    for r in reports:
+        missed = [k for k, ok in r.targets().items() if not ok]
+        cells = [f"{r.nodes:,}", *table_row(r), ", ".join(missed) or "none"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _mib(b: float) -> str:
