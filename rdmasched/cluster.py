@@ -394,12 +394,15 @@ def local_cluster(
     *,
     leaf: int | None = None,
     pod: int | None = None,
+    heartbeat_ms: int = 50,
+    dead_after_ms: int = 500,
 ) -> ClusterConfig:
     """N nodes on this host over shm, split over `domains` racks (for demos and tests).
 
     With `leaf` (and `pod`, default: one pod of every leaf): a generated [topology] of
     `leaf` nodes per leaf, so each node holds lanes only to its links; its nodes are named
-    as the topology names them (``n00``, ``n01``, ...) and their domains are its leaves."""
+    as the topology names them (``n00``, ``n01``, ...) and their domains are its leaves.
+    `heartbeat_ms` and `dead_after_ms` as in [cluster]."""
     if n < 1:
         raise ConfigError("a cluster needs at least one node")
     if leaf is not None:
@@ -407,7 +410,13 @@ def local_cluster(
             pod = max(1, -(-n // leaf)) * leaf
         return ClusterConfig.from_dict(
             {
-                "cluster": {"name": name, "transport": "shm", "slots": slots},
+                "cluster": {
+                    "name": name,
+                    "transport": "shm",
+                    "slots": slots,
+                    "heartbeat_ms": heartbeat_ms,
+                    "dead_after_ms": dead_after_ms,
+                },
                 "topology": {"nodes": n, "leaf": leaf, "pod": pod},
             },
             source="local cluster",
@@ -416,7 +425,12 @@ def local_cluster(
         raise ConfigError("a local cluster's pod size needs a leaf size")
     return ClusterConfig.from_dict(
         {
-            "cluster": {"name": name, "transport": "shm"},
+            "cluster": {
+                "name": name,
+                "transport": "shm",
+                "heartbeat_ms": heartbeat_ms,
+                "dead_after_ms": dead_after_ms,
+            },
             "node": [
                 {"name": f"n{i}", "slots": slots, "domain": f"rack{i % max(1, domains)}"}
                 for i in range(n)

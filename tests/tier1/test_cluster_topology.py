@@ -122,29 +122,50 @@ def test_local_cluster_with_a_leaf() -> None:
         ("[topology]\nnodes = 8\nleaf = 4\npod = 8\n", r"cluster\.slots is missing"),
         ("[cluster]\nslots = 1\n[topology]\nnodes = 8\nleaf = 4\n", r"topology\.pod is missing"),
         ("[cluster]\nslots = 1\n[topology]\nnodes = 8\nleaf = 4\npod = 6\n", "multiple of leaf"),
-        ("[cluster]\nslots = 1\n[topology]\nnodes = 8\nleaf = 4\npod = 8\nrack = 2\n",
-         r"unknown \[topology\] key\(s\) \['rack'\]"),
-        ("[cluster]\nslots = 1\n[topology]\nnodes = \"8\"\nleaf = 4\npod = 8\n",
-         r"topology\.nodes must be an integer"),
-        ("[cluster]\nslots = 0\n[topology]\nnodes = 8\nleaf = 4\npod = 8\n",
-         r"cluster\.slots must be 1\.\.255"),
+        (
+            "[cluster]\nslots = 1\n[topology]\nnodes = 8\nleaf = 4\npod = 8\nrack = 2\n",
+            r"unknown \[topology\] key\(s\) \['rack'\]",
+        ),
+        (
+            '[cluster]\nslots = 1\n[topology]\nnodes = "8"\nleaf = 4\npod = 8\n',
+            r"topology\.nodes must be an integer",
+        ),
+        (
+            "[cluster]\nslots = 0\n[topology]\nnodes = 8\nleaf = 4\npod = 8\n",
+            r"cluster\.slots must be 1\.\.255",
+        ),
         ("[cluster]\nslots = 1\ntopology = 3\n", r"unknown \[cluster\] key"),
         ("topology = 3\n", r"\[topology\] must be a table"),
         ("[cluster]\nslots = 1\n[topology]\nslurm = 7\n", r"topology\.slurm must be the path"),
-        ("[cluster]\nslots = 1\n[topology]\nslurm = \"nope.conf\"\n", "nope.conf does not exist"),
-        ("[cluster]\nslots = 1\n[topology]\nslurm = \"t.conf\"\nleaf = 4\n",
-         r"cannot be combined with topology\.leaf"),
-        ("[cluster]\nslots = 1\n[topology]\nnodes = 8\nleaf = 4\npod = 8\nbudget = 2\n",
-         "no link plan fits 2 lanes"),
-        ("[cluster]\ntransport = \"verbs\"\ntoken = \"0123456789\"\nslots = 1\n"
-         "[topology]\nnodes = 8\nleaf = 4\npod = 8\n", "needs every node's address"),
-        ("[cluster]\nslots = 1\n[topology]\nnodes = 2\nleaf = 2\npod = 2\n"
-         "[[node]]\nname = \"n0\"\n[[node]]\nname = \"n7\"\n", r"node\[1\] 'n7' is not a host"),
-        ("[cluster]\nslots = 1\n[topology]\nnodes = 3\nleaf = 3\npod = 3\n"
-         "[[node]]\nname = \"n0\"\n[[node]]\nname = \"n1\"\n", "no \\[\\[node\\]\\] for n2"),
-        ("[cluster]\nslots = 1\n[topology]\nnodes = 2\nleaf = 2\npod = 2\n"
-         "[[node]]\nname = \"n0\"\ndomain = \"r1\"\n[[node]]\nname = \"n1\"\n",
-         r"node\[0\]\.domain is 'r1'"),
+        ('[cluster]\nslots = 1\n[topology]\nslurm = "nope.conf"\n', "nope.conf does not exist"),
+        (
+            '[cluster]\nslots = 1\n[topology]\nslurm = "t.conf"\nleaf = 4\n',
+            r"cannot be combined with topology\.leaf",
+        ),
+        (
+            "[cluster]\nslots = 1\n[topology]\nnodes = 8\nleaf = 4\npod = 8\nbudget = 2\n",
+            "no link plan fits 2 lanes",
+        ),
+        (
+            '[cluster]\ntransport = "verbs"\ntoken = "0123456789"\nslots = 1\n'
+            "[topology]\nnodes = 8\nleaf = 4\npod = 8\n",
+            "needs every node's address",
+        ),
+        (
+            "[cluster]\nslots = 1\n[topology]\nnodes = 2\nleaf = 2\npod = 2\n"
+            '[[node]]\nname = "n0"\n[[node]]\nname = "n7"\n',
+            r"node\[1\] 'n7' is not a host",
+        ),
+        (
+            "[cluster]\nslots = 1\n[topology]\nnodes = 3\nleaf = 3\npod = 3\n"
+            '[[node]]\nname = "n0"\n[[node]]\nname = "n1"\n',
+            "no \\[\\[node\\]\\] for n2",
+        ),
+        (
+            "[cluster]\nslots = 1\n[topology]\nnodes = 2\nleaf = 2\npod = 2\n"
+            '[[node]]\nname = "n0"\ndomain = "r1"\n[[node]]\nname = "n1"\n',
+            r"node\[0\]\.domain is 'r1'",
+        ),
     ],
 )
 def test_bad_topology_configs_name_the_key(tmp_path: Path, text: str, message: str) -> None:
