@@ -210,8 +210,8 @@ class VerbsLinks:
         from rdmasched.transport import verbs
 
         self.me = me
-        self.peers = frozenset(n.id for n in cluster.nodes if peers is None or n.id in set(peers))
-        self.peers -= {me}
+        everyone = frozenset(n.id for n in cluster.nodes)
+        self.peers = (everyone if peers is None else everyone & frozenset(peers)) - {me}
         self.outbound: dict[int, TxLane] = {}
         self.inbound_peer: list[int] = []
         device = device or os.environ.get("RDMASCHED_DEVICE") or None

@@ -635,7 +635,7 @@ def print_report(cfg: DemoConfig, res: dict[str, Any], file: Any = None) -> None
         )
     print(
         "\ncontrol messages per node per step, by kind (every message a process wrote; "
-        "central: the coordinator's too; lanes and ring memory: the coordinator's count):",
+        "central: the coordinator's too, and its lanes and ring memory count in the rows above):",
         file=file,
     )
     for label, mode in (("rdmasched", a), ("central", c)):
