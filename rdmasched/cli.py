@@ -20,10 +20,11 @@ from typing import Any, NoReturn
 from rdmasched.errors import RdmaschedError
 
 #: bounds of the values a command accepts; beyond them nothing useful happens on one host
-#: every node is a process on this host (about 45 MB each; the central baseline adds its
-#: coordinator): 64 fit the memory of a small machine, and every node and its lanes in
-#: /dev/shm; a full mesh of 64 is 4,032 lanes. Past that one host only measures its own CPU
-#: contention (docs/SCALE.md section 8 has the measured runs)
+#: every node is a process on this host (about 24 MB resident each, measured; the central
+#: baseline adds its coordinator): 64 take 1.6 GB, and a full mesh of 64 is 4,032 lanes of
+#: 16.6 KB in /dev/shm. The bound is the cores: on 2 vCPUs 32 full-mesh nodes already take a
+#: 7 ms step to hundreds of ms; past 64 one host only measures its own CPU contention
+#: (docs/SCALE.md section 8 has the measured runs)
 DEMO_MAX_NODES = 64
 #: up to this many demo nodes the cluster defaults hold (heartbeat 50 ms, dead after 500 ms);
 #: above, a node process can wait longer than 500 ms for a core of a small host and would be
