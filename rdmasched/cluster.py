@@ -110,9 +110,11 @@ class ClusterConfig:
 
     def node(self, key: int | str) -> NodeSpec:
         """A node by id or by name."""
-        if isinstance(key, int) and not isinstance(key, bool) and 0 <= key < len(self.nodes):
-            return self.nodes[key]  # ids are positions in `nodes`
+        if isinstance(key, int) and 0 <= key < len(self.nodes) and self.nodes[key].id == key:
+            return self.nodes[key]  # ids are positions in `nodes` (as loaded)
         got = self._by_name.get(key) if isinstance(key, str) else None
+        if got is None and not isinstance(key, str):  # a NodeSpec list built by hand
+            got = next((n for n in self.nodes if n.id == key), None)
         if got is not None:
             return got
         shown = ", ".join(n.name for n in self.nodes[:8])
