@@ -20,9 +20,18 @@ from typing import Any, NoReturn
 from rdmasched.errors import RdmaschedError
 
 #: bounds of the values a command accepts; beyond them nothing useful happens on one host
-#: every node is a process on this host, with a lane to every other and heartbeats to every
-#: other: 16 run on 2 cores; 32 do not get through a step there (every node spins and beats)
-DEMO_MAX_NODES = 16
+#: every node is a process on this host (about 24 MB resident each, measured; the central
+#: baseline adds its coordinator): 64 take 1.6 GB, and a full mesh of 64 is 4,032 lanes of
+#: 16.6 KB in /dev/shm. The bound is the cores: on 2 vCPUs 32 full-mesh nodes already take a
+#: 7 ms step to hundreds of ms; past 64 one host only measures its own CPU contention
+#: (docs/SCALE.md section 8 has the measured runs)
+DEMO_MAX_NODES = 64
+#: up to this many demo nodes the cluster defaults hold (heartbeat 50 ms, dead after 500 ms);
+#: above, a node process can wait longer than 500 ms for a core of a small host and would be
+#: declared dead (a 32-node run on 2 cores: thousands of false deaths, the steps stalled)
+DEMO_QUIET_NODES = 16
+#: `bench idle` keeps its own bound: idle nodes of a full mesh, each beating to every other
+IDLE_MAX_NODES = 16
 MAX_SPIN_US = 10_000_000
 MAX_EXEC_SLOTS = 255  # as in the cluster config
 MAX_MS = 3_600_000.0
@@ -157,7 +166,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--nodes",
         type=_int_range(1, DEMO_MAX_NODES, "a number of node processes on this host"),
         default=4,
-        help="node processes on this host (each has a lane to every other)",
+        help="node processes on this host (each has a lane to every other, or with --leaf "
+        "to its topology links)",
+    )
+    demo.add_argument(
+        "--leaf",
+        type=_int_range(1, DEMO_MAX_NODES, "a number of nodes per leaf"),
+        help="run rdmasched's nodes in a generated topology with this many nodes per leaf "
+        "switch: each node holds lanes only to its links (default a full mesh)",
+    )
+    demo.add_argument(
+        "--pod",
+        type=_int_range(1, DEMO_MAX_NODES, "a number of nodes per pod"),
+        help="with --leaf: nodes per pod, a multiple of --leaf (default one pod)",
+    )
+    demo.add_argument(
+        "--heartbeat-ms",
+        type=_int_range(1, 60_000),
+        help=f"rdmasched nodes' heartbeat period, ms (default 50 up to {DEMO_QUIET_NODES} "
+        "nodes, 100 above)",
+    )
+    demo.add_argument(
+        "--dead-after-ms",
+        type=_int_range(3, 600_000),
+        help=f"a peer silent this long is dead, ms (default 500 up to {DEMO_QUIET_NODES} "
+        "nodes, 5000 above: N processes share this host's cores)",
     )
     _add_exec_slots(demo, 4, "execution slots (GPUs) per node")
     demo.add_argument("--steps", type=_int_range(1, 10_000_000), default=200, help="training steps")
@@ -284,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     idle = add(bsub, "idle", "CPU an idle node daemon costs")
     idle.add_argument(
         "--nodes",
-        type=_int_range(1, DEMO_MAX_NODES, "a number of node processes on this host"),
+        type=_int_range(1, IDLE_MAX_NODES, "a number of node processes on this host"),
         default=4,
         help="idle node processes",
     )
@@ -361,6 +394,13 @@ def build_parser() -> argparse.ArgumentParser:
     tsrc.add_argument("--config", metavar="FILE", help="a TOML file with a [topology] table")
     tsrc.add_argument("--slurm", metavar="FILE", help="a Slurm topology.conf (tree plugin)")
     topo.add_argument("--nodes", help="generate this many nodes (default 1024)")
+    topo.add_argument(
+        "--sizes",
+        metavar="N,N,...",
+        help="generate and verify one topology per size (e.g. 1k,10k,100k) and print one "
+        "table row each: lanes, QPs and ring memory per node, hops, targets missed (default "
+        "off: one topology)",
+    )
     topo.add_argument("--leaf", help="generated: nodes per leaf switch (default 32)")
     topo.add_argument("--pod", help="generated: nodes per pod, a multiple of --leaf (default 1024)")
     topo.add_argument("--budget", help="most lanes (and RC QPs) per node (default 64)")
@@ -397,6 +437,12 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 f"--batch ({args.batch}) must be at most half of --lane-slots "
                 f"({args.lane_slots}): a sender gets credit back every quarter lane"
             )
+    if args.command == "demo" and args.pod is not None and args.leaf is None:
+        parser.error("--pod needs --leaf (the nodes per leaf of the topology)")
+    if args.command == "demo":
+        hb, dead = demo_liveness(args)
+        if dead <= 2 * hb:
+            parser.error(f"--dead-after-ms ({dead}) must be more than 2 x --heartbeat-ms ({hb})")
     trace_dir = getattr(args, "trace", None) if args.command == "demo" else None
     if trace_dir is not None and os.path.exists(trace_dir) and not os.path.isdir(trace_dir):
         parser.error(f"--trace {args.trace}: not a directory")
@@ -591,6 +637,14 @@ def cmd_bench_all(args: argparse.Namespace) -> int:
 
 
 # ---- demo, trace, cleanup -------------------------------------------------------------------
+def demo_liveness(args: argparse.Namespace) -> tuple[int, int]:
+    """The demo's heartbeat period and dead-peer time, ms: as given, else by its size."""
+    quiet = args.nodes <= DEMO_QUIET_NODES
+    hb = getattr(args, "heartbeat_ms", None) or (50 if quiet else 100)
+    dead = getattr(args, "dead_after_ms", None) or max(500 if quiet else 5000, 3 * hb)
+    return hb, dead
+
+
 def demo_config(args: argparse.Namespace) -> Any:
     from rdmasched.demo.runner import DemoConfig
     from rdmasched.demo.workload import WorkloadConfig
@@ -609,6 +663,10 @@ def demo_config(args: argparse.Namespace) -> Any:
         spin_us=args.spin_us,
         workload=w,
         trace_dir=args.trace,
+        leaf=getattr(args, "leaf", None),
+        pod=getattr(args, "pod", None),
+        heartbeat_ms=demo_liveness(args)[0],
+        dead_after_ms=demo_liveness(args)[1],
     )
 
 
@@ -623,6 +681,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if not os.access(args.trace, os.W_OK | os.X_OK):
             raise _UserError(f"--trace {args.trace}: not writable")
     cfg = demo_config(args)
+    if cfg.leaf is not None:  # a bad topology is one line here, not an error in 2N processes
+        from rdmasched.cluster import local_cluster
+
+        local_cluster(cfg.nodes, cfg.slots, leaf=cfg.leaf, pod=cfg.pod)
     res = run(cfg, progress=True)
     if args.json:
         print(json.dumps(res, indent=2))

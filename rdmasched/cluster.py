@@ -17,6 +17,9 @@ From a TOML file (every key, its type, default and meaning: docs/CONFIG.md)::
     slots = 8                   # execution slots (GPUs)
     domain = "rack1/sw1"        # topology: rack/switch, used to prefer near peers
 
+    [topology]                  # optional: which nodes hold lanes to which (docs/SCALE.md)
+    slurm = "topology.conf"     # or nodes/leaf/pod (generated), or [[topology.switch]]
+
 or from the launcher's environment (torchrun, Slurm): RANK / WORLD_SIZE / MASTER_ADDR /
 MASTER_PORT (or SLURM_PROCID / SLURM_NTASKS), plus RDMASCHED_SLOTS, RDMASCHED_CLUSTER,
 RDMASCHED_TRANSPORT, RDMASCHED_TOKEN and RDMASCHED_DOMAIN. Every problem is a ConfigError
@@ -25,23 +28,39 @@ that says which key (or file) and why.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rdmasched.errors import ConfigError
 
+if TYPE_CHECKING:
+    from rdmasched.topology import Topology
+
 TRANSPORTS = ("shm", "verbs")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
-MAX_NODES = 1024
+#: the most nodes a cluster (and a topology) holds: 2**20, below the wire's u24 node ids
+#: (0xFFFFFF is reserved). Past a few dozen nodes give a [topology]: without one every node
+#: holds a lane to every other.
+MAX_NODES = 1 << 20
 MIN_TOKEN_BYTES = 8
 #: the keys a config may have (docs/CONFIG.md describes each)
 CLUSTER_KEYS = frozenset(
-    ("name", "transport", "slots_per_lane", "token", "token_file", "heartbeat_ms", "dead_after_ms")
+    (
+        "name",
+        "transport",
+        "slots_per_lane",
+        "token",
+        "token_file",
+        "heartbeat_ms",
+        "dead_after_ms",
+        "slots",
+    )
 )
 NODE_KEYS = frozenset(("name", "address", "slots", "domain"))
 
@@ -85,16 +104,26 @@ class ClusterConfig:
     heartbeat_ms: int = 50
     dead_after_ms: int = 500
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: the `[topology]`: which nodes hold lanes to which, and the routes between the others.
+    #: None: every node holds a lane to every other (a full mesh, for small clusters)
+    topology: Topology | None = None
 
     def node(self, key: int | str) -> NodeSpec:
         """A node by id or by name."""
-        for n in self.nodes:
-            if n.id == key or n.name == key:
-                return n
-        raise ConfigError(
-            f"cluster {self.name!r} has no node {key!r}; nodes: "
-            f"{', '.join(n.name for n in self.nodes)}"
-        )
+        if isinstance(key, int) and 0 <= key < len(self.nodes) and self.nodes[key].id == key:
+            return self.nodes[key]  # ids are positions in `nodes` (as loaded)
+        got = self._by_name.get(key) if isinstance(key, str) else None
+        if got is None and not isinstance(key, str):  # a NodeSpec list built by hand
+            got = next((n for n in self.nodes if n.id == key), None)
+        if got is not None:
+            return got
+        shown = ", ".join(n.name for n in self.nodes[:8])
+        more = f" and {len(self.nodes) - 8} more" if len(self.nodes) > 8 else ""
+        raise ConfigError(f"cluster {self.name!r} has no node {key!r}; nodes: {shown}{more}")
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, NodeSpec]:
+        return {n.name: n for n in self.nodes}
 
     @property
     def domains(self) -> dict[int, str]:
@@ -105,15 +134,22 @@ class ClusterConfig:
     def load(cls, path: str | os.PathLike[str]) -> ClusterConfig:
         p = Path(path)
         data = read_toml(p, "cluster config")
-        return cls.from_dict(data, source=str(p))
+        return cls.from_dict(data, source=str(p), base=p.parent)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "config") -> ClusterConfig:
-        unknown = set(data) - {"cluster", "node"}
+    def from_dict(
+        cls,
+        data: Mapping[str, Any],
+        source: str = "config",
+        base: str | os.PathLike[str] | None = None,
+    ) -> ClusterConfig:
+        """`base`: the directory a relative `topology.slurm` path is taken from (the config
+        file's; None: the working directory)."""
+        unknown = set(data) - {"cluster", "node", "topology"}
         if unknown:
             raise ConfigError(
                 f"{source}: unknown top-level key(s) {sorted(unknown)}; "
-                "expected [cluster] and [[node]]"
+                "expected [cluster], [[node]] and [topology]"
             )
         c = data.get("cluster", {})
         if not isinstance(c, Mapping):
@@ -163,7 +199,31 @@ class ClusterConfig:
                 f"2 * heartbeat_ms (got {hb} and {dead})"
             )
 
+        topology = None
+        if "topology" in data:
+            from rdmasched.topology import Topology
+
+            if not isinstance(data["topology"], Mapping):
+                raise ConfigError(f"{source}: [topology] must be a table")
+            topology = Topology.from_toml(data, source=source, base=base)
+        node_slots: int | None = None
+        if "slots" in c:
+            node_slots = _int(c, "slots", source, "cluster.slots")
+            if not 1 <= node_slots <= 255:
+                raise ConfigError(f"{source}: cluster.slots must be 1..255, not {node_slots}")
         raw_nodes = data.get("node")
+        if raw_nodes is None and topology is not None:
+            if transport == "verbs":
+                raise ConfigError(
+                    f"{source}: the verbs transport needs every node's address: list the "
+                    "nodes as [[node]] tables (name, address, slots)"
+                )
+            if "slots" not in c:
+                raise ConfigError(
+                    f"{source}: cluster.slots is missing: with a [topology] and no [[node]] "
+                    "tables every host of the topology is a node with cluster.slots slots"
+                )
+            raw_nodes = [{"name": name, "slots": c["slots"]} for name in topology.names]
         if not isinstance(raw_nodes, list) or not raw_nodes:
             raise ConfigError(f"{source}: at least one [[node]] is needed")
         if len(raw_nodes) > MAX_NODES:
@@ -184,7 +244,7 @@ class ClusterConfig:
             if nname in seen:
                 raise ConfigError(f"{source}: node name {nname!r} appears twice")
             seen.add(nname)
-            slots = _int(n, "slots", source, f"{where}.slots")
+            slots = _int(n, "slots", source, f"{where}.slots", default=node_slots)
             if not 1 <= slots <= 255:
                 raise ConfigError(f"{source}: {where}.slots must be 1..255, not {slots}")
             address = _str(n, "address", source, f"{where}.address", default="")
@@ -198,7 +258,9 @@ class ClusterConfig:
                     )
             domain = _str(n, "domain", source, f"{where}.domain", default="")
             nodes.append(NodeSpec(i, nname, slots, domain, address))
-        return cls(name, tuple(nodes), transport, lane, token, hb, dead)
+        if topology is not None:
+            nodes = _topology_order(nodes, topology, source)
+        return cls(name, tuple(nodes), transport, lane, token, hb, dead, topology=topology)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> tuple[ClusterConfig, int]:
@@ -244,6 +306,39 @@ class ClusterConfig:
             ],
         }
         return cls.from_dict(data, source="environment"), rank
+
+
+def _topology_order(nodes: list[NodeSpec], topology: Topology, source: str) -> list[NodeSpec]:
+    """The nodes renumbered as the topology numbers its hosts (pod, leaf, position in the
+    leaf), each in its topology domain ``pod/leaf``. The [[node]] tables and the topology
+    must name the same hosts."""
+    index = {h: i for i, h in enumerate(topology.names)}
+    extra = [n for n in nodes if n.name not in index]
+    if extra:
+        raise ConfigError(
+            f"{source}: node[{extra[0].id}] {extra[0].name!r} is not a host of the [topology] "
+            f"({topology.source}); every [[node]] must be one of its hosts"
+        )
+    if len(nodes) != len(topology):
+        have = {n.name for n in nodes}
+        missing = [h for h in topology.names if h not in have]
+        raise ConfigError(
+            f"{source}: the [topology] has {len(topology)} hosts and there are {len(nodes)} "
+            f"[[node]] tables; no [[node]] for {', '.join(missing[:3])}"
+            + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        )
+    by_name = {n.name: n for n in nodes}
+    out = []
+    for i, host in enumerate(topology.names):
+        n = by_name[host]  # the same number of distinct names, none outside the topology
+        domain = topology.domain(i)
+        if n.domain and n.domain != domain:
+            raise ConfigError(
+                f"{source}: node[{n.id}].domain is {n.domain!r}, but the [topology] puts "
+                f"{host} in {domain!r}; leave domain out when a [topology] is given"
+            )
+        out.append(NodeSpec(i, n.name, n.slots, domain, n.address))
+    return out
 
 
 def _env_int(env: Mapping[str, str], key: str, default: str) -> int:
@@ -293,13 +388,51 @@ def _int(
     return v
 
 
-def local_cluster(n: int, slots: int, name: str = "demo", domains: int = 2) -> ClusterConfig:
-    """N nodes on this host over shm, split over `domains` racks (for demos and tests)."""
+def local_cluster(
+    n: int,
+    slots: int,
+    name: str = "demo",
+    domains: int = 2,
+    *,
+    leaf: int | None = None,
+    pod: int | None = None,
+    heartbeat_ms: int = 50,
+    dead_after_ms: int = 500,
+) -> ClusterConfig:
+    """N nodes on this host over shm, split over `domains` racks (for demos and tests).
+
+    With `leaf` (and `pod`, default: one pod of every leaf): a generated [topology] of
+    `leaf` nodes per leaf, so each node holds lanes only to its links; its nodes are named
+    as the topology names them (``n00``, ``n01``, ...) and their domains are its leaves.
+    `heartbeat_ms` and `dead_after_ms` as in [cluster]."""
     if n < 1:
         raise ConfigError("a cluster needs at least one node")
+    if leaf is not None:
+        if pod is None:
+            pod = max(1, -(-n // leaf)) * leaf
+        return ClusterConfig.from_dict(
+            {
+                "cluster": {
+                    "name": name,
+                    "transport": "shm",
+                    "slots": slots,
+                    "heartbeat_ms": heartbeat_ms,
+                    "dead_after_ms": dead_after_ms,
+                },
+                "topology": {"nodes": n, "leaf": leaf, "pod": pod},
+            },
+            source="local cluster",
+        )
+    if pod is not None:
+        raise ConfigError("a local cluster's pod size needs a leaf size")
     return ClusterConfig.from_dict(
         {
-            "cluster": {"name": name, "transport": "shm"},
+            "cluster": {
+                "name": name,
+                "transport": "shm",
+                "heartbeat_ms": heartbeat_ms,
+                "dead_after_ms": dead_after_ms,
+            },
             "node": [
                 {"name": f"n{i}", "slots": slots, "domain": f"rack{i % max(1, domains)}"}
                 for i in range(n)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import random
 import re
 import shlex
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rdmasched.cluster import ClusterConfig, read_toml
+from rdmasched.cluster import MAX_NODES, ClusterConfig, read_toml
 from rdmasched.errors import ConfigError
 
 #: Targets of issue 8 at 100,000 nodes.
@@ -53,7 +54,6 @@ LANE_HEADER_BYTES = 256
 #: Slots per lane: the cluster config's default (`cluster.slots_per_lane`).
 DEFAULT_SLOTS_PER_LANE: int = ClusterConfig.slots_per_lane
 DEFAULT_BUDGET = TARGET_LANES
-MAX_NODES = 1 << 20
 MAX_HOSTLIST = 1 << 20
 
 _SWITCH_NAME = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
@@ -389,19 +389,42 @@ class Topology:
 
     @classmethod
     def from_toml(
-        cls, data: Mapping[str, Any], *, budget: int | None = None, source: str = "config"
+        cls,
+        data: Mapping[str, Any],
+        *,
+        budget: int | None = None,
+        source: str = "config",
+        base: str | os.PathLike[str] | None = None,
     ) -> Topology:
-        """From a parsed TOML document with a ``[topology]`` table (docs/SCALE.md)."""
+        """From a parsed TOML document with a ``[topology]`` table (docs/SCALE.md): the
+        generated keys, ``[[topology.switch]]`` entries, or ``slurm = "topology.conf"`` (a
+        relative path is taken from `base`, the directory of the TOML file)."""
         t = data.get("topology")
         if not isinstance(t, Mapping):
             raise ConfigError(f"{source}: no [topology] table")
-        known = {"nodes", "leaf", "pod", "prefix", "budget", "switch"}
+        known = {"nodes", "leaf", "pod", "prefix", "budget", "switch", "slurm"}
         if set(t) - known:
             raise ConfigError(f"{source}: unknown [topology] key(s) {sorted(set(t) - known)}")
         b = t.get("budget", DEFAULT_BUDGET) if budget is None else budget
         if not isinstance(b, int) or isinstance(b, bool):
             raise ConfigError(f"{source}: topology.budget must be an integer, not {b!r}")
         generated = {"nodes", "leaf", "pod", "prefix"} & set(t)
+        if "slurm" in t:
+            others = sorted(set(t) - {"slurm", "budget"})
+            if others:
+                raise ConfigError(
+                    f"{source}: topology.slurm names the whole switch tree; it cannot be "
+                    f"combined with topology.{others[0]}"
+                )
+            path = t["slurm"]
+            if not isinstance(path, str) or not path:
+                raise ConfigError(
+                    f"{source}: topology.slurm must be the path of a topology.conf, not {path!r}"
+                )
+            p = Path(path)
+            if base is not None and not p.is_absolute():
+                p = Path(base) / p
+            return cls.load_slurm(p, budget=b)
         if "switch" in t:
             if generated:
                 raise ConfigError(
@@ -447,6 +470,9 @@ class Topology:
             v = t[key]
             if not isinstance(v, int) or isinstance(v, bool):
                 raise ConfigError(f"{source}: topology.{key} must be an integer, not {v!r}")
+            top = MAX_NODES if key == "nodes" else 1 << 24
+            if not 1 <= v <= top:
+                raise ConfigError(f"{source}: topology.{key} must be in 1..{top}, not {v}")
         prefix = t.get("prefix", "n")
         if not isinstance(prefix, str):
             raise ConfigError(f"{source}: topology.prefix must be a string")
@@ -457,15 +483,21 @@ class Topology:
         """A TOML file with a [topology] table."""
         p = Path(path)
         data = read_toml(p, "topology file")
-        return cls.from_toml(data, budget=budget, source=str(p))
+        return cls.from_toml(data, budget=budget, source=str(p), base=p.parent)
 
     @classmethod
     def load_slurm(cls, path: str | Path, *, budget: int = DEFAULT_BUDGET) -> Topology:
         p = Path(path)
         try:
-            text = p.read_text()
+            text = p.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ConfigError(f"topology file {p} does not exist") from None
+        except IsADirectoryError:
+            raise ConfigError(f"topology file {p} is a directory, not a topology.conf") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"topology file {p} is not UTF-8 text (byte {exc.start})") from None
+        except OSError as exc:
+            raise ConfigError(f"topology file {p}: {exc.strerror or exc}") from None
         return cls.from_slurm(text, budget=budget, source=str(p))
 
     # ---- shape -------------------------------------------------------------------------
@@ -927,6 +959,14 @@ def cli(args: Any) -> int:
     if slots > (1 << 20) or slots & (slots - 1):
         raise ConfigError(f"--lane-slots must be a power of two in 16..{1 << 20}, not {slots}")
     generated = [o for o in ("nodes", "leaf", "pod") if getattr(args, o) is not None]
+    sizes = getattr(args, "sizes", None)
+    if sizes is not None:
+        if args.config or args.slurm or args.nodes is not None:
+            other = "--config" if args.config else "--slurm" if args.slurm else "--nodes"
+            raise ConfigError(
+                f"--sizes generates its topologies; it cannot be combined with {other}"
+            )
+        return _cli_sizes(args, sizes, budget, slots)
     if (args.config or args.slurm) and generated:
         raise ConfigError(
             f"--{generated[0]} generates a topology; it cannot be combined with "
@@ -955,6 +995,75 @@ def cli(args: Any) -> int:
     else:
         print(format_report(rep))
     return 0
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``"1k,10k,100000"`` -> ``[1000, 10000, 100000]`` (a ``k`` suffix is x 1,000)."""
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        mult = 1000 if part.endswith("k") else 1
+        digits = part[:-1] if mult > 1 else part
+        if not digits.isdigit():
+            raise ConfigError(f"--sizes must be node counts separated by commas, not {text!r}")
+        n = int(digits) * mult
+        if not 1 <= n <= MAX_NODES:
+            raise ConfigError(f"--sizes: {n} nodes is not in 1..{MAX_NODES}")
+        out.append(n)
+    return out
+
+
+def _cli_sizes(args: Any, sizes: str, budget: int, slots: int) -> int:
+    """`rdmasched topology --sizes 1k,10k,100k`: one generated topology per size, verified
+    as one `--nodes` run verifies it, printed as one table row each (docs/SCALE.md 6)."""
+    import json
+
+    reports = []
+    for n in parse_sizes(sizes):
+        topo = Topology.generate(
+            n, _arg_int(args.leaf, "--leaf", 32), _arg_int(args.pod, "--pod", 1024), budget=budget
+        )
+        reports.append(
+            verify(
+                topo,
+                slots_per_lane=slots,
+                exhaustive_limit=_arg_int(args.exhaustive, "--exhaustive", 2048, 0),
+                sources=_arg_int(args.sources, "--sources", 4),
+                bfs_sources=_arg_int(args.bfs, "--bfs", 2, 0),
+            )
+        )
+    if args.json:
+        print(json.dumps([r.as_dict() for r in reports], indent=2))
+    else:
+        print(format_table(reports))
+    return 0
+
+
+def table_row(r: Report) -> list[str]:
+    """A report as a row of docs/SCALE.md's figures table (after the N column)."""
+    return [
+        r.scheme,
+        f"{r.max_lanes} / {r.mean_lanes:.1f}",
+        str(r.max_qps),
+        _mib(r.max_ring_bytes),
+        str(r.hop_bound),
+        str(max(r.max_hops, r.bfs_max_distance)),
+        str(r.max_hops_one_dead),
+    ]
+
+
+def format_table(reports: Sequence[Report]) -> str:
+    """Reports as a Markdown table: lanes, QPs and ring memory per node, hops, targets."""
+    head = (
+        "| N | plan | lanes max / mean | RC QPs max | ring memory max | hop bound "
+        "| max hops checked | first relay dead | targets missed |"
+    )
+    lines = [head, "|---:|---|---|---|---|---|---|---|---|"]
+    for r in reports:
+        missed = [k for k, ok in r.targets().items() if not ok]
+        cells = [f"{r.nodes:,}", *table_row(r), ", ".join(missed) or "none"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _mib(b: float) -> str:

@@ -1,8 +1,12 @@
-"""A node's lanes: one inbound lane from every peer, one outbound lane to every peer.
+"""A node's lanes: one inbound lane from every linked peer, one outbound lane to it.
 
 `Links` is what the daemon's loop needs from a transport: a `LaneSet` of inbound lanes (with
 a way to sleep until a sender rings), the outbound lanes by peer id, and `close()`. The shm
 implementation is here; the verbs transport provides the same shape.
+
+Which peers a node holds lanes to is the caller's choice: the daemon gives its core's
+`links` (every other node without a [topology]; with one, the node's leaf and its links out
+of it, docs/SCALE.md section 8). Links are symmetric, so both ends agree on every lane.
 
 Naming on shm: the lane from node j to node i is `<cluster>.<i>.from.<j>`, created by i;
 node i's doorbell is `<cluster hash>.bell.<i>`.
@@ -18,7 +22,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from rdmasched._ring import LaneSet, RxLane, TxLane
-from rdmasched._shm import ShmTxLane, read_header
+from rdmasched._shm import ShmRxLane, ShmTxLane, read_header
 from rdmasched.cluster import ClusterConfig
 from rdmasched.errors import ConfigError, LaneError, PeerDeadError
 from rdmasched.transport import shm
@@ -28,6 +32,8 @@ _log = logging.getLogger("rdmasched.daemon")
 
 class Links(Protocol):
     me: int
+    #: the peers this node holds lanes to; a send to any other node is an error (LaneError)
+    peers: frozenset[int]
     #: whether `wake` really wakes a sleeping loop; if not the loop naps at most 1 ms
     can_wake: bool
     inbound: LaneSet
@@ -57,7 +63,7 @@ class ShmLinks:
     ) -> None:
         self.me = me
         self.cluster = cluster
-        self.peers = sorted(set(peers) - {me})
+        self.peers = frozenset(peers) - {me}
         self.inbound = LaneSet()
         self.inbound_peer: list[int] = []
         self.outbound: dict[int, TxLane] = {}
@@ -65,7 +71,7 @@ class ShmLinks:
         self.doorbell = shm.Doorbell.create(self.bell_name(cluster, me))
         try:
             self.inbound.set_doorbell(self.doorbell, self.doorbell.address)
-            for p in self.peers:
+            for p in sorted(self.peers):
                 rx = shm.create_lane(self.lane_name(cluster, me, p), nslots, doorbell=self.doorbell)
                 self._rx.append(rx)
                 self.inbound.add(rx)
@@ -90,7 +96,7 @@ class ShmLinks:
     def _connect(self, timeout_s: float) -> None:
         """Attach to every peer's inbound lane for us, waiting for peers still starting."""
         deadline = time.monotonic() + timeout_s
-        pending = list(self.peers)
+        pending = sorted(self.peers)
         while pending:
             for p in list(pending):
                 try:
@@ -109,6 +115,10 @@ class ShmLinks:
 
     def wake(self) -> None:
         self.doorbell.ring()
+
+    def ring_bytes(self) -> int:
+        """The memory of this node's inbound lanes: their shm segments, headers included."""
+        return sum(rx.segment.size for rx in self._rx if isinstance(rx, ShmRxLane))
 
     def _receiver(self, peer: int) -> tuple[int, int] | None:
         """(pid, start time) of the process that created our lane to `peer` now."""
@@ -172,9 +182,10 @@ def close_quietly(links: Links | None) -> None:
 
 
 class VerbsLinks:
-    """Lanes over RDMA verbs: one RC connection per peer, set up through the TCP bootstrap
-    at each node's configured address (docs/VERBS.md). A node dials the peers with higher
-    ids and accepts the lower ones, accepting on a thread so start-up order cannot deadlock.
+    """Lanes over RDMA verbs: one RC connection per linked peer (`peers`, default every other
+    node), set up through the TCP bootstrap at each node's configured address
+    (docs/VERBS.md). A node dials the peers with higher ids and accepts the lower ones,
+    accepting on a thread so start-up order cannot deadlock.
 
     The inbound `LaneSet` sleeps on the endpoint's completion channel when idle and senders
     wake it with a write-with-immediate; a call from another thread of this process cannot
@@ -191,6 +202,7 @@ class VerbsLinks:
         device: str | None = None,
         gid_index: int | None = None,
         connect_timeout_s: float = 60.0,
+        peers: Iterable[int] | None = None,
     ) -> None:
         import threading
 
@@ -198,6 +210,8 @@ class VerbsLinks:
         from rdmasched.transport import verbs
 
         self.me = me
+        everyone = frozenset(n.id for n in cluster.nodes)
+        self.peers = (everyone if peers is None else everyone & frozenset(peers)) - {me}
         self.outbound: dict[int, TxLane] = {}
         self.inbound_peer: list[int] = []
         device = device or os.environ.get("RDMASCHED_DEVICE") or None
@@ -212,7 +226,7 @@ class VerbsLinks:
             me_spec = cluster.node(me)
             host, port = parse_address(me_spec.address, f"node {me_spec.name} address")
             self.endpoint.listen(host, port)
-            lower = [n.id for n in cluster.nodes if n.id < me]
+            lower = [p for p in sorted(self.peers) if p < me]
             errors: list[BaseException] = []
 
             def accept_all() -> None:
@@ -226,7 +240,7 @@ class VerbsLinks:
             t = threading.Thread(target=accept_all, name=f"rdmasched-accept{me}", daemon=True)
             t.start()
             for n in cluster.nodes:
-                if n.id > me:
+                if n.id > me and n.id in self.peers:
                     h, p = parse_address(n.address, f"node {n.name} address")
                     c = self.endpoint.connect(
                         h, p, timeout_s=connect_timeout_s, attempts=max(5, int(connect_timeout_s))
@@ -236,6 +250,12 @@ class VerbsLinks:
             if errors:
                 raise errors[0]
             missing = sorted(set(lower) - set(self._conns))
+            stray = sorted(set(self._conns) - self.peers)
+            if stray:  # a peer that holds a link to us we do not hold to it
+                raise PeerDeadError(
+                    f"node {me}: nodes {stray} connected, but they are not among this node's "
+                    "links; every node must be given the same [topology]"
+                )
             if missing:
                 raise PeerDeadError(
                     f"node {me}: peers {missing} did not connect within {connect_timeout_s:g} s"

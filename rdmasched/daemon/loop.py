@@ -36,7 +36,7 @@ from typing import Any
 from rdmasched._ring import Batch, TxLane
 from rdmasched._wire import Message
 from rdmasched.daemon.links import Links
-from rdmasched.errors import EpochError, LaneFullError, PeerDeadError
+from rdmasched.errors import EpochError, LaneError, LaneFullError, PeerDeadError
 
 _log = logging.getLogger("rdmasched.daemon")
 
@@ -95,6 +95,10 @@ class Loop:
         self.listened_ns = clock()
         self.msgs_in = 0
         self.msgs_out = 0
+        #: message kind -> messages sent of it (own and relayed: every message written)
+        self.sent_kinds: dict[int, int] = {}
+        #: the peers this loop has lanes to (a send to any other is a LaneError)
+        self.peers: frozenset[int] = links.peers
         self.outbox_waits = 0
         self.dropped = 0
 
@@ -177,10 +181,17 @@ class Loop:
         `dst`: the message's final destination (default `peer`); `src`: the node that made
         it (default this one) and `relays` the times it was relayed (a relay passes the
         received ones, relays + 1; docs/PROTOCOL.md section 10).
-        `force`: send even to a peer declared dead, but never queue (a heartbeat)."""
+        `force`: send even to a peer declared dead, but never queue (a heartbeat). A peer
+        this node holds no lane to (not one of its links) is a LaneError: a message for it
+        must be relayed, never dropped silently."""
         if dst is None:
             dst = peer
         tx = self.links.outbound.get(peer)
+        if tx is None and peer not in self.peers:
+            raise LaneError(
+                f"node {self.me} has no lane to node {peer}: it is not one of this node's "
+                f"{len(self.peers)} links (a message for it must be relayed)"
+            )
         args: Outgoing = (
             kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta, dst, src, relays
         )  # fmt: skip
@@ -197,6 +208,7 @@ class Loop:
                 self.dropped += 1
                 return False
             self.msgs_out += 1
+            self.sent_kinds[kind] = self.sent_kinds.get(kind, 0) + 1
             return True
         if tx is None:  # a peer whose lane is gone (its process exited)
             self.dropped += 1
@@ -208,6 +220,7 @@ class Loop:
         try:
             _put(tx, args)
             self.msgs_out += 1
+            self.sent_kinds[kind] = self.sent_kinds.get(kind, 0) + 1
         except (LaneFullError, EpochError):  # full, or a restarted sender not yet accepted
             self.outbox_waits += 1
             self._outbox.setdefault(peer, deque()).append(args)
@@ -237,8 +250,9 @@ class Loop:
                     self.mark_dead(peer, str(exc))
                     self.lost.append((peer, str(exc)))
                     break
-                box.popleft()
+                kind = box.popleft()[0]
                 self.msgs_out += 1
+                self.sent_kinds[kind] = self.sent_kinds.get(kind, 0) + 1
         return waiting
 
     def set_load(self, load: int) -> None:

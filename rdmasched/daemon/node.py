@@ -159,6 +159,7 @@ class Node:
             events=events,
             sync_cost_ns=sync_cost_ns,
             max_hops=max_hops,
+            topology=cluster.topology,
         )
         self.sync_cost_ns = sync_cost_ns
         self.reactions = Reactions()
@@ -239,13 +240,14 @@ class Node:
         if self.loop is not None:
             return
         links = self._links_given
+        # lanes only to the core's links: its topology links, or every node without one
         if links is None and self.cluster.transport == "verbs":
-            links = VerbsLinks(self.cluster, self.id)
+            links = VerbsLinks(self.cluster, self.id, peers=self.core.links)
         elif links is None:
             links = ShmLinks(
                 self.cluster.name,
                 self.id,
-                (n.id for n in self.cluster.nodes),
+                self.core.links,
                 nslots=self.cluster.slots_per_lane,
             )
         self.loop = Loop(links, spin_us=self._spin_us, clock=self.clock)

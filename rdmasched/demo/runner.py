@@ -4,6 +4,11 @@ a central scheduler, with the same workload; prints both side by side.
 Each mode: start the processes (and, for the central baseline, the coordinator), connect the
 lanes, start the workload on every node at once, show progress, and collect every node's
 figures when all nodes have run all steps.
+
+With `leaf` (and `pod`) the rdmasched nodes run a generated [topology]: each holds lanes only
+to its links (docs/SCALE.md section 8). Beside the scheduling figures both modes report the
+cost of the control plane: lanes and ring memory per node, control messages per node per
+step (counted by each node's loop as it writes them, by kind) and the sync release latency.
 """
 
 from __future__ import annotations
@@ -42,6 +47,13 @@ class DemoConfig:
     timeout_s: float | None = None
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     trace_dir: str | None = None
+    #: a generated [topology] for the rdmasched nodes: nodes per leaf (None: a full mesh)
+    leaf: int | None = None
+    #: and nodes per pod, a multiple of `leaf` (None: one pod)
+    pod: int | None = None
+    #: liveness of the rdmasched nodes (cluster.heartbeat_ms, cluster.dead_after_ms)
+    heartbeat_ms: int = 50
+    dead_after_ms: int = 500
 
 
 def _percentile(samples: list[int], q: float) -> float | None:
@@ -124,7 +136,15 @@ def rdmasched_node(cfg: DemoConfig, cluster_name: str, i: int, shared: _Shared) 
     from rdmasched.scheduler import Task
 
     w = cfg.workload
-    cluster = local_cluster(cfg.nodes, cfg.slots, name=cluster_name)
+    cluster = local_cluster(
+        cfg.nodes,
+        cfg.slots,
+        name=cluster_name,
+        leaf=cfg.leaf,
+        pod=cfg.pod,
+        heartbeat_ms=cfg.heartbeat_ms,
+        dead_after_ms=cfg.dead_after_ms,
+    )
     node = Node(
         cluster,
         i,
@@ -159,8 +179,8 @@ def rdmasched_node(cfg: DemoConfig, cluster_name: str, i: int, shared: _Shared) 
         return LATER  # it runs on simulated time: the trainer completes it
 
     node.on_preempt(trainer.on_preempt)
-    node.open()
     try:
+        node.open()
         node.define_group(GROUP, range(cfg.nodes))
         shared.go.wait(60)
         node.call_later(0, trainer.begin)
@@ -171,6 +191,7 @@ def rdmasched_node(cfg: DemoConfig, cluster_name: str, i: int, shared: _Shared) 
         st = node.stats()
         return {
             **trainer.figures(),
+            **_plane(node.loop),
             "msgs_in": st["msgs_in"],
             "msgs_out": st["msgs_out"],
             "reactions": node.reactions.samples,
@@ -205,6 +226,7 @@ def coordinator_proc(cfg: DemoConfig, cluster_name: str, shared: _Shared) -> dic
         for node, sched in coord.sched.items():
             _write_trace(cfg, f"central-node{node}", sched.events_jsonl())
         return {
+            **_plane(loop),
             "msgs_in": loop.msgs_in,
             "msgs_out": loop.msgs_out,
             "duration_s": time.monotonic() - t0,
@@ -232,12 +254,26 @@ def central_node(cfg: DemoConfig, cluster_name: str, i: int, shared: _Shared) ->
         loop.run(ex.on_message, until=lambda: bool(shared.stop.value))
         return {
             **trainer.figures(),
+            **_plane(loop),
             "msgs_in": loop.msgs_in,
             "msgs_out": loop.msgs_out,
             "reactions": ex.reactions.samples,
         }
     finally:
         links.close()
+
+
+def _plane(loop: Any) -> dict[str, Any]:
+    """A process's control-plane cost: its lanes (one each way per peer), the ring memory of
+    its inbound lanes (their shm segments' sizes) and the messages it wrote, by kind."""
+    links = loop.links
+    ring = getattr(links, "ring_bytes", None)
+    return {
+        "lanes": len(links.outbound),
+        "lanes_to": sorted(links.outbound),
+        "ring_bytes": ring() if ring is not None else None,
+        "sent_kinds": {str(k): v for k, v in loop.sent_kinds.items()},
+    }
 
 
 def _write_trace(cfg: DemoConfig, name: str, lines: Iterable[str]) -> None:
@@ -418,6 +454,9 @@ def summarize(mode: str, cfg: DemoConfig, results: list[dict[str, Any]]) -> dict
     extra = results[cfg.nodes :]
     all_reactions: list[int] = []
     per_node = []
+    release = _release_latencies(
+        [r.pop("ready_ns") for r in nodes], [r.pop("release_ns") for r in nodes]
+    )
     for r in nodes:
         reactions = r.pop("reactions")
         all_reactions += reactions
@@ -433,12 +472,19 @@ def summarize(mode: str, cfg: DemoConfig, results: list[dict[str, Any]]) -> dict
                 "preemptions": r["preemptions"],
                 "steps": r["steps"],
                 "duration_s": dur,
+                "lanes": r["lanes"],
+                "lanes_to": r["lanes_to"],
+                "ring_bytes": r["ring_bytes"],
+                "sent_kinds": r["sent_kinds"],
             }
         )
     dur = max(r["duration_s"] for r in nodes)
     msgs = sum(r["msgs_in"] for r in nodes) + sum(r["msgs_in"] for r in extra)
     steps = [n["step_time_ms"] for n in per_node if n["step_time_ms"] is not None]
     out: dict[str, Any] = {
+        **_plane_summary(nodes + extra, cfg.nodes, max(1, min(r["steps"] for r in nodes))),
+        "sync_release_p50_us": _percentile(release, 0.5),
+        "sync_release_p99_us": _percentile(release, 0.99),
         "slot_idle_pct": sum(n["slot_idle_pct"] for n in per_node) / len(per_node),
         "step_time_ms": sum(steps) / len(steps) if steps else None,
         "preempt_reaction_p50_us": _percentile(all_reactions, 0.5),
@@ -450,6 +496,40 @@ def summarize(mode: str, cfg: DemoConfig, results: list[dict[str, Any]]) -> dict
     if extra:
         out["coordinator"] = extra[0]
     return out
+
+
+def _release_latencies(ready: list[list[int]], release: list[list[int]]) -> list[int]:
+    """Per (node, step): from the last member's SYNC_READY of the step (the moment the step
+    could be released) to the start of that node's sync task, ns. Every process of the demo
+    reads the same monotonic clock (one host)."""
+    steps = min(min(len(r) for r in ready), min(len(r) for r in release))
+    out: list[int] = []
+    for s in range(steps):
+        last = max(r[s] for r in ready)
+        out.extend(max(0, rel[s] - last) for rel in release)
+    return out
+
+
+def _plane_summary(procs: list[dict[str, Any]], nodes: int, steps: int) -> dict[str, Any]:
+    """Lanes and ring memory per process (the coordinator too), and the messages every
+    process wrote (the coordinator's too) per node per step, in all and by kind."""
+    from rdmasched.wire import Kind
+
+    lanes = [r["lanes"] for r in procs]
+    rings = [r["ring_bytes"] for r in procs if r["ring_bytes"] is not None]
+    kinds: dict[str, float] = {}
+    for r in procs:
+        for k, v in r["sent_kinds"].items():
+            name = Kind(int(k)).name if int(k) in Kind._value2member_map_ else f"kind{k}"
+            kinds[name] = kinds.get(name, 0.0) + v / nodes / steps
+    return {
+        "lanes_max": max(lanes),
+        "lanes_mean": sum(lanes) / len(lanes),
+        "ring_bytes_max": max(rings) if rings else None,
+        "ring_bytes_mean": sum(rings) / len(rings) if rings else None,
+        "msgs_per_node_step": sum(kinds.values()),
+        "msgs_per_node_step_by_kind": dict(sorted(kinds.items())),
+    }
 
 
 def run(cfg: DemoConfig, progress: bool = True) -> dict[str, Any]:
@@ -501,10 +581,16 @@ def _signals_interrupt() -> Iterator[None]:
 def print_report(cfg: DemoConfig, res: dict[str, Any], file: Any = None) -> None:
     file = file or sys.stdout
     w = cfg.workload
+    if cfg.leaf is None:
+        links = "a full mesh of lanes"
+    else:
+        links = f"a topology of leaves of {cfg.leaf}" + (
+            f", pods of {cfg.pod}" if cfg.pod is not None else ""
+        )
     print(
-        f"rdmasched demo: {cfg.nodes} nodes x {cfg.slots} slots on shm, {w.steps} steps of "
-        f"{cfg.slots} compute tasks ({w.compute_ms:g} ms +-{w.jitter:.0%}) + gradient sync "
-        f"({w.sync_ms:g} ms), background tasks of {w.background_ms:g} ms",
+        f"rdmasched demo: {cfg.nodes} nodes x {cfg.slots} slots on shm ({links}), {w.steps} "
+        f"steps of {cfg.slots} compute tasks ({w.compute_ms:g} ms +-{w.jitter:.0%}) + gradient "
+        f"sync ({w.sync_ms:g} ms), background tasks of {w.background_ms:g} ms",
         file=file,
     )
     rows = [
@@ -513,8 +599,17 @@ def print_report(cfg: DemoConfig, res: dict[str, Any], file: Any = None) -> None
         ("preempt reaction p50 us", "preempt_reaction_p50_us", "{:.1f}"),
         ("preempt reaction p99 us", "preempt_reaction_p99_us", "{:.1f}"),
         ("messages/s (cluster)", "msgs_per_s", "{:,.0f}"),
+        ("sync release p50 us", "sync_release_p50_us", "{:.1f}"),
+        ("sync release p99 us", "sync_release_p99_us", "{:.1f}"),
+        ("lanes per node, max", "lanes_max", "{:.0f}"),
+        ("lanes per node, mean", "lanes_mean", "{:.1f}"),
+        ("ring KiB per node, max", "ring_kib_max", "{:,.0f}"),
+        ("msgs per node per step", "msgs_per_node_step", "{:.1f}"),
     ]
     a, c = res["rdmasched"], res["central"]
+    for mode in (a, c):
+        ring = mode.get("ring_bytes_max")
+        mode["ring_kib_max"] = None if ring is None else ring / 1024
     print(f"{'':<26}{'rdmasched':>14}{'central':>14}{'central/rdmasched':>20}", file=file)
     for label, key, fmt in rows:
         va, vc = a.get(key), c.get(key)
@@ -536,6 +631,17 @@ def print_report(cfg: DemoConfig, res: dict[str, Any], file: Any = None) -> None
             f"{_fmt('{:.1f}', na['preempt_reaction_p99_us']):>7} | "
             f"{_fmt('{:.1f}', nc['preempt_reaction_p99_us']):>6} "
             f"{_fmt('{:,.0f}', na['msgs_per_s']):>9} | {_fmt('{:,.0f}', nc['msgs_per_s']):>8}",
+            file=file,
+        )
+    print(
+        "\ncontrol messages per node per step, by kind (every message a process wrote; "
+        "central: the coordinator's too, and its lanes and ring memory count in the rows above):",
+        file=file,
+    )
+    for label, mode in (("rdmasched", a), ("central", c)):
+        kinds = mode.get("msgs_per_node_step_by_kind") or {}
+        print(
+            f"  {label:<10}" + ", ".join(f"{k} {v:.1f}" for k, v in kinds.items()),
             file=file,
         )
     ia, ic = a["slot_idle_pct"], c["slot_idle_pct"]

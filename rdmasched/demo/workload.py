@@ -86,6 +86,11 @@ class Trainer:
         self.preemptions = 0
         self.completions = 0
         self._final_busy: int | None = None
+        #: step -> when this node announced SYNC_READY for it, and when its sync task
+        #: started (the release reached it); monotonic ns, one clock for every process of
+        #: one host, so the runner can compare nodes
+        self.ready_ns: list[int] = []
+        self.release_ns: list[int] = []
 
     # ---- driving -----------------------------------------------------------------------
     def begin(self) -> None:
@@ -129,6 +134,8 @@ class Trainer:
     def on_start(self, task: Task, slot: int) -> None:
         now = self.b.now()
         self.started_at[task.id] = now
+        if task.group is not None and len(self.release_ns) == self.step:
+            self.release_ns.append(now)  # the first start of this step's sync task
         token = self.run_token.get(task.id, 0) + 1
         self.run_token[task.id] = token
         cost = task.cost_ns if task.group is None else self._ms(self.cfg.sync_ms)
@@ -165,6 +172,7 @@ class Trainer:
         elif task_kind(task.id) == KIND_COMPUTE:
             self.compute_left -= 1
             if self.compute_left == 0:
+                self.ready_ns.append(now)
                 self.b.sync_ready(self.step)
         elif not self.done:
             self._submit_background()
@@ -185,4 +193,6 @@ class Trainer:
             "step_time_ms": (sum(steps) / len(steps) / 1e6) if steps else None,
             "preemptions": self.preemptions,
             "completions": self.completions,
+            "ready_ns": self.ready_ns,
+            "release_ns": self.release_ns,
         }

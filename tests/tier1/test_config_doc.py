@@ -29,7 +29,7 @@ def table_keys(title: str) -> set[str]:
 
 
 def test_the_full_example_loads(tmp_path: Path) -> None:
-    full, small = blocks("toml")
+    full, small, *more = blocks("toml")
     path = tmp_path / "cluster.toml"
     path.write_text(full)
     c = ClusterConfig.load(path)
@@ -49,6 +49,9 @@ def test_the_full_example_loads(tmp_path: Path) -> None:
         50,
         500,
     )
+    for text in more:  # the [topology] example
+        path.write_text(text)
+        assert ClusterConfig.load(path).topology is not None
 
 
 def test_the_tables_name_every_key() -> None:

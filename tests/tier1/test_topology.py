@@ -412,6 +412,7 @@ def _blocks(lang: str) -> list[str]:
 def test_docs_toml_examples_load(tmp_path: Path) -> None:
     blocks = _blocks("toml")
     assert len(blocks) >= 2
+    (tmp_path / "topology.conf").write_text(_blocks("slurm")[0])  # for `slurm = "..."`
     for i, text in enumerate(blocks):
         f = tmp_path / f"ex{i}.toml"
         f.write_text(text)
