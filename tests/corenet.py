@@ -8,7 +8,7 @@ liveness, routing, placement) use this one harness.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from typing import Any
 
 from rdmasched import messages as msg
@@ -26,6 +26,7 @@ from rdmasched.daemon.core import (
     StartTask,
 )
 from rdmasched.scheduler import Task
+from rdmasched.topology import Topology
 from tests.codec import through_codec
 
 MS = 1_000_000
@@ -36,21 +37,26 @@ DEAD_AFTER_NS = 200 * MS
 class Cluster:
     """N cores and the messages between them, on one fake clock."""
 
-    def __init__(self, n: int, slots: int = 1) -> None:
+    def __init__(self, n: int, slots: int = 1, topology: Topology | None = None) -> None:
+        """`topology`: the cores' (NodeCore(topology=...)); its domains name the nodes'."""
         self.now = 10_000 * MS
+        nodes = {j: "rack" if topology is None else topology.domain(j) for j in range(n)}
         self.cores = {
             i: NodeCore(
                 i,
-                {j: "rack" for j in range(n)},
+                nodes,
                 slots=slots,
                 inc=100 + i,
                 dead_after_ns=DEAD_AFTER_NS,
                 heartbeat_ns=HEARTBEAT_NS,
                 now=self.now,
+                topology=topology,
             )
             for i in range(n)
         }
         self.wire: deque[tuple[int, int, msg.ControlMessage]] = deque()
+        #: (src, dst, kind) -> messages of that kind src sent to dst (put on the wire)
+        self.sent: Counter[tuple[int, int, int]] = Counter()
         self.timers: dict[int, int] = {}
         self.load = dict.fromkeys(self.cores, 0)
         #: node -> what its handlers saw: ("start", origin, id, slot), ("preempt", ...), ...
@@ -69,6 +75,7 @@ class Cluster:
             i += 1
             if isinstance(e, Send):
                 self.wire.append((node, e.peer, e.message))
+                self.sent[node, e.peer, e.message.encode()[0]] += 1
             elif type(e) is StartTask:
                 seen.append(("start", e.task.origin, e.task.id, e.slot))
             elif isinstance(e, PreemptTask):
@@ -103,6 +110,21 @@ class Cluster:
             self.do(dst, self.cores[dst].receive(received, src, self.now))
             n += 1
         return n
+
+    def deliver_rounds(self) -> int:
+        """Deliver every message in flight, in rounds: round k+1 holds what round k's
+        deliveries sent. The number of rounds until none is left (the longest causal
+        chain of messages, in hops)."""
+        rounds = 0
+        while self.wire:
+            batch, self.wire = self.wire, deque()
+            for src, dst, m in batch:
+                if src in self.down or dst in self.down:
+                    continue
+                received = through_codec(m, src=src, load=self.load[src])
+                self.do(dst, self.cores[dst].receive(received, src, self.now))
+            rounds += 1
+        return rounds
 
     def advance(self, ns: int, step: int = HEARTBEAT_NS // 2) -> None:
         """Let time pass: fire due heartbeat timers, deliver what they send."""
