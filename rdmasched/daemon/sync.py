@@ -272,6 +272,16 @@ class SyncGroups:
             return node
         return g.combiners[g.domain(node, level)]
 
+    def stats(self) -> dict[str, int]:
+        """The counters: steps released here, reports re-sent to a new combiner, late
+        RELEASEs (ignored) and readiness for released steps (answered in a tree)."""
+        return {
+            "releases": self.releases,
+            "resent": self.resent,
+            "late": self.late,
+            "stale": self.stale,
+        }
+
     def released(self, group: int) -> int:
         """The last step of `group` released here (-1: none)."""
         return self.groups[group].released

@@ -5,6 +5,8 @@ generated topology, through tests/corenet.py's Cluster (the real codec on every 
 from __future__ import annotations
 
 import random
+import re
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,7 @@ from tests.codec import through_codec
 from tests.corenet import DEAD_AFTER_NS, HEARTBEAT_NS, Cluster
 
 _SYNC = int(Kind.SYNC_READY)
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "SCALE.md"
 GROUP = 5
 
 
@@ -93,6 +96,20 @@ def test_messages_per_step_grow_linearly_and_the_release_depth_is_bounded(n: int
             if kind == _SYNC
         )
         assert links <= 2 * (n - 1) * t.plan.hops
+        row = [
+            t.plan.scheme,
+            f"{total:,}",
+            f"{total / n:.2f}",
+            str(max(per_node.values())),
+            str(rounds),
+            f"{links:,}",
+        ]
+        assert row == doc_rows()[n], n  # docs/SCALE.md section 8 shows these figures
+        print(  # the figures of docs/SCALE.md, "Hierarchical sync" (pytest -s)
+            f"N={n} step {step}: {total} messages ({total / n:.2f} per member), "
+            f"most sent by one node {max(per_node.values())}, rounds {rounds}, "
+            f"link traversals {links} ({links / n:.2f} per member, plan {t.plan.scheme})"
+        )
 
 
 def test_without_a_topology_every_member_tells_every_member() -> None:
@@ -107,6 +124,12 @@ def test_without_a_topology_every_member_tells_every_member() -> None:
     assert c.deliver_rounds() == 1
     assert sum(sync_sent(c).values()) == 4 * 3
     assert all(synced(c, i, 0) == 1 for i in c.cores)
+
+
+def doc_rows() -> dict[int, list[str]]:
+    """N -> the cells of docs/SCALE.md's table of messages per step."""
+    rows = re.findall(r"^\| N = (\d+) \| (.+) \|$", DOCS.read_text(), re.M)
+    return {int(n): [c.strip() for c in rest.split("|")] for n, rest in rows}
 
 
 def roles(c: Cluster, t: Topology) -> dict[str, int]:
