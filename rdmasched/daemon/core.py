@@ -355,11 +355,11 @@ class NodeCore:
             return Task(sync_task_id(g, step), g, 255, cost, payload={"step": step}, origin=me)
 
         try:
+            self.scheduler.define_group(group, members, step_task)
             self.sync.define(group, members)
         except ValueError as exc:
             self._reject(type(exc).__name__, str(exc))
             return []
-        self.scheduler.define_group(group, members, step_task)
         self.groups[group] = members
         out: list[Effect] = []
         kept = self._early_sync.pop(group, ())

@@ -266,3 +266,88 @@ def test_the_sync_flags_travel_through_the_codec() -> None:
     for flags in (0, sync.COMBINED, sync.COMBINED | sync.POD, sync.RELEASE):
         m = msg.SyncReady(GROUP, 3, 17, sent_ns=99, job=GROUP, flags=flags)
         assert msg.decode(through_codec(m)) == m
+
+
+def test_a_whole_leaf_with_the_root_stopping_mid_step_loses_nothing() -> None:
+    """Every combiner of the root's leaf and pod goes at once: the next live members take
+    over each level, and the leaf without a live member is not waited for."""
+    c, t = tree_cluster(32)
+    root = c.cores[0].sync.combiner(GROUP, 0, 2)
+    gone = {i for i in c.cores if t.leaf(i) == t.leaf(root)}
+    live = [i for i in c.cores if i not in gone]
+    for i in c.cores:
+        c.do(i, c.cores[i].sync_ready(GROUP, 0, c.now))
+    c.down |= gone  # they reported; what they forwarded and the release are lost with them
+    c.deliver()
+    for v in gone:
+        wait_dead(c, v)
+    c.advance(5 * HEARTBEAT_NS)
+    for i in live:
+        assert synced(c, i, 0) == 1, i
+    assert c.cores[live[0]].sync.combiner(GROUP, live[0], 2) not in gone
+
+
+def test_members_running_ahead_get_their_steps_in_order_across_a_combiner_death() -> None:
+    """Members report steps 0 and 1 before either is released (allowed: reports for later
+    steps are kept); a leaf combiner stops after forwarding both. Every live member runs
+    the sync of step 0, then step 1, each once."""
+    c, t = tree_cluster(32)
+    victim = roles(c, t)["leaf"]
+    live = [i for i in c.cores if i != victim]
+    last = next(i for i in live if t.pod(i) != t.pod(victim))
+    for step in (0, 1):
+        for i in c.cores:
+            if i != last:
+                c.do(i, c.cores[i].sync_ready(GROUP, step, c.now))
+    c.deliver()
+    c.down.add(victim)
+    for step in (0, 1):
+        c.do(last, c.cores[last].sync_ready(GROUP, step, c.now))
+    c.deliver()
+    wait_dead(c, victim)
+    c.advance(5 * HEARTBEAT_NS)
+    for i in live:
+        assert [s[2] for s in c.of(i, "sync")] == [0, 1], (i, c.seen[i])
+
+
+def deliver_some(c: Cluster, k: int) -> None:
+    """Deliver the first `k` messages in flight (the rest stay on the wire, in order)."""
+    for _ in range(min(k, len(c.wire))):
+        src, dst, m = c.wire.popleft()
+        if src in c.down or dst in c.down:
+            continue
+        c.do(dst, c.cores[dst].receive(through_codec(m, src=src), src, c.now))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_deaths_mid_step_release_every_step_once_in_order(seed: int) -> None:
+    """Members report each step when the last one was released here; messages are delivered
+    a few at a time while two random nodes stop at random moments (mostly combiners)."""
+    rng = random.Random(seed)
+    c, _ = tree_cluster(32)
+    steps = 6
+    kills = sorted(rng.sample(range(2, 30), 2))
+    reported = dict.fromkeys(c.cores, -1)
+    for tick in range(4000):
+        live = [i for i in c.cores if i not in c.down]
+        if not kills and all(synced(c, i, steps - 1) for i in live):
+            break
+        if kills and tick >= kills[0]:
+            kills.pop(0)
+            s = c.cores[live[0]].sync
+            combiners = sorted(
+                {s.combiner(GROUP, i, lv) for i in live for lv in (0, 1, 2)} - c.down
+            )
+            c.down.add(rng.choice(combiners if rng.random() < 0.7 else live))
+        for i in live:
+            done = [s[2] for s in c.of(i, "sync")]
+            if reported[i] < steps - 1 and (reported[i] < 0 or reported[i] in done):
+                reported[i] += 1
+                c.do(i, c.cores[i].sync_ready(GROUP, reported[i], c.now))
+        deliver_some(c, rng.randint(1, 20))
+        if not c.wire:
+            c.advance(HEARTBEAT_NS)
+    live = [i for i in c.cores if i not in c.down]
+    assert len(c.down) == 2
+    for i in live:
+        assert [s[2] for s in c.of(i, "sync")] == list(range(steps)), (i, c.seen[i])
