@@ -380,10 +380,12 @@ class NodeCore:
     def member_ready(
         self, group: int, step: int, member: int, sent_ns: int, now: int
     ) -> list[Effect]:
-        """Member `member` reached `step` of `group` (its SYNC_READY, sent at `sent_ns`):
-        count it; the last one releases the step here. Kept if `group` is not defined
-        here yet. (`receive` does this with a SYNC_READY; the central baseline's
-        coordinator calls it for every node it decides for.)"""
+        """Member `member` reached `step` of `group` (its plain SYNC_READY, sent at
+        `sent_ns`): to the sync protocol (rdmasched/daemon/sync.py; without a topology
+        the last one releases the step here, with one this node combines it if it is its
+        leaf's combiner). Kept if `group` is not defined here yet. (`receive` does this
+        with a SYNC_READY; the central baseline's coordinator calls it for every node it
+        decides for.)"""
         self.now = now
         return self._sync_msg(group, 0, step, sent_ns, member)
 
