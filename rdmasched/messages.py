@@ -42,6 +42,8 @@ _DISPATCH, _PREEMPT, _SYNC_READY = int(Kind.DISPATCH), int(Kind.PREEMPT), int(Ki
 _COMPLETE, _HEARTBEAT = int(Kind.COMPLETE), int(Kind.HEARTBEAT)
 _CANCEL, _JOB = int(Flag.CANCEL), int(Flag.JOB)
 _SUBMITTED, _START = int(Flag.SUBMITTED), int(Flag.START)
+#: SYNC_READY's flags: hierarchical sync's (rdmasched.daemon.sync: COMBINED, POD, RELEASE)
+_SYNC_FLAGS = 0x10 | 0x20 | 0x40
 
 #: COMPLETE status: the task ran to its end
 DONE = 0
@@ -148,13 +150,15 @@ class Preempt:
 @dataclass(frozen=True, slots=True)
 class SyncReady:
     """SYNC_READY: node `member` reached step `step` of group `group`, sent at `sent_ns`
-    (its CLOCK_MONOTONIC)."""
+    (its CLOCK_MONOTONIC). `flags` 0x10 and up are hierarchical sync's (combined readiness,
+    release: rdmasched/daemon/sync.py, docs/SCALE.md); with them `member` is the sender."""
 
     group: int  #: id
     step: int  #: arg0
     member: int  #: arg2
     sent_ns: int = 0  #: arg1
     job: int = 0  #: job (rdmasched's nodes send the group)
+    flags: int = 0  #: flags (hierarchical sync)
 
     def encode(self) -> Outgoing:
         return (
@@ -162,7 +166,7 @@ class SyncReady:
             self.group,
             self.job,
             0,
-            0,
+            self.flags,
             self.step,
             self.sent_ns,
             self.member,
@@ -172,8 +176,8 @@ class SyncReady:
 
     @classmethod
     def decode(cls, m: Message) -> SyncReady:
-        _expect(m, _SYNC_READY, 0)
-        return cls(m.id, m.arg0, m.arg2, m.arg1, m.job)
+        _expect(m, _SYNC_READY, _SYNC_FLAGS)
+        return cls(m.id, m.arg0, m.arg2, m.arg1, m.job, m.flags)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ one, and a message for an unlinked node is relayed by the cores on its route.
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from typing import Any
 
 from rdmasched import _wire
@@ -51,12 +51,14 @@ class Cluster:
         topology: Topology | None = None,
         max_relays: int = MAX_RELAYS,
     ) -> None:
+        """`topology`: the cores' (NodeCore(topology=...)); its domains name the nodes'."""
         self.now = 10_000 * MS
         self.topology = topology
+        nodes = {j: "rack" if topology is None else topology.domain(j) for j in range(n)}
         self.cores = {
             i: NodeCore(
                 i,
-                {j: "rack" if topology is None else topology.domain(j) for j in range(n)},
+                nodes,
                 slots=slots,
                 inc=100 + i,
                 dead_after_ns=DEAD_AFTER_NS,
@@ -72,6 +74,10 @@ class Cluster:
         self.wire: deque[tuple[int, int, Wire]] = deque()
         #: node -> (sender, message) of every message delivered to it as its destination
         self.arrived: defaultdict[int, list[tuple[int, _wire.Message]]] = defaultdict(list)
+        #: (src, final dst, kind) -> messages of that kind src sent to dst (made, not relayed)
+        self.sent: Counter[tuple[int, int, int]] = Counter()
+        #: lane writes: every Send and every Relay (one per link a message crosses)
+        self.traversals = 0
         self.timers: dict[int, int] = {}
         self.load = dict.fromkeys(self.cores, 0)
         #: node -> what its handlers saw: ("start", origin, id, slot), ("preempt", ...), ...
@@ -91,8 +97,12 @@ class Cluster:
             if isinstance(e, Send | Relay):
                 # a lane exists only over a link (every other node without a topology)
                 assert e.peer in core.links, f"node {node} has no lane to node {e.peer}: {e!r}"
-                payload = (e.message, e.dst) if isinstance(e, Send) else e.message
-                self.wire.append((node, e.peer, payload))
+                self.traversals += 1
+                if isinstance(e, Send):
+                    self.sent[node, e.dst, e.message.encode()[0]] += 1
+                    self.wire.append((node, e.peer, (e.message, e.dst)))
+                else:
+                    self.wire.append((node, e.peer, e.message))
             elif type(e) is StartTask:
                 seen.append(("start", e.task.origin, e.task.id, e.slot))
             elif isinstance(e, PreemptTask):
@@ -116,6 +126,17 @@ class Cluster:
             else:
                 raise AssertionError(f"unknown effect {e!r}")
 
+    def _deliver_one(self, writer: int, to: int, m: Wire) -> None:
+        """Put one lane write through the codec and hand it to its receiver's core."""
+        if isinstance(m, _wire.Message):
+            received = relayed_through_codec(m, load=self.load[writer])
+        else:
+            x, dst = m if isinstance(m, tuple) else (m, to)
+            received = through_codec(x, src=writer, load=self.load[writer], dst=dst)
+        if received.dst == to:
+            self.arrived[to].append((received.src, received))
+        self.do(to, self.cores[to].receive(received, writer, self.now))
+
     def deliver(self) -> int:
         """Deliver every message in flight (and those they cause), in order."""
         n = 0
@@ -123,16 +144,30 @@ class Cluster:
             writer, to, m = self.wire.popleft()
             if writer in self.down or to in self.down:
                 continue  # lost with the stopped node
-            if isinstance(m, _wire.Message):
-                received = relayed_through_codec(m, load=self.load[writer])
-            else:
-                x, dst = m if isinstance(m, tuple) else (m, to)
-                received = through_codec(x, src=writer, load=self.load[writer], dst=dst)
-            if received.dst == to:
-                self.arrived[to].append((received.src, received))
-            self.do(to, self.cores[to].receive(received, writer, self.now))
+            self._deliver_one(writer, to, m)
             n += 1
         return n
+
+    def deliver_rounds(self) -> int:
+        """Deliver every message in flight, in rounds: round k+1 holds what round k's
+        deliveries sent. The number of rounds until none is left: the longest causal chain
+        of messages, in message hops (a message relayed on its way to its destination
+        arrives in the round it was sent in; its link hops are `traversals`)."""
+        rounds = 0
+        while self.wire:
+            batch, self.wire = self.wire, deque()
+            while batch:
+                writer, to, m = batch.popleft()
+                if writer in self.down or to in self.down:
+                    continue
+                self._deliver_one(writer, to, m)
+                # relays of this round's messages belong to this round
+                later: deque[tuple[int, int, Wire]] = deque()
+                for item in self.wire:
+                    (batch if isinstance(item[2], _wire.Message) else later).append(item)
+                self.wire = later
+            rounds += 1
+        return rounds
 
     def advance(self, ns: int, step: int = HEARTBEAT_NS // 2) -> None:
         """Let time pass: fire due heartbeat timers, deliver what they send."""

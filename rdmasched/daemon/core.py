@@ -43,6 +43,8 @@ from typing import Any, NamedTuple
 from rdmasched import messages as msg
 from rdmasched._wire import Message
 from rdmasched.daemon.membership import Change, Membership, PeerGone, PeerJoined, Rejoined, Replace
+from rdmasched.daemon.sync import FLAGS as _SYNC_FLAGS
+from rdmasched.daemon.sync import Release, SendSync, SyncGroups, SyncOut
 from rdmasched.errors import ConfigError
 from rdmasched.messages import ControlMessage
 from rdmasched.scheduler import (
@@ -255,8 +257,11 @@ class NodeCore:
         #: reason -> inputs refused
         self.rejected: dict[str, int] = {}
         self.groups: dict[int, frozenset[int]] = {}
+        #: the sync protocol (hierarchical with a topology): who is ready, when to release
+        self.sync = SyncGroups(me, topology)
         self.sync_early_kept = 0
-        self._early_sync: dict[int, list[tuple[int, int]]] = {}
+        #: group -> SYNC_READYs kept before its define_group: (flags, step, arg1, arg2)
+        self._early_sync: dict[int, list[tuple[int, int, int, int]]] = {}
         self._early_sync_n = 0
         self._trigger_ns = 0
         self._load = -1
@@ -350,7 +355,7 @@ class NodeCore:
                 # Placed work may move on (back to its origin); work sent here is for here.
                 return self._act(sched.receive(task, src, bool(m.flags & _SUBMITTED)), out)
             elif kind == _SYNC_READY:  # SyncReady: id=group, arg0=step, arg1=sent, arg2=member
-                return self.member_ready(m.id, m.arg0, m.arg2, m.arg1, now)
+                return self._sync_msg(m.id, m.flags, m.arg0, m.arg1, m.arg2)
             elif kind == _COMPLETE:  # Complete: id=task (this node's), job, runtime, ...
                 sched.remote_complete(src, m.id)
                 out.append(CompleteNotice(m.id, src))
@@ -463,48 +468,40 @@ class NodeCore:
         def step_task(g: int, step: int) -> Task:
             return Task(sync_task_id(g, step), g, 255, cost, payload={"step": step}, origin=me)
 
-        self.scheduler.define_group(group, members, step_task)
+        try:
+            self.scheduler.define_group(group, members, step_task)
+            self.sync.define(group, members)
+        except ValueError as exc:
+            self._reject(type(exc).__name__, str(exc))
+            return []
         self.groups[group] = members
         out: list[Effect] = []
         kept = self._early_sync.pop(group, ())
         self._early_sync_n -= len(kept)
-        for step, member in kept:
-            self._act(
-                self._guard(
-                    lambda step=step, member=member: self.scheduler.sync_ready(  # type: ignore[misc]
-                        group, step, member
-                    )
-                ),
-                out,
-            )
+        for flags, step, sent, node in kept:
+            out += self._sync(self.sync.receive(group, flags, step, sent, node))
         return out
 
     def sync_ready(self, group: int, step: int, now: int) -> list[Effect]:
-        """This node reached `step` of `group`: tell every member, count itself."""
+        """This node reached `step` of `group`: tell the group (every member without a
+        topology; its leaf's combiner with one: rdmasched/daemon/sync.py)."""
         self.now = now
-        mem = self.groups.get(group)
-        if mem is None:
+        if group not in self.groups:
             self._reject("unknown-group", f"sync_ready for undefined group {group}")
             return []
-        ready = msg.SyncReady(group, step, self.me, sent_ns=now, job=group)
-        out: list[Effect] = [self._send(m, ready) for m in mem if m != self.me]
-        self._trigger_ns = now
-        me = self.me
-        return self._act(self._guard(lambda: self.scheduler.sync_ready(group, step, me)), out)
+        return self._sync(self.sync.ready(group, step, now))
 
     def member_ready(
         self, group: int, step: int, member: int, sent_ns: int, now: int
     ) -> list[Effect]:
-        """Member `member` reached `step` of `group` (its SYNC_READY, sent at `sent_ns`):
-        count it; the last one releases the step here. Kept if `group` is not defined
-        here yet. (`receive` does this with a SYNC_READY; the central baseline's
-        coordinator calls it for every node it decides for.)"""
+        """Member `member` reached `step` of `group` (its plain SYNC_READY, sent at
+        `sent_ns`): to the sync protocol (rdmasched/daemon/sync.py; without a topology
+        the last one releases the step here, with one this node combines it if it is its
+        leaf's combiner). Kept if `group` is not defined here yet. (`receive` does this
+        with a SYNC_READY; the central baseline's coordinator calls it for every node it
+        decides for.)"""
         self.now = now
-        if group not in self.groups:  # before our define_group: keep it
-            self._keep_early_sync(group, step, member)
-            return []
-        self._trigger_ns = sent_ns
-        return self._act(self._guard(lambda: self.scheduler.sync_ready(group, step, member)))
+        return self._sync_msg(group, 0, step, sent_ns, member)
 
     def complete(self, task_id: int, origin: int | None, runtime_ns: int, now: int) -> list[Effect]:
         """The work of `task_id` (of `origin`) finished here: tell its origin, go on."""
@@ -580,14 +577,35 @@ class NodeCore:
             self._reject(type(exc).__name__, str(exc))
             return []
 
-    def _keep_early_sync(self, group: int, step: int, member: int) -> None:
-        """A SYNC_READY for a group not defined here yet: keep it (bounded) for define."""
+    def _sync_msg(self, group: int, flags: int, step: int, sent: int, node: int) -> list[Effect]:
+        """A SYNC_READY (id=group, flags, arg0=step, arg1=sent, arg2=member or sender):
+        to the sync protocol, or kept (bounded) if `group` is not defined here yet."""
+        if flags & ~_SYNC_FLAGS:
+            self._reject("bad-flags", f"SYNC_READY of group {group} with flags {flags:#x}")
+            return []
+        if group in self.groups:
+            return self._sync(self.sync.receive(group, flags, step, sent, node))
         if self._early_sync_n >= EARLY_SYNC_MAX:
             self._reject("unknown-group", f"SYNC_READY for undefined group {group}; none kept")
-            return
-        self._early_sync.setdefault(group, []).append((step, member))
+            return []
+        self._early_sync.setdefault(group, []).append((flags, step, sent, node))
         self._early_sync_n += 1
         self.sync_early_kept += 1
+        return []
+
+    def _sync(self, outs: list[SyncOut]) -> list[Effect]:
+        """The sync protocol's outputs as effects, in order."""
+        out: list[Effect] = []
+        for o in outs:
+            if isinstance(o, SendSync):
+                out.append(self._send(o.dst, o.message))
+            elif isinstance(o, Release):
+                self._trigger_ns = o.trigger_ns
+                g, s = o.group, o.step
+                self._act(self._guard(lambda g=g, s=s: self.scheduler.release(g, s)), out)  # type: ignore[misc]
+            else:
+                self._reject(o.reason, o.detail)
+        return out
 
     def _send(self, dst: int, message: ControlMessage) -> Send:
         """The one way the core sends: `message` for node `dst`. Every protocol (placement,
@@ -662,9 +680,11 @@ class NodeCore:
                 )
                 out.append(MarkDead(c.peer, c.why))
                 self._act(sched.peer_gone(c.peer), out)
+                out += self._sync(self.sync.node_gone(c.peer))
             elif isinstance(c, PeerJoined):
                 self.peers.revive(c.peer)
                 out.append(Revive(c.peer, c.again))
+                out += self._sync(self.sync.node_back(c.peer))
                 out += self._heartbeats([c.peer])  # answer at once: it waits for our ack
             elif isinstance(c, Rejoined):
                 _log.warning(

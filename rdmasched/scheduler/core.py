@@ -543,6 +543,26 @@ class Scheduler:
         self._n_sync_reports += 1
         if len(reported) < len(g.members):
             return []
+        return self.release(group, step)
+
+    def release(self, group: int, step: int) -> list[Action]:
+        """Release step ``step`` of ``group`` now: make its sync task and place it.
+
+        ``sync_ready`` calls this once every member reported; a driver that counts the
+        readiness itself (the daemon's hierarchical sync, rdmasched/daemon/sync.py) calls it
+        directly.  A step is released once: a step ``<=`` the last released is stale.
+        Releasing a step drops the partial reports of earlier steps.
+        """
+        now = self._clock()
+        g = self._groups.get(group)
+        if g is None:
+            self._reject(UnknownGroupError(f"unknown group {group}"), NO_TASK, now)
+        if step <= g.released:
+            self._reject(
+                StaleStepError(f"group {group} step {step}: step {g.released} released"),
+                NO_TASK,
+                now,
+            )
         task = g.step_task(group, step)
         task.priority = SYNC_PRIORITY
         task.group = group

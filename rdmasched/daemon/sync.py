@@ -1,0 +1,439 @@
+"""Hierarchical sync, sans-IO: a group's SYNC_READYs combined per leaf, pod and cluster, and
+the release sent back down (docs/SCALE.md, "Hierarchical sync", is the contract).
+
+`SyncGroups` holds one node's view of its sync groups. The node core (core.py) drives it:
+`define` / `ready` (this node reached a step) / `receive` (a SYNC_READY) / `node_gone` and
+`node_back` (the membership's verdicts), and carries out what each returns, in order:
+
+* `SendSync(dst, message)`: send the SYNC_READY `message` to node `dst` (through
+  `NodeCore._send`, so relaying applies);
+* `Release(group, step, trigger_ns)`: release the step here (the scheduler's `release`),
+  at most once per (group, step) on this node;
+* `Reject(reason, detail)`: an input refused (counted by the core).
+
+**With a topology**, every group is a tree of domains: its members in leaves, the leaves in
+pods, the pods in the cluster. The combiner of a domain is its first live member in the
+group's order: by rail (rotated by the group id, so that different groups use different
+rails), then leaf, then id. So the combiner of a pod is also the combiner of its own leaf,
+the root is the combiner of its pod, and all combiners sit on one rail plane where they can.
+A member sends its readiness to its leaf's combiner; a combiner whose domain is complete
+(every live child ready) sends one combined readiness to the combiner of the parent domain;
+the root releases and sends the release to the combiners below it, which pass it on. That is
+2 (N - 1) messages per step for N members, and 3 levels up and 3 down.
+
+**Without a topology** (the full mesh: tests, small clusters, the central baseline) every
+member sends its readiness to every member and each counts for itself: N (N - 1) messages,
+one hop. A member declared dead is no longer waited for, in both schemes.
+
+Failures: a combiner's death changes the combiner of its domains to the next live member;
+every node re-sends what it had reported to a combiner that changed (its own readiness,
+its domains' combined readiness, and the last step it released, as a RELEASE). Readiness
+for a step already released here is answered with that RELEASE; a RELEASE for a step
+already released here is counted (`late`) and ignored. Readiness and releases are facts
+about (group, step), so a repeated one changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from rdmasched import messages as msg
+from rdmasched.topology import Topology
+
+#: SYNC_READY flag: combined readiness: the sender's leaf (with POD: its pod) is complete
+COMBINED = 0x10
+#: SYNC_READY flag, with COMBINED: the domain is the sender's pod, not its leaf
+POD = 0x20
+#: SYNC_READY flag: the step is released (the root saw every live member ready)
+RELEASE = 0x40
+#: every SYNC_READY flag this module defines
+FLAGS = COMBINED | POD | RELEASE
+#: released steps remembered per group, to answer readiness that comes after the release
+HISTORY = 64
+
+_MEMBER, _LEAF, _POD, _ROOT = -1, 0, 1, 2
+_Domain = tuple[int, int]  # (level, index): (0, leaf), (1, pod), (2, 0)
+_ROOT_DOMAIN: _Domain = (_ROOT, 0)
+_VALID = frozenset({0, COMBINED, COMBINED | POD, RELEASE})
+
+
+class SendSync(NamedTuple):
+    """Send `message` to node `dst`."""
+
+    dst: int
+    message: msg.SyncReady
+
+
+class Release(NamedTuple):
+    """Release step `step` of `group` here; `trigger_ns`: when its last member was ready."""
+
+    group: int
+    step: int
+    trigger_ns: int
+
+
+class Reject(NamedTuple):
+    """An input refused: count it under `reason`."""
+
+    reason: str
+    detail: str
+
+
+SyncOut = SendSync | Release | Reject
+
+
+class _Step:
+    """What this node knows of one pending step."""
+
+    __slots__ = ("done", "last", "mine", "ready", "up")
+
+    def __init__(self) -> None:
+        self.mine: int | None = None  # this node's own readiness time
+        self.last = 0  # the time carried by the readiness recorded last
+        self.ready: dict[int, int] = {}  # member -> readiness time (as its leaf's combiner)
+        self.done: dict[_Domain, int] = {}  # domain known complete -> its latest readiness
+        self.up: dict[int, int] = {}  # level this node reported at -> the node it went to
+
+
+class _Group:
+    __slots__ = (
+        "combiners",
+        "dead",
+        "history",
+        "id",
+        "leaf_of",
+        "leaves",
+        "members",
+        "order",
+        "pod_of",
+        "pods",
+        "released",
+        "steps",
+    )
+
+    def __init__(self, gid: int, members: frozenset[int], topology: Topology | None) -> None:
+        self.id = gid
+        self.members = members
+        self.dead: set[int] = set()
+        self.released = -1
+        self.history: dict[int, int] = {}  # released step -> trigger (the last HISTORY)
+        self.steps: dict[int, _Step] = {}
+        self.leaf_of: dict[int, int] = {}
+        self.pod_of: dict[int, int] = {}
+        self.order: tuple[int, ...] = tuple(sorted(members))
+        self.combiners: dict[_Domain, int] = {}
+        self.leaves: dict[int, list[int]] = {}  # leaf -> its members, in order
+        self.pods: dict[int, list[int]] = {}  # pod -> its leaves
+        if topology is not None:
+            n = len(topology)
+            bad = sorted(m for m in members if not 0 <= m < n)
+            if bad:
+                raise ValueError(f"group {gid}: members {bad} are not in the topology")
+            rails = topology.rails
+            for m in members:
+                self.leaf_of[m] = topology.leaf(m)
+                self.pod_of[m] = topology.pod(m)
+
+            def key(m: int) -> tuple[int, int, int]:
+                return ((topology.rail(m) - gid) % rails, self.leaf_of[m], m)
+
+            self.order = tuple(sorted(members, key=key))
+            for m in self.order:
+                x = self.leaf_of[m]
+                if x not in self.leaves:
+                    self.leaves[x] = []
+                    self.pods.setdefault(self.pod_of[m], []).append(x)
+                self.leaves[x].append(m)
+
+    def view(self) -> None:
+        """Recompute every domain's combiner: its first live member in the group's order."""
+        comb: dict[_Domain, int] = {}
+        for m in self.order:
+            if m in self.dead:
+                continue
+            if not self.leaf_of:  # no topology: no tree
+                comb[_ROOT_DOMAIN] = m
+                break
+            comb.setdefault((_LEAF, self.leaf_of[m]), m)
+            comb.setdefault((_POD, self.pod_of[m]), m)
+            comb.setdefault(_ROOT_DOMAIN, m)
+        self.combiners = comb
+
+    def domain(self, node: int, level: int) -> _Domain:
+        if level == _LEAF:
+            return (_LEAF, self.leaf_of[node])
+        if level == _POD:
+            return (_POD, self.pod_of[node])
+        return _ROOT_DOMAIN
+
+
+class SyncGroups:
+    """One node's sync groups (see the module doc). `topology` None: all-to-all."""
+
+    def __init__(self, me: int, topology: Topology | None) -> None:
+        self.me = me
+        self.topology = topology
+        self.groups: dict[int, _Group] = {}
+        #: nodes declared dead (kept for groups defined later)
+        self.dead: set[int] = set()
+        #: reports re-sent because the combiner they went to changed
+        self.resent = 0
+        #: RELEASEs for a step already released here: counted, not acted on
+        self.late = 0
+        #: readiness for a step already released here (answered with the RELEASE in a tree)
+        self.stale = 0
+        #: steps released here
+        self.releases = 0
+
+    # ---- inputs ------------------------------------------------------------------------
+    def define(self, group: int, members: Iterable[int]) -> list[SyncOut]:
+        mem = frozenset(members)
+        if group in self.groups:
+            raise ValueError(f"group {group} is already defined")
+        g = _Group(group, mem, self.topology)
+        g.dead = {m for m in self.dead if m in mem}
+        g.view()
+        self.groups[group] = g
+        return []
+
+    def ready(self, group: int, step: int, now: int) -> list[SyncOut]:
+        """This node reached `step` of `group`."""
+        g = self.groups[group]
+        me = self.me
+        if me not in g.members:
+            return [Reject("unknown-member", f"node {me} is not in group {group}")]
+        if step <= g.released:
+            return [Reject("stale-step", f"group {group} step {step}: {g.released} released")]
+        st = self._step(g, step)
+        if st.mine is not None:
+            return []  # a repeated report changes nothing
+        st.mine = st.last = now
+        out: list[SyncOut] = []
+        if self.topology is None:
+            st.ready[me] = now
+            m = msg.SyncReady(group, step, me, sent_ns=now, job=group)
+            out += [SendSync(p, m) for p in sorted(g.members) if p != me and p not in g.dead]
+        self._advance(g, step, out)
+        return out
+
+    def receive(self, group: int, flags: int, step: int, sent_ns: int, node: int) -> list[SyncOut]:
+        """A SYNC_READY of `group` (defined here): `flags`, arg0 `step`, arg1 `sent_ns`,
+        arg2 `node` (the member, or with flags the sender)."""
+        g = self.groups[group]
+        out: list[SyncOut] = []
+        if flags not in _VALID:
+            return [Reject("bad-flags", f"SYNC_READY of group {group} with flags {flags:#x}")]
+        if node not in g.members:
+            return [Reject("unknown-member", f"node {node} is not in group {group}")]
+        if flags & RELEASE:
+            self._release(g, step, sent_ns, node, out)
+            return out
+        tree = self.topology is not None
+        if flags and not tree:
+            return [Reject("bad-flags", f"combined readiness for group {group}, not a tree here")]
+        if step <= g.released:
+            self.stale += 1
+            trigger = g.history.get(step)
+            if tree and trigger is not None:  # it missed the release: answer with it
+                out.append(SendSync(node, self._release_msg(g, step, trigger)))
+            return out
+        st = self._step(g, step)
+        if flags:
+            d = g.domain(node, _POD if flags & POD else _LEAF)
+            if d in st.done:
+                return out  # a repeated report changes nothing
+            st.done[d] = st.last = sent_ns
+        else:
+            if node in st.ready:
+                return out
+            st.ready[node] = st.last = sent_ns
+        self._advance(g, step, out)
+        return out
+
+    def node_gone(self, node: int) -> list[SyncOut]:
+        """`node` was declared dead: stop waiting for it; its domains get new combiners."""
+        self.dead.add(node)
+        return self._view_changed(node)
+
+    def node_back(self, node: int) -> list[SyncOut]:
+        """`node` is alive again (a new incarnation): wait for it again from now on."""
+        if node not in self.dead:
+            return []
+        self.dead.discard(node)
+        return self._view_changed(node)
+
+    # ---- lookups ---------------------------------------------------------------------------
+    def combiner(self, group: int, node: int, level: int) -> int:
+        """The node that combines `node`'s domain at `level` (0 leaf, 1 pod, 2 cluster) in
+        this node's view; without a topology every member counts for itself: `node`."""
+        g = self.groups[group]
+        if self.topology is None:
+            return node
+        return g.combiners[g.domain(node, level)]
+
+    def stats(self) -> dict[str, int]:
+        """The counters: steps released here, reports re-sent to a new combiner, late
+        RELEASEs (ignored) and readiness for released steps (answered in a tree)."""
+        return {
+            "releases": self.releases,
+            "resent": self.resent,
+            "late": self.late,
+            "stale": self.stale,
+        }
+
+    def released(self, group: int) -> int:
+        """The last step of `group` released here (-1: none)."""
+        return self.groups[group].released
+
+    # ---- internals ---------------------------------------------------------------------------
+    @staticmethod
+    def _step(g: _Group, step: int) -> _Step:
+        st = g.steps.get(step)
+        if st is None:
+            st = g.steps[step] = _Step()
+        return st
+
+    def _release_msg(self, g: _Group, step: int, trigger: int) -> msg.SyncReady:
+        return msg.SyncReady(g.id, step, self.me, sent_ns=trigger, job=g.id, flags=RELEASE)
+
+    @staticmethod
+    def _complete(g: _Group, d: _Domain, st: _Step) -> bool:
+        """Every live child of domain `d` is ready."""
+        level, idx = d
+        if level == _LEAF:
+            return all(m in st.ready for m in g.leaves[idx] if m not in g.dead)
+        if level == _POD:
+            children = [(_LEAF, x) for x in g.pods[idx]]
+        else:
+            children = [(_POD, p) for p in g.pods]
+        # a child domain without a live member has no combiner: not waited for
+        return all(c in st.done for c in children if c in g.combiners)
+
+    def _advance(self, g: _Group, step: int, out: list[SyncOut]) -> None:
+        """Combine what is known of `step`, release it at the root, report what is complete
+        to the combiner above (again if that combiner changed)."""
+        st = g.steps.get(step)
+        me = self.me
+        if st is None:
+            return
+        if self.topology is None:
+            if all(m in st.ready for m in g.members if m not in g.dead):
+                self._release(g, step, st.last, None, out)
+            return
+        if me not in g.members:
+            return  # not in the tree: it combines nothing
+        comb = g.combiners
+        if st.mine is not None and comb[g.domain(me, _LEAF)] == me:
+            st.ready.setdefault(me, st.mine)
+        for level in (_LEAF, _POD, _ROOT):
+            d = g.domain(me, level)
+            if comb[d] != me:
+                break
+            if d not in st.done:
+                if not self._complete(g, d, st):
+                    break
+                st.done[d] = st.last  # the time of the readiness that completed it
+        if _ROOT_DOMAIN in st.done and comb[_ROOT_DOMAIN] == me:
+            self._release(g, step, st.done[_ROOT_DOMAIN], None, out)
+            return
+        for level in (_MEMBER, _LEAF, _POD):
+            if level == _MEMBER:
+                t = st.mine
+            elif comb[g.domain(me, level)] == me:
+                t = st.done.get(g.domain(me, level))
+            else:
+                break
+            if t is None:
+                continue
+            to = comb[g.domain(me, level + 1)]
+            if to == me or st.up.get(level) == to:
+                continue
+            if level in st.up:
+                self.resent += 1
+            st.up[level] = to
+            flags = 0 if level == _MEMBER else COMBINED | (POD if level == _POD else 0)
+            out.append(SendSync(to, msg.SyncReady(g.id, step, me, t, job=g.id, flags=flags)))
+
+    def _release(
+        self, g: _Group, step: int, trigger: int, source: int | None, out: list[SyncOut]
+    ) -> None:
+        if step <= g.released:
+            self.late += 1
+            return
+        g.released = step
+        g.history[step] = trigger
+        if len(g.history) > HISTORY:
+            del g.history[min(g.history)]
+        for s in [s for s in g.steps if s <= step]:
+            del g.steps[s]
+        self.releases += 1
+        if self.topology is not None and self.me not in g.dead:
+            m = self._release_msg(g, step, trigger)
+            out += [SendSync(n, m) for n in self._children(g) if n != source]
+        out.append(Release(g.id, step, trigger))
+
+    def _children(self, g: _Group) -> list[int]:
+        """The nodes this node passes a release to: the combiners of the domains below the
+        ones it combines, and the members of its leaf if it combines that."""
+        me, comb = self.me, g.combiners
+        if me not in g.members:
+            return []
+        out: dict[int, None] = {}  # ordered, without repeats
+        if comb[_ROOT_DOMAIN] == me:
+            out.update((comb[_POD, p], None) for p in g.pods if (_POD, p) in comb)
+        if comb[g.domain(me, _POD)] == me:
+            leaves = g.pods[g.pod_of[me]]
+            out.update((comb[_LEAF, x], None) for x in leaves if (_LEAF, x) in comb)
+        if comb[g.domain(me, _LEAF)] == me:
+            out.update((m, None) for m in g.leaves[g.leaf_of[me]] if m not in g.dead)
+        out.pop(me, None)
+        return list(out)
+
+    def _parents(self, g: _Group) -> set[int]:
+        """The nodes this node reports to (its leaf's combiner, and the combiner above each
+        domain it combines)."""
+        me, comb = self.me, g.combiners
+        out = {comb[g.domain(me, _LEAF)]}
+        for level in (_LEAF, _POD):
+            if comb[g.domain(me, level)] != me:
+                break
+            out.add(comb[g.domain(me, level + 1)])
+        out.discard(me)
+        return out
+
+    def _view_changed(self, node: int) -> list[SyncOut]:
+        out: list[SyncOut] = []
+        for g in self.groups.values():
+            if node not in g.members:
+                continue
+            tree = self.topology is not None and self.me in g.members
+            before = self._parents(g) if tree and g.combiners else set()
+            if node in self.dead:
+                g.dead.add(node)
+            else:
+                g.dead.discard(node)
+            g.view()
+            if not g.combiners:  # every member is dead
+                continue
+            if tree and g.released >= 0:
+                # a new combiner above may have missed the last release: tell it
+                m = self._release_msg(g, g.released, g.history[g.released])
+                out += [SendSync(p, m) for p in sorted(self._parents(g) - before)]
+            for step in sorted(g.steps):
+                self._advance(g, step, out)
+        return out
+
+
+__all__ = [
+    "COMBINED",
+    "FLAGS",
+    "HISTORY",
+    "POD",
+    "RELEASE",
+    "Reject",
+    "Release",
+    "SendSync",
+    "SyncGroups",
+    "SyncOut",
+]
