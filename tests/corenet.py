@@ -126,7 +126,7 @@ class Cluster:
             else:
                 raise AssertionError(f"unknown effect {e!r}")
 
-    def _deliver_one(self, writer: int, to: int, m: Wire) -> None:
+    def deliver_one(self, writer: int, to: int, m: Wire) -> None:
         """Put one lane write through the codec and hand it to its receiver's core."""
         if isinstance(m, _wire.Message):
             received = relayed_through_codec(m, load=self.load[writer])
@@ -144,7 +144,7 @@ class Cluster:
             writer, to, m = self.wire.popleft()
             if writer in self.down or to in self.down:
                 continue  # lost with the stopped node
-            self._deliver_one(writer, to, m)
+            self.deliver_one(writer, to, m)
             n += 1
         return n
 
@@ -160,7 +160,7 @@ class Cluster:
                 writer, to, m = batch.popleft()
                 if writer in self.down or to in self.down:
                     continue
-                self._deliver_one(writer, to, m)
+                self.deliver_one(writer, to, m)
                 # relays of this round's messages belong to this round
                 later: deque[tuple[int, int, Wire]] = deque()
                 for item in self.wire:
