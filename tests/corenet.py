@@ -26,6 +26,7 @@ from rdmasched.daemon.core import (
     StartTask,
 )
 from rdmasched.scheduler import Task
+from rdmasched.topology import Topology
 from tests.codec import through_codec
 
 MS = 1_000_000
@@ -36,20 +37,18 @@ DEAD_AFTER_NS = 200 * MS
 class Cluster:
     """N cores and the messages between them, on one fake clock."""
 
-    def __init__(self, n: int, slots: int = 1) -> None:
+    def __init__(self, n: int, slots: int = 1, topology: Topology | None = None) -> None:
         self.now = 10_000 * MS
-        self.cores = {
-            i: NodeCore(
-                i,
-                {j: "rack" for j in range(n)},
-                slots=slots,
-                inc=100 + i,
-                dead_after_ns=DEAD_AFTER_NS,
-                heartbeat_ns=HEARTBEAT_NS,
-                now=self.now,
-            )
-            for i in range(n)
+        self.slots = slots
+        #: with a topology: each core's links are its lanes; without: a full mesh
+        self.topology = topology
+        self.domains = {
+            j: ("rack" if topology is None else topology.domain(j)) for j in range(n)
         }
+        self.cores = {i: self.make_core(i, 100 + i) for i in range(n)}
+        #: (src, dst, message) of every send to a node that is not one of src's links
+        #: (delivered directly here; the daemon relays them)
+        self.unlinked: list[tuple[int, int, msg.ControlMessage]] = []
         self.wire: deque[tuple[int, int, msg.ControlMessage]] = deque()
         self.timers: dict[int, int] = {}
         self.load = dict.fromkeys(self.cores, 0)
@@ -60,6 +59,25 @@ class Cluster:
         for i, core in self.cores.items():
             self.do(i, core.open(self.now))
 
+    def make_core(self, i: int, inc: int) -> NodeCore:
+        return NodeCore(
+            i,
+            self.domains,
+            slots=self.slots,
+            inc=inc,
+            dead_after_ns=DEAD_AFTER_NS,
+            heartbeat_ns=HEARTBEAT_NS,
+            now=self.now,
+            topology=self.topology,
+        )
+
+    def restart(self, i: int, inc: int) -> None:
+        """Node `i` restarts: a new process (a new core) with incarnation `inc`."""
+        self.down.discard(i)
+        self.seen[i].append(("restarted", inc))
+        self.cores[i] = self.make_core(i, inc)
+        self.do(i, self.cores[i].open(self.now))
+
     def do(self, node: int, effects: list[Effect]) -> None:
         """Carry out `node`'s effects as the threaded Node does (handlers answer at once)."""
         core, seen = self.cores[node], self.seen[node]
@@ -69,6 +87,8 @@ class Cluster:
             i += 1
             if isinstance(e, Send):
                 self.wire.append((node, e.peer, e.message))
+                if e.peer not in core.links:
+                    self.unlinked.append((node, e.peer, e.message))
             elif type(e) is StartTask:
                 seen.append(("start", e.task.origin, e.task.id, e.slot))
             elif isinstance(e, PreemptTask):
