@@ -42,9 +42,7 @@ class Cluster:
         self.slots = slots
         #: with a topology: each core's links are its lanes; without: a full mesh
         self.topology = topology
-        self.domains = {
-            j: ("rack" if topology is None else topology.domain(j)) for j in range(n)
-        }
+        self.domains = {j: ("rack" if topology is None else topology.domain(j)) for j in range(n)}
         self.cores = {i: self.make_core(i, 100 + i) for i in range(n)}
         #: (src, dst, message) of every send to a node that is not one of src's links
         #: (delivered directly here; the daemon relays them)

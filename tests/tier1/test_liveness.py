@@ -7,6 +7,7 @@ leaves from the domain summaries. docs/SCALE.md, "Liveness" and "Placement", is 
 from __future__ import annotations
 
 import msgpack
+import pytest
 
 from rdmasched import messages as msg
 from rdmasched.daemon.membership import FAR_MAX, NEWS_MAX, SUMMARIES_PER_BEAT
@@ -64,7 +65,7 @@ def test_a_far_holders_death_reaches_its_origin_within_the_bound_and_its_task_ru
     bound = DEAD_AFTER_NS + (T64.plan.hops - 1) * HEARTBEAT_NS
     assert c.now - last <= bound + T64.plan.hops * MS
     # node 0 placed task 1 again: it runs once more, on a live node
-    assert starts(c, 0, 1) == [x, 0]
+    assert sorted(starts(c, 0, 1)) == sorted([x, 0])
     assert c.cores[0].peers.held_count() == 0
     # every node heard it, at most one heartbeat period later per hop
     c.advance(T64.plan.hops * HEARTBEAT_NS)
@@ -78,7 +79,7 @@ def test_a_far_holders_death_reaches_its_origin_within_the_bound_and_its_task_ru
     assert c.cores[x].members.inc > inc
     assert c.of(x, "preempt") == [("preempt", 0, 1, True, 0)]
     assert all(not core.members.is_dead(x) for n, core in c.cores.items() if n != x)
-    assert starts(c, 0, 1) == [x, 0]  # never again
+    assert sorted(starts(c, 0, 1)) == sorted([x, 0])  # never again
 
 
 def test_a_restarted_far_node_is_a_new_incarnation_and_is_not_handed_its_old_tasks() -> None:
@@ -107,15 +108,20 @@ def test_a_restarted_far_node_is_a_new_incarnation_and_is_not_handed_its_old_tas
     assert c.cores[0].peers.held_count() == len([n for n in holders if n != 0])
 
 
+@pytest.mark.slow
 def test_news_and_summaries_stay_bounded_at_1000_nodes() -> None:
     t = Topology.generate(nodes=1000, leaf=8, pod=64)
     c = Cluster(1000, topology=t)
     c.advance(2 * HEARTBEAT_NS)
-    gone = [n for n in range(0, 1000, 7)][:NEWS_MAX * 2]  # more deaths than a beat carries
+    gone = list(range(0, 1000, 23))[: NEWS_MAX + 8]  # more deaths than a beat carries
     c.down.update(gone)
     c.wire.clear()
+    for g in gone:  # killed: their links see the lanes closed (no dead_after to wait)
+        for n in t.links(g):
+            if n not in c.down:
+                c.do(n, c.cores[n].peer_lost(g, "lane closed", c.now))
     sizes: list[int] = []
-    for _ in range((DEAD_AFTER_NS + 6 * HEARTBEAT_NS) // HEARTBEAT_NS):
+    for _ in range(2 * t.plan.hops):
         c.advance(HEARTBEAT_NS)
         for core in c.cores.values():
             meta = core.members.heartbeat_meta(min(core.links))
@@ -123,44 +129,59 @@ def test_news_and_summaries_stay_bounded_at_1000_nodes() -> None:
             sizes.append(len(msgpack.packb(meta)))
             assert len(core.members.far) <= FAR_MAX
             assert len(core.summaries) <= core.SUMMARY_MAX
+            assert len(core.members.views) == len(core.links)
     assert max(sizes) < 4096  # one heartbeat's metadata, whatever N
     live = [core for n, core in c.cores.items() if n not in gone]
     for core in live:
-        assert len(core.members.views) == len(core.links)
-        assert len(core.summaries) <= core.SUMMARY_MAX
         news = core.gossip_meta(consume=False)
         assert len(news.get("news", ())) <= NEWS_MAX
         assert len(news.get("sum", ())) <= 1 + SUMMARIES_PER_BEAT
     # and every live node heard of every death, though more died than one beat carries
     assert all(core.members.is_dead(g) for core in live for g in gone)
+    assert not [s for s in c.unlinked if isinstance(s[2], msg.Heartbeat)]
 
 
 def test_placement_prefers_a_light_peer_of_the_leaf() -> None:
     c = Cluster(64, topology=T64)
     c.advance(2 * HEARTBEAT_NS)
+    leaf = [n for n in range(64) if T64.leaf(n) == T64.leaf(0)]
     c.do(0, c.cores[0].dispatch(task(1, origin=0), c.now))  # node 0's one slot
-    for i in range(2, 12):
+    for i in range(2, 2 + len(leaf) - 1):  # one for each idle peer of the leaf
         c.do(0, c.cores[0].submit(task(i, origin=0), c.now))
         c.deliver()
-    where = [starts(c, 0, i) for i in range(2, 12)]
-    assert all(len(w) == 1 and T64.leaf(w[0]) == T64.leaf(0) for w in where[:7]), where
+        c.advance(HEARTBEAT_NS)  # its load hint comes back on its heartbeat
+    # outside the leaf, node 0's links and the summaries' nodes are as idle as the leaf's
+    # peers, but every task went to a peer of the leaf (to one that proved busy, the
+    # task came back and waits at node 0: power of two choices on stale hints)
+    forwards = [
+        e.reason
+        for i in range(2, 2 + len(leaf) - 1)
+        for e in c.cores[0].scheduler.explain(i)
+        if e.decision.value == "forward"
+    ]
+    assert forwards and all(int(r.split()[2].rstrip(":")) in leaf for r in forwards), forwards
+    where = [n for i in range(2, 2 + len(leaf) - 1) for n in starts(c, 0, i)]
+    assert len(where) >= len(leaf) // 2 and set(where) <= set(leaf[1:])
+    assert len(set(where)) == len(where)  # one each: the hints came back in time
     assert not [s for s in c.unlinked if isinstance(s[2], msg.Dispatch)]
 
 
 def test_placement_goes_across_leaves_only_when_the_leaf_is_loaded() -> None:
     c = Cluster(64, topology=T64)
     leaf = [n for n in range(64) if T64.leaf(n) == T64.leaf(0)]
-    for n in leaf:
+    c.do(0, c.cores[0].dispatch(task(1, origin=0), c.now))
+    for n in leaf[1:]:  # every peer of the leaf busier than node 0 would be with one more
         c.do(n, c.cores[n].dispatch(task(1, origin=n), c.now))
+        c.do(n, c.cores[n].dispatch(task(2, origin=n), c.now))
     c.advance(2 * HEARTBEAT_NS)  # the loads, and the domain summaries, travel
-    c.do(0, c.cores[0].submit(task(2, origin=0), c.now))
+    c.do(0, c.cores[0].submit(task(5, origin=0), c.now))
     c.deliver()
-    (where,) = starts(c, 0, 2)
+    (where,) = starts(c, 0, 5)
     assert T64.leaf(where) != T64.leaf(0)
     assert len(T64.path(0, where)) - 1 <= T64.plan.hops
     # only the chosen node was written to outside the links: no polling
     assert {d for s, d, m in c.unlinked if s == 0} <= {where}
-    c.do(where, c.cores[where].complete(2, 0, MS, c.now))
+    c.do(where, c.cores[where].complete(5, 0, MS, c.now))
     c.deliver()
-    assert c.of(0, "completed") == [("completed", 2, where)]
+    assert c.of(0, "completed") == [("completed", 5, where)]
     assert c.cores[0].peers.held_count() == 0
