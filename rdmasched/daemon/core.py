@@ -631,6 +631,7 @@ class NodeCore:
                 "node %d: far node %d (incarnation %d) is gone: %s", self.me, peer, c.inc, c.why
             )
             self._pending_far.pop(peer, None)
+            self.peers.drop_far(peer)
             if self.peers.known(peer):  # its records: placed again
                 self._act(sched.peer_gone(peer), out)
                 self.peers.forget(peer)

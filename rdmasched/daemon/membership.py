@@ -302,6 +302,8 @@ class Membership:
         if v is not None:  # a link: only its own heartbeats admit it; news may end it
             if inc <= v.dead_inc or inc < v.inc or (inc == v.inc and not dead):
                 return []
+            if not dead and not v.inc:  # its first incarnation: its heartbeat will say
+                return []
             out: list[Change] = []
             if v.alive and v.inc:
                 out.append(PeerGone(node, v.inc, f"incarnation {inc} is {why}"))

@@ -120,6 +120,11 @@ class PeerTable:
             if peer not in self._far:
                 self._domains.pop(peer, None)
 
+    def drop_far(self, node: int) -> None:
+        """``node`` is no placement candidate any more (it died)."""
+        if self._far.pop(node, None) is not None and node not in self._peers:
+            self._domains.pop(node, None)
+
     def set_far(self, candidates: Mapping[int, tuple[int, str]]) -> None:
         """The placement candidates beyond this node's links, ``node -> (load, domain)``:
         the lightest node of each other domain, from its summary (docs/SCALE.md,
