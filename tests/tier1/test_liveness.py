@@ -54,6 +54,10 @@ def test_a_far_holders_death_reaches_its_origin_within_the_bound_and_its_task_ru
     c.do(0, c.cores[0].dispatch_to(x, task(1, origin=0), c.now))
     c.deliver()
     assert starts(c, 0, 1) == [x]
+    # and x's task 7 runs on node 0 (x knew no incarnation of node 0: it asked first)
+    c.do(x, c.cores[x].dispatch_to(0, task(7, origin=x), c.now))
+    c.deliver()
+    assert starts(c, x, 7) == [0]
     c.advance(HEARTBEAT_NS, step=MS)
     last = c.timers[x] - HEARTBEAT_NS  # x's last heartbeat: the last message of it heard
     c.down.add(x)  # x stops (SIGSTOP): it neither runs nor reads its lanes
@@ -64,7 +68,8 @@ def test_a_far_holders_death_reaches_its_origin_within_the_bound_and_its_task_ru
     # plus this harness's timer granularity (1 ms per hop)
     bound = DEAD_AFTER_NS + (T64.plan.hops - 1) * HEARTBEAT_NS
     assert c.now - last <= bound + T64.plan.hops * MS
-    # node 0 placed task 1 again: it runs once more, on a live node
+    # node 0 cancelled x's task 7, and placed task 1 again: it runs once more, here
+    assert c.of(0, "preempt") == [("preempt", x, 7, True, 0)]
     assert sorted(starts(c, 0, 1)) == sorted([x, 0])
     assert c.cores[0].peers.held_count() == 0
     # every node heard it, at most one heartbeat period later per hop
