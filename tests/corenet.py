@@ -51,24 +51,14 @@ class Cluster:
         topology: Topology | None = None,
         max_relays: int = MAX_RELAYS,
     ) -> None:
-        """`topology`: the cores' (NodeCore(topology=...)); its domains name the nodes'."""
+        """`topology`: the cores' (NodeCore(topology=...)); its domains name the nodes'.
+        With one, each core's links are its lanes; without, a full mesh."""
         self.now = 10_000 * MS
+        self.slots = slots
         self.topology = topology
-        nodes = {j: "rack" if topology is None else topology.domain(j) for j in range(n)}
-        self.cores = {
-            i: NodeCore(
-                i,
-                nodes,
-                slots=slots,
-                inc=100 + i,
-                dead_after_ns=DEAD_AFTER_NS,
-                heartbeat_ns=HEARTBEAT_NS,
-                now=self.now,
-                topology=topology,
-                max_relays=max_relays,
-            )
-            for i in range(n)
-        }
+        self.max_relays = max_relays
+        self.domains = {j: ("rack" if topology is None else topology.domain(j)) for j in range(n)}
+        self.cores = {i: self.make_core(i, 100 + i) for i in range(n)}
         #: (writer, lane's receiver, what it writes): a typed message with its dst, a typed
         #: message for the lane's receiver, or a received message relayed
         self.wire: deque[tuple[int, int, Wire]] = deque()
@@ -76,6 +66,9 @@ class Cluster:
         self.arrived: defaultdict[int, list[tuple[int, _wire.Message]]] = defaultdict(list)
         #: (src, final dst, kind) -> messages of that kind src sent to dst (made, not relayed)
         self.sent: Counter[tuple[int, int, int]] = Counter()
+        #: (src, dst, message) of every message made for a node that is not one of src's
+        #: links (relayed on its way)
+        self.unlinked: list[tuple[int, int, msg.ControlMessage]] = []
         #: lane writes: every Send and every Relay (one per link a message crosses)
         self.traversals = 0
         self.timers: dict[int, int] = {}
@@ -86,6 +79,26 @@ class Cluster:
         self.progress_step = 1000
         for i, core in self.cores.items():
             self.do(i, core.open(self.now))
+
+    def make_core(self, i: int, inc: int) -> NodeCore:
+        return NodeCore(
+            i,
+            self.domains,
+            slots=self.slots,
+            inc=inc,
+            dead_after_ns=DEAD_AFTER_NS,
+            heartbeat_ns=HEARTBEAT_NS,
+            now=self.now,
+            topology=self.topology,
+            max_relays=self.max_relays,
+        )
+
+    def restart(self, i: int, inc: int) -> None:
+        """Node `i` restarts: a new process (a new core) with incarnation `inc`."""
+        self.down.discard(i)
+        self.seen[i].append(("restarted", inc))
+        self.cores[i] = self.make_core(i, inc)
+        self.do(i, self.cores[i].open(self.now))
 
     def do(self, node: int, effects: list[Effect]) -> None:
         """Carry out `node`'s effects as the threaded Node does (handlers answer at once)."""
@@ -101,6 +114,8 @@ class Cluster:
                 if isinstance(e, Send):
                     self.sent[node, e.dst, e.message.encode()[0]] += 1
                     self.wire.append((node, e.peer, (e.message, e.dst)))
+                    if e.dst not in core.links:
+                        self.unlinked.append((node, e.dst, e.message))
                 else:
                     self.wire.append((node, e.peer, e.message))
             elif type(e) is StartTask:

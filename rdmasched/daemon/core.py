@@ -42,7 +42,16 @@ from typing import Any, NamedTuple
 
 from rdmasched import messages as msg
 from rdmasched._wire import Message
-from rdmasched.daemon.membership import Change, Membership, PeerGone, PeerJoined, Rejoined, Replace
+from rdmasched.daemon.membership import (
+    NEWS_MAX,
+    SUMMARIES_PER_BEAT,
+    Change,
+    Membership,
+    PeerGone,
+    PeerJoined,
+    Rejoined,
+    Replace,
+)
 from rdmasched.daemon.sync import FLAGS as _SYNC_FLAGS
 from rdmasched.daemon.sync import Release, SendSync, SyncGroups, SyncOut
 from rdmasched.errors import ConfigError
@@ -178,6 +187,9 @@ Effect = (
 class NodeCore:
     """One node's decisions (see the module doc). Not thread-safe: one driver calls it."""
 
+    #: domain summaries kept, at most (this node's leaf's and others')
+    SUMMARY_MAX = 64
+
     def __init__(
         self,
         me: int,
@@ -228,16 +240,32 @@ class NodeCore:
         clock = functools.partial(getattr, self, "now")
         self.peers = PeerTable(clock=clock, dead_after_us=dead_after_ns // 1000)
         for n, domain in nodes.items():
-            if n != me:
+            if n in self.links:
                 self.peers.add(n, domain)
+        #: with a topology: liveness is hierarchical (docs/SCALE.md, "Liveness")
+        self._far = topology is not None
         self.members = Membership(
             me,
-            nodes,
+            self.links,
             inc=inc,
             dead_after_ns=dead_after_ns,
             heartbeat_ns=heartbeat_ns,
             now=now,
+            gossip=self._far,
         )
+        self.dead_after_ns = dead_after_ns
+        #: domain summaries: leaf -> [version, load, lightest node, its incarnation,
+        #: when heard here]; this node's leaf's too (docs/SCALE.md, "Placement")
+        self.summaries: dict[int, list[int]] = {}
+        self._sum_next = 0
+        self._leaf = -1 if topology is None else topology.leaf(me)
+        self._leaf_peers = (
+            []
+            if topology is None
+            else sorted(n for n in self.links if topology.leaf(n) == self._leaf)
+        )
+        #: DISPATCHes for a far node whose incarnation is not known yet (asked)
+        self._pending_far: dict[int, list[msg.Dispatch]] = {}
         self.scheduler = Scheduler(
             slots,
             clock=clock,
@@ -283,6 +311,9 @@ class NodeCore:
         `listened_ns`, when the lanes were last read), send heartbeats, re-arm."""
         self.now = now
         out = self._apply(self.members.tick(now, self.peers.expired(listened_ns)))
+        if self._far:
+            out += self._summarize(now)
+            self.members.prune(self._keep_far)
         out += self._heartbeats(None)
         out.append(SetTimer(now + self.heartbeat_ns))
         return out
@@ -317,20 +348,24 @@ class NodeCore:
         src = m.src
         kind = m.kind
         out: list[Effect] = []
-        if kind == _HEARTBEAT:  # Heartbeat: meta = incarnations (of its maker, src)
-            changes = self.members.on_heartbeat(src, m.meta, now)
+        far = self._far and src not in self.links
+        if kind == _HEARTBEAT:  # Heartbeat: meta = incarnations (and news, summaries)
+            meta = m.meta
+            if far:  # a far node's notice, relayed (docs/SCALE.md, "Liveness")
+                return self._notice_in(src, meta, now)
+            changes = self.members.on_heartbeat(src, meta, now)
             if changes:
                 out = self._apply(changes)
+            if self._far and meta and src not in self._shunned:
+                out += self._gossip_in(meta, now)
         shunned = self._shunned
         if src in shunned:  # a message of an incarnation that ended
             self.stale_msgs += 1
             return out
-        if peer == src:
+        if peer not in shunned:  # the last hop wrote the load hint: src's unless relayed
             self.peers.seen(peer, m.load)
-        else:  # relayed: the last hop wrote the load hint; the origin is alive
-            if peer not in shunned:
-                self.peers.seen(peer, m.load)
-            self.peers.revive(src)  # heard from now, its load hint unchanged
+        if peer != src and not far:  # relayed from a link (around a dead lane): alive
+            self.peers.revive(src)
         sched = self.scheduler
         try:
             if kind == _PREEMPT:  # Preempt: id=task, job, arg0=trigger_ns, CANCEL, JOB
@@ -345,9 +380,13 @@ class NodeCore:
                 # Dispatch: id=task, job, priority, arg0=cost, arg1=progress, arg2=origin,
                 # hops, meta=payload, SUBMITTED
                 origin = int(m.arg2)
-                if origin != self.me and src in self._unacked:
+                if origin != self.me and (
+                    src in self._unacked or (far and self.members.far_refuses(src))
+                ):
                     # sent to this node's previous incarnation: its origin places it again
                     self.stale_msgs += 1
+                    if far:  # it learns this incarnation from the answer
+                        out.append(self._notice(src))
                     return out
                 task = Task(
                     m.id, m.job, m.priority, m.arg0, m.arg1, m.meta, origin=origin, hops=m.hops
@@ -441,7 +480,9 @@ class NodeCore:
         except (SchedulerError, ValueError) as exc:
             self._reject(type(exc).__name__, str(exc))
             return []
-        return [self._send(peer, self._dispatch_msg(task, False))]
+        out: list[Effect] = []
+        self._place(peer, self._dispatch_msg(task, False), out)
+        return out
 
     def preempt(self, task_id: int | None, job: int | None, cancel: bool, now: int) -> list[Effect]:
         """Stop task `task_id` (or every task of `job`) held here."""
@@ -647,7 +688,7 @@ class NodeCore:
             elif t is Preempt:
                 out.append(_new(PreemptTask, (a.victim, a.slot, a.cancel, trigger)))
             elif t is Forward:
-                out.append(self._send(a.peer, self._dispatch_msg(a.task, True)))
+                self._place(a.peer, self._dispatch_msg(a.task, True), out)
             elif t is Cancel:
                 _log.info("node %d: task %d cancelled", self.me, a.task.id)
         self._trigger_ns = 0
@@ -664,8 +705,14 @@ class NodeCore:
         queued = self.scheduler.stats().queue_len
         running = len(self.scheduler.running())
         meta = self.members.heartbeat_meta
+        if not self._far:
+            return [
+                self._send(p, msg.Heartbeat(now, queued, running, meta(p)))
+                for p in (self.members.views if peers is None else peers)
+            ]
+        gossip = self.gossip_meta(consume=peers is None)
         return [
-            self._send(p, msg.Heartbeat(now, queued, running, meta(p)))
+            self._send(p, msg.Heartbeat(now, queued, running, {**meta(p), **gossip}))
             for p in (self.members.views if peers is None else peers)
         ]
 
@@ -674,7 +721,9 @@ class NodeCore:
         out: list[Effect] = []
         sched = self.scheduler
         for c in changes:
-            if isinstance(c, PeerGone):
+            if self._far and not isinstance(c, Rejoined) and c.peer not in self.links:
+                self._apply_far(c, out)
+            elif isinstance(c, PeerGone):
                 _log.warning(
                     "node %d: node %d (incarnation %d) is gone: %s", self.me, c.peer, c.inc, c.why
                 )
@@ -698,11 +747,179 @@ class NodeCore:
                 self.peers.mark_stale()  # what they hold now, they drop (Replace below)
                 self._act(sched.drop_origin(None), out)
                 out += self._heartbeats(None)
+                if self._far:  # far holders of its tasks: see _notice_in
+                    for p in self.peers.holders():
+                        if p not in self.links:
+                            self.members.replace_pending.add(p)
+                            out.append(self._notice(p))
             elif isinstance(c, Replace):
                 self._act(sched.replace_held(c.peer, f"node {c.peer} dropped it (rejoin)"), out)
         views = self.members.views
         self._shunned = {p for p, v in views.items() if not v.alive}
+        if self._far:
+            self._shunned.update(p for p, f in self.members.far.items() if not f.alive)
         self._unacked = {p for p, v in views.items() if not v.acked}
+        return out
+
+    # ---- hierarchical liveness and placement (docs/SCALE.md, "Liveness", "Placement") -----
+    def _apply_far(self, c: PeerGone | PeerJoined | Replace, out: list[Effect]) -> None:
+        """A change of a far node (no link, so no transport to mark dead or revive)."""
+        sched, peer = self.scheduler, c.peer
+        if isinstance(c, PeerGone):
+            _log.info(
+                "node %d: far node %d (incarnation %d) is gone: %s", self.me, peer, c.inc, c.why
+            )
+            self._pending_far.pop(peer, None)
+            self.peers.drop_far(peer)
+            if self.peers.known(peer):  # its records: placed again
+                self._act(sched.peer_gone(peer), out)
+                self.peers.forget(peer)
+            else:
+                self._act(sched.drop_origin(peer), out)
+            out += self._sync(self.sync.node_gone(peer))  # a far member: its tree moves on
+        elif isinstance(c, PeerJoined):
+            if self.peers.known(peer):
+                self.peers.revive(peer)
+            out += self._sync(self.sync.node_back(peer))
+            for m in self._pending_far.pop(peer, ()):
+                self._place(peer, m, out)
+        elif isinstance(c, Replace):
+            self._act(sched.replace_held(peer, f"node {peer} dropped it (rejoin)"), out)
+            self.peers.forget(peer)
+
+    def _notice(self, peer: int) -> Send:
+        """A notice to far `peer`: this node's incarnation, and the one of `peer` it knows
+        (0: none; the answer tells it). Sent through relays, ahead of what it concerns."""
+        f = self.members.far_view(peer)
+        f.told = f.inc
+        s = self.scheduler
+        meta = {"inc": self.members.inc, "ack": f.inc, "far": 1}
+        return self._send(peer, msg.Heartbeat(self.now, s.stats().queue_len, 0, meta))
+
+    def _notice_in(self, peer: int, meta: Any, now: int) -> list[Effect]:
+        if not meta:
+            return []
+        changes, answer = self.members.on_notice(peer, meta, now)
+        out = self._apply(changes) if changes else []
+        if answer and not self.members.is_dead(peer):
+            out.append(self._notice(peer))
+        return out
+
+    def _place(self, peer: int, m: msg.Dispatch, out: list[Effect]) -> None:
+        """Send DISPATCH `m` to `peer`; to a far node, after a notice if it has not had
+        one naming its current incarnation (so a DISPATCH meant for an incarnation that
+        ended is never taken by the next), or once it answered if that is not known."""
+        if not self._far or peer in self.links or m.origin != self.me:
+            out.append(self._send(peer, m))
+            return
+        f = self.members.far_view(peer)
+        if f.inc == 0:  # ask; sent when it answers (or placed again if it is gone)
+            q = self._pending_far.setdefault(peer, [])
+            if not q:
+                out.append(self._notice(peer))
+            q.append(m)
+            return
+        if f.told != f.inc:
+            out.append(self._notice(peer))
+        out.append(self._send(peer, m))
+
+    def _keep_far(self, node: int) -> bool:
+        """A far view this node still needs: it holds a task of ours, or may send one."""
+        f = self.members.far.get(node)
+        return (
+            self.peers.known(node)
+            or node in self._pending_far
+            or (f is not None and f.acked == self.members.inc)
+        )
+
+    def gossip_meta(self, consume: bool) -> dict[str, Any]:
+        """The news and domain summaries of the next heartbeats (docs/SCALE.md):
+        `"news"`, at most NEWS_MAX entries; `"sum"`, this node's leaf's summary and at
+        most SUMMARIES_PER_BEAT others, in turn. `consume`: a round to every link."""
+        out: dict[str, Any] = {}
+        news = self.members.news_out(consume)
+        if news:
+            out["news"] = news
+        sums = []
+        mine = self.summaries.get(self._leaf)
+        if mine is not None:
+            sums.append([self._leaf, *mine[:4]])
+        others = sorted(k for k in self.summaries if k != self._leaf)
+        if others:
+            k = self._sum_next % len(others)
+            for leaf in (others[k:] + others[:k])[:SUMMARIES_PER_BEAT]:
+                sums.append([leaf, *self.summaries[leaf][:4]])
+            if consume:
+                self._sum_next = k + SUMMARIES_PER_BEAT
+        if sums:
+            out["sum"] = sums
+        return out
+
+    def _gossip_in(self, meta: Any, now: int) -> list[Effect]:
+        """A link's heartbeat's news and summaries."""
+        out: list[Effect] = []
+        topo = self.topology
+        assert topo is not None
+        n = len(topo)
+        news = meta.get("news")
+        if type(news) is list:
+            for e in news[:NEWS_MAX]:
+                if type(e) is list and len(e) == 3 and all(type(x) is int for x in e):
+                    node, inc, dead = e
+                    if 0 <= node < n:
+                        changes = self.members.learn(node, inc, bool(dead), now)
+                        if changes:
+                            out += self._apply(changes)
+        sums = meta.get("sum")
+        if type(sums) is list:
+            for e in sums[: 1 + SUMMARIES_PER_BEAT]:
+                if type(e) is list and len(e) == 5 and all(type(x) is int for x in e):
+                    leaf, version, load, node, inc = e
+                    if 0 <= node < n and topo.leaf(node) == leaf and inc > 0:
+                        self._summary_in(leaf, version, load, node, inc, now)
+        return out
+
+    def _summary_in(
+        self, leaf: int, version: int, load: int, node: int, inc: int, now: int
+    ) -> None:
+        cur = self.summaries.get(leaf)
+        if cur is not None and version <= cur[0]:
+            return
+        if cur is None and len(self.summaries) >= self.SUMMARY_MAX:
+            oldest = min(
+                (k for k in self.summaries if k != self._leaf), key=lambda k: self.summaries[k][4]
+            )
+            del self.summaries[oldest]
+        self.summaries[leaf] = [version, load, node, inc, now]
+
+    def _summarize(self, now: int) -> list[Effect]:
+        """Every tick: this leaf's summary if this node speaks for it (the lowest id alive
+        in its view of the leaf), and the placement candidates out of the links."""
+        topo = self.topology
+        assert topo is not None
+        views = self.members.views
+        alive = [p for p in self._leaf_peers if views[p].alive]
+        if not alive or self.me < alive[0]:
+            loads = self.peers.loads()
+            load, light = self.scheduler.load_hint(), self.me
+            for p in alive:
+                q = loads.get(p)
+                if q is not None and (q, p) < (load, light):
+                    load, light = q, p
+            inc = self.members.inc if light == self.me else views[light].inc
+            cur = self.summaries.get(self._leaf)
+            self.summaries[self._leaf] = [1 if cur is None else cur[0] + 1, load, light, inc, now]
+        fresh = now - 4 * self.dead_after_ns
+        far: dict[int, tuple[int, str]] = {}
+        out: list[Effect] = []
+        for leaf, (_, load, node, inc, heard) in self.summaries.items():
+            if leaf == self._leaf or heard < fresh or node in self.links:
+                continue
+            if self.members.far_inc(node) < inc:
+                out += self._apply(self.members.learn(node, inc, False, now, "a domain summary"))
+            if not self.members.is_dead(node):
+                far[node] = (load, topo.domain(node))
+        self.peers.set_far(far)
         return out
 
 

@@ -77,7 +77,7 @@ class PeerTable:
     ``take()`` hands the records of a peer back, once, for placing elsewhere.
     """
 
-    __slots__ = ("_clock", "_domains", "_peers", "_where", "dead_after_ns")
+    __slots__ = ("_clock", "_domains", "_far", "_peers", "_where", "dead_after_ns")
 
     def __init__(self, *, clock: Callable[[], int], dead_after_us: int) -> None:
         if dead_after_us <= 0:
@@ -88,6 +88,9 @@ class PeerTable:
         self._domains: dict[int, str] = {}
         #: task key -> the peer that holds it
         self._where: dict[int, int] = {}
+        #: placement candidates out of this node's links: node -> load, from the domain
+        #: summaries (``set_far``)
+        self._far: dict[int, int] = {}
 
     def add(self, peer: int, domain: str = "") -> None:
         """Declare a peer from the cluster config; it counts as alive from now."""
@@ -101,9 +104,40 @@ class PeerTable:
     def _get(self, peer: int) -> _Peer:
         p = self._peers.get(peer)
         if p is None:
-            p = self._peers[peer] = _Peer("", self._clock())
-            self._domains[peer] = ""
+            domain = self._domains.setdefault(peer, "")
+            p = self._peers[peer] = _Peer(domain, self._clock())
         return p
+
+    def known(self, peer: int) -> bool:
+        """Whether ``peer`` has an entry here (a link, or a node that held a task of ours)."""
+        return peer in self._peers
+
+    def forget(self, peer: int) -> None:
+        """Drop the entry of ``peer`` (a far node) if it holds nothing of this node."""
+        p = self._peers.get(peer)
+        if p is not None and not p.held:
+            del self._peers[peer]
+            if peer not in self._far:
+                self._domains.pop(peer, None)
+
+    def drop_far(self, node: int) -> None:
+        """``node`` is no placement candidate any more (it died)."""
+        if self._far.pop(node, None) is not None and node not in self._peers:
+            self._domains.pop(node, None)
+
+    def set_far(self, candidates: Mapping[int, tuple[int, str]]) -> None:
+        """The placement candidates beyond this node's links, ``node -> (load, domain)``:
+        the lightest node of each other domain, from its summary (docs/SCALE.md,
+        "Placement"). Replaces the previous set."""
+        for node in self._far:
+            if node not in candidates and node not in self._peers:
+                self._domains.pop(node, None)
+        self._far = {n: load for n, (load, _) in candidates.items()}
+        for n, (_, domain) in candidates.items():
+            self._domains[n] = domain
+            p = self._peers.get(n)
+            if p is not None:
+                p.domain = domain
 
     def seen(self, peer: int, load: int) -> None:
         """Any message (heartbeat or other) from ``peer``, with the load hint it carried.
@@ -162,13 +196,20 @@ class PeerTable:
         )
 
     def loads(self) -> dict[int, int]:
-        """Last load hint of every live peer that has sent one."""
+        """Last load hint of every live peer that has sent one, and the candidates out of
+        this node's links with their domain's load (``set_far``)."""
         now = self._clock()
-        return {
+        out = {
             k: p.load
             for k, p in self._peers.items()
             if p.load is not None and not self._is_dead(p, now)
         }
+        for k, load in self._far.items():
+            if k not in out:
+                p = self._peers.get(k)
+                if p is None or not p.dead:
+                    out[k] = load
+        return out
 
     def hold(self, peer: int, task: Task) -> None:
         """Record that ``task`` was forwarded to ``peer``."""
@@ -211,6 +252,10 @@ class PeerTable:
         """Tasks this node forwarded to ``peer`` that it has not completed."""
         p = self._peers.get(peer)
         return [] if p is None else list(p.held.values())
+
+    def holders(self) -> list[int]:
+        """The peers that hold tasks of this node, by id."""
+        return sorted(k for k, p in self._peers.items() if p.held)
 
     def held_count(self) -> int:
         """Tasks of this node held by peers, all peers together."""

@@ -190,3 +190,31 @@ def test_a_complete_queued_for_a_dead_peer_goes_first_when_it_comes_back() -> No
     finally:
         a.close()
         b.close()
+
+
+def test_news_only_moves_forward_and_is_carried_a_bounded_number_of_times() -> None:
+    """Issue 8 item 5: far nodes are known from news, in any order, with the same result."""
+    from rdmasched.daemon.membership import NEWS_MAX, NEWS_REPEAT
+
+    m = Membership(0, [1], inc=100, dead_after_ns=DEAD, heartbeat_ns=BEAT, now=0, gossip=True)
+    assert m.learn(5, 7, True, 0) == [PeerGone(5, 7, "declared dead (news from the links)")]
+    assert m.learn(5, 7, False, 0) == []  # older news: dead beats alive at one incarnation
+    assert m.learn(5, 6, False, 0) == []  # an earlier incarnation
+    assert m.is_dead(5) and m.far_inc(5) == 7
+    assert m.learn(5, 8, False, 0) == [PeerJoined(5, 8, True)]  # restarted
+    assert not m.is_dead(5)
+    # the news waits to be carried NEWS_REPEAT rounds, at most NEWS_MAX entries a round
+    for n in range(10, 10 + NEWS_MAX):
+        m.learn(n, 3, True, 0)
+    rounds = []
+    while m.news:
+        rounds.append(m.news_out(consume=True))
+    assert all(len(r) <= NEWS_MAX for r in rounds)
+    carried = [e[0] for r in rounds for e in r]
+    assert all(carried.count(n) == NEWS_REPEAT for n in [5, *range(10, 10 + NEWS_MAX)])
+    # news that this node's own incarnation is dead makes it rejoin; a link's is ended
+    assert m.learn(1, 4, False, 0) == [] and m.alive() == [1]  # its own heartbeat admits it
+    m.on_heartbeat(1, {"inc": 4}, 0)
+    assert m.learn(1, 4, True, 0) == [PeerGone(1, 4, "incarnation 4 is news from the links")]
+    (r,) = m.learn(0, 100, True, 0)
+    assert isinstance(r, Rejoined) and m.inc == 101
