@@ -76,6 +76,8 @@ _DISPATCH, _PREEMPT, _SYNC_READY = int(Kind.DISPATCH), int(Kind.PREEMPT), int(Ki
 _COMPLETE, _HEARTBEAT = int(Kind.COMPLETE), int(Kind.HEARTBEAT)
 _CANCEL, _JOB, _SUBMITTED = int(Flag.CANCEL), int(Flag.JOB), int(Flag.SUBMITTED)
 
+#: _next_hop: this node is not on the route of the pair (a message sent around a dead node)
+_OFF_ROUTE = -2
 #: sync tasks get ids from their own space so they never collide with submitted tasks
 SYNC_ID_BASE = 1 << 63
 #: SYNC_READYs kept for groups not (yet) defined here, at most (over it: rejected)
@@ -224,6 +226,8 @@ class NodeCore:
         self.max_relays = max_relays
         #: messages for other nodes relayed on; reason -> messages not relayed (dropped)
         self.relayed = 0
+        #: messages sent or relayed around a dead next hop (docs/PROTOCOL.md section 10)
+        self.rerouted = 0
         self.relay_dropped: dict[str, int] = {}
         self._routes: dict[tuple[int, int], int] = {}
         #: the nodes this one has a lane to (and heartbeats); any other is reached by relays
@@ -264,6 +268,9 @@ class NodeCore:
             if topology is None
             else sorted(n for n in self.links if topology.leaf(n) == self._leaf)
         )
+        #: far nodes unreachable because every gateway of their leaf is dead (_cut_off)
+        self._cut: set[int] = set()
+        self._leaf_gw: dict[int, tuple[list[int], list[int]]] = {}
         #: DISPATCHes for a far node whose incarnation is not known yet (asked)
         self._pending_far: dict[int, list[msg.Dispatch]] = {}
         self.scheduler = Scheduler(
@@ -415,10 +422,16 @@ class NodeCore:
         if m.relays >= self.max_relays:
             return self._drop_relay(m, peer, "hop-bound")
         nxt = self._next_hop(m.src, m.dst)
+        if nxt == _OFF_ROUTE:  # sent around a dead node: on from here, not back
+            nxt = self._detour(m.dst, peer)
+            if nxt < 0:
+                return self._drop_relay(m, peer, "no-route")
         if nxt < 0:
             return self._drop_relay(m, peer, "no-route")
         if nxt in self._shunned:
-            return self._drop_relay(m, peer, "dead-hop")
+            nxt = self._detour(m.dst, peer)
+            if nxt < 0:
+                return self._drop_relay(m, peer, "dead-hop")
         self.relayed += 1
         return [_new(Relay, (nxt, m))]
 
@@ -435,6 +448,23 @@ class NodeCore:
         )
         return []
 
+    def _detour(self, dst: int, back: int = -1) -> int:
+        """The next hop from here to `dst` on the topology's first candidate path that
+        avoids every link this node knows is dead and `back` (the lane the message came
+        on), or -1 (docs/PROTOCOL.md section 10)."""
+        topo = self.topology
+        if topo is None:
+            return -1
+        avoid = self._shunned if back < 0 else self._shunned | {back}
+        try:
+            nxt = topo.path(self.me, dst, dead=avoid)[1]
+        except (ConfigError, IndexError, ValueError):
+            return -1
+        if nxt not in self.links or nxt in avoid:
+            return -1
+        self.rerouted += 1
+        return nxt
+
     def _next_hop(self, src: int, dst: int) -> int:
         """Where this node sends a message from `src` for `dst`: the node after it on the
         route (docs/PROTOCOL.md 10; a function of (this node, src, dst) only, so the
@@ -450,11 +480,11 @@ class NodeCore:
             try:
                 try:
                     nxt = topo.next_hop(self.me, src, dst)
-                except ValueError:  # not on the route from src (another route): from here
-                    nxt = topo.route(self.me, dst)
+                except ValueError:  # not on the route from src: it went around a dead node
+                    nxt = _OFF_ROUTE
             except (ConfigError, IndexError, ValueError):
                 nxt = -1
-            if nxt not in self.links:
+            if nxt not in self.links and nxt != _OFF_ROUTE:
                 nxt = -1
         if len(self._routes) >= ROUTE_CACHE_MAX:
             self._routes.clear()
@@ -655,6 +685,10 @@ class NodeCore:
         if dst in self.links or self.topology is None:
             return _new(Send, (dst, message, dst))
         nxt = self._next_hop(self.me, dst)
+        if nxt in self._shunned:  # the route's first relay is dead: around it, if a
+            alt = self._detour(dst)  # route avoids the dead; else the driver drops it
+            if alt >= 0:  # (a send to a dead peer, counted in `dropped`)
+                nxt = alt
         if nxt < 0:  # not a node of the topology: the driver has no lane to it either
             self.relay_dropped["no-route"] = self.relay_dropped.get("no-route", 0) + 1
             _log.warning("node %d: no route to node %d", self.me, dst)
@@ -777,15 +811,56 @@ class NodeCore:
             else:
                 self._act(sched.drop_origin(peer), out)
             out += self._sync(self.sync.node_gone(peer))  # a far member: its tree moves on
+            self._cut_off(peer, out)
         elif isinstance(c, PeerJoined):
             if self.peers.known(peer):
                 self.peers.revive(peer)
             out += self._sync(self.sync.node_back(peer))
+            self._cut_off(peer, out)
             for m in self._pending_far.pop(peer, ()):
                 self._place(peer, m, out)
         elif isinstance(c, Replace):
             self._act(sched.replace_held(peer, f"node {peer} dropped it (rejoin)"), out)
             self.peers.forget(peer)
+
+    def _cut_off(self, node: int, out: list[Effect]) -> None:
+        """A far node of another leaf died or came back: the members of its leaf with no
+        link out of it (only its gateways, the members that have one, lead there) are
+        unreachable while every gateway is dead, and nobody out of the leaf can hear of
+        their death (a whole leaf that stops: its switch). The sync tree stops waiting for
+        them, and waits again once a gateway is back (docs/SCALE.md section 10)."""
+        topo = self.topology
+        if topo is None or topo.leaf(node) == self._leaf:
+            return
+        leaf = topo.leaf(node)
+        inner, gateways = self._gateways(leaf)
+        cut = all(self.members.is_dead(g) for g in gateways)
+        for q in inner:
+            if cut and q not in self._cut:
+                self._cut.add(q)
+                out += self._sync(self.sync.node_gone(q))
+            elif not cut and q in self._cut:
+                self._cut.discard(q)
+                if not self.members.is_dead(q):
+                    out += self._sync(self.sync.node_back(q))
+
+    def lost(self, node: int) -> bool:
+        """`node` is dead in this node's view, or cut off (its leaf's gateways are)."""
+        return self.members.is_dead(node) or node in self._cut
+
+    def _gateways(self, leaf: int) -> tuple[list[int], list[int]]:
+        """(members of `leaf` with links only in it, the members with a link out of it)."""
+        got = self._leaf_gw.get(leaf)
+        if got is None:
+            topo = self.topology
+            assert topo is not None
+            inner: list[int] = []
+            gateways: list[int] = []
+            for q in range(topo.leaf_start[leaf], topo.leaf_start[leaf] + topo.leaf_size[leaf]):
+                out_of_leaf = any(topo.leaf(x) != leaf for x in topo.links(q))
+                (gateways if out_of_leaf else inner).append(q)
+            got = self._leaf_gw[leaf] = (inner, gateways)
+        return got
 
     def _notice(self, peer: int) -> Send:
         """A notice to far `peer`: this node's incarnation, and the one of `peer` it knows

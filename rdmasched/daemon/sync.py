@@ -86,7 +86,7 @@ SyncOut = SendSync | Release | Reject
 class _Step:
     """What this node knows of one pending step."""
 
-    __slots__ = ("done", "last", "mine", "ready", "up")
+    __slots__ = ("by", "done", "last", "mine", "ready", "up")
 
     def __init__(self) -> None:
         self.mine: int | None = None  # this node's own readiness time
@@ -94,6 +94,9 @@ class _Step:
         self.ready: dict[int, int] = {}  # member -> readiness time (as its leaf's combiner)
         self.done: dict[_Domain, int] = {}  # domain known complete -> its latest readiness
         self.up: dict[int, int] = {}  # level this node reported at -> the node it went to
+        #: the combiners that reported a domain complete here: the release goes back to
+        #: them even if this node's view still names another (a death it has not heard of)
+        self.by: set[int] = set()
 
 
 class _Group:
@@ -244,6 +247,7 @@ class SyncGroups:
             if d in st.done:
                 return out  # a repeated report changes nothing
             st.done[d] = st.last = sent_ns
+            st.by.add(node)
         else:
             if node in st.ready:
                 return out
@@ -365,12 +369,16 @@ class SyncGroups:
         g.history[step] = trigger
         if len(g.history) > HISTORY:
             del g.history[min(g.history)]
+        st = g.steps.get(step)
+        reporters = () if st is None else sorted(st.by)
         for s in [s for s in g.steps if s <= step]:
             del g.steps[s]
         self.releases += 1
         if self.topology is not None and self.me not in g.dead:
             m = self._release_msg(g, step, trigger)
-            out += [SendSync(n, m) for n in self._children(g) if n != source]
+            to = dict.fromkeys(self._children(g))
+            to.update(dict.fromkeys(r for r in reporters if r not in g.dead))
+            out += [SendSync(n, m) for n in to if n != source and n != self.me]
         out.append(Release(g.id, step, trigger))
 
     def _children(self, g: _Group) -> list[int]:
@@ -409,6 +417,7 @@ class SyncGroups:
                 continue
             tree = self.topology is not None and self.me in g.members
             before = self._parents(g) if tree and g.combiners else set()
+            below = set(self._children(g)) if tree and g.combiners else set()
             if node in self.dead:
                 g.dead.add(node)
             else:
@@ -420,6 +429,8 @@ class SyncGroups:
                 # a new combiner above may have missed the last release: tell it
                 m = self._release_msg(g, g.released, g.history[g.released])
                 out += [SendSync(p, m) for p in sorted(self._parents(g) - before)]
+                # and a new combiner below may have had no release from here
+                out += [SendSync(c, m) for c in sorted(set(self._children(g)) - below)]
             for step in sorted(g.steps):
                 self._advance(g, step, out)
         return out

@@ -110,7 +110,9 @@ def test_the_hop_bound_drops_and_counts() -> None:
     assert not [m for s, m in c.arrived[dst] if s == src and m.kind == msg._SYNC_READY]
 
 
-def test_a_relay_whose_next_hop_is_dead_drops_and_counts() -> None:
+def test_a_relay_whose_next_hop_is_dead_routes_around_it() -> None:
+    """The relay knows its link `second` is dead: it sends the message on the topology's
+    first route from here that avoids it (docs/PROTOCOL.md section 10), within the bound."""
     t = topo()
     src, dst = far_pairs(t)[0]
     first, second = t.path(src, dst)[1:3]
@@ -120,9 +122,27 @@ def test_a_relay_whose_next_hop_is_dead_drops_and_counts() -> None:
     c.do(first, c.cores[first].peer_lost(second, "its lane closed", c.now))
     c.deliver()
     c.arrived.clear()
+    before = c.cores[first].rerouted
     c.do(src, [c.cores[src]._send(dst, ready(1, src))])
     c.deliver()
-    assert c.cores[first].relay_dropped == {"dead-hop": 1}
+    assert c.cores[first].rerouted > before and not c.cores[first].relay_dropped
+    [(sender, m)] = c.arrived[dst]
+    assert sender == src and m.relays <= MAX_RELAYS
+
+
+def test_a_message_for_a_dead_node_is_dropped_and_counted_at_the_last_relay() -> None:
+    t = topo()
+    src, dst = far_pairs(t)[0]
+    last = t.path(src, dst)[-2]
+    c = Cluster(24, topology=t)
+    c.deliver()
+    c.down.add(dst)
+    c.do(last, c.cores[last].peer_lost(dst, "its lane closed", c.now))
+    c.deliver()
+    c.arrived.clear()
+    c.do(src, [c.cores[src]._send(dst, ready(1, src))])
+    c.deliver()
+    assert c.cores[last].relay_dropped == {"dead-hop": 1}
     assert not c.arrived[dst]
 
 
@@ -154,15 +174,29 @@ def test_without_a_topology_every_node_is_linked_and_nothing_is_relayed() -> Non
     assert all(src == m.src for node in c.arrived for src, m in c.arrived[node])
 
 
-def test_heartbeats_relayed_keep_unlinked_nodes_alive() -> None:
-    """Until liveness is hierarchical (issue 8 item 5) every node heartbeats every other: the
-    relayed ones must count as signs of life of their origin, or unlinked nodes would be
-    declared dead."""
+def test_heartbeats_stay_on_links_and_a_far_dispatch_is_relayed_behind_its_notice() -> None:
+    """Liveness is hierarchical (docs/SCALE.md section 10): heartbeats cross links only, so
+    an idle cluster relays nothing and declares nobody dead. A DISPATCH to a far node is
+    relayed, after the notice (a relayed HEARTBEAT) that tells it the origin's incarnation;
+    it runs there, and its COMPLETE comes back relayed too."""
     t = topo()
     c = Cluster(24, topology=t)
     c.advance(2 * DEAD_AFTER_NS)
     assert not any(c.of(n, "dead") for n in c.cores)
-    assert sum(core.relayed for core in c.cores.values()) > 0
+    assert sum(core.relayed for core in c.cores.values()) == 0
+    assert not [u for u in c.unlinked if isinstance(u[2], msg.Heartbeat)]
+    s, d = far_pairs(t)[0]
+    c.do(s, c.cores[s].dispatch_to(d, task(5, s), c.now))
+    c.deliver()
+    assert [x[:3] for x in c.of(d, "start")] == [("start", s, 5)]
+    kinds = [type(m).__name__ for src, dst, m in c.unlinked if (src, dst) == (s, d)]
+    assert kinds[-1] == "Dispatch" and "Heartbeat" in kinds[: kinds.index("Dispatch")]
+    assert sum(core.relayed for core in c.cores.values()) >= 2 * (len(t.path(s, d)) - 2)
+    c.do(d, c.cores[d].complete(5, s, 1000, c.now))
+    c.deliver()
+    assert ("completed", 5, d) in c.of(s, "completed")
+    c.advance(2 * DEAD_AFTER_NS)
+    assert not any(c.of(n, "dead") for n in c.cores)
 
 
 def test_a_topology_whose_routes_exceed_the_bound_is_refused() -> None:
@@ -225,6 +259,15 @@ def test_nodes_relay_a_dispatch_and_its_complete_over_shm_lanes() -> None:
     t = topo()
     s, a, b, d = t.path(*far_pairs(t)[0])
     route = [s, a, b, d]
+    # only these four run: each one's links are its neighbours on the route (the lanes it
+    # has), so its heartbeats and gossip stay on them; routes are the topology's
+    full_links = t.links
+    near = {i: set(route[max(0, k - 1) : k + 2]) - {i} for k, i in enumerate(route)}
+
+    def route_links(node: int) -> list[int]:
+        return sorted(near[node]) if node in near else full_links(node)
+
+    t.links = route_links  # type: ignore[method-assign]
     name = f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"
     cluster = local_cluster(24, 1, name=name)
     links: dict[int, ShmLinks] = {}
