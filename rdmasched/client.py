@@ -75,6 +75,7 @@ from rdmasched.daemon.core import SYNC_ID_BASE
 from rdmasched.errors import (
     ArgumentError,
     ArgumentTypeError,
+    EpochError,
     LaneBusyError,
     LaneError,
     LaneFullError,
@@ -208,9 +209,9 @@ class Client:
             return self
         k = self.index
         deadline = time.monotonic() + self.connect_timeout_s
-        self._bell = shm.Doorbell.create(bell_name(self.endpoint, f"c{k}"))
         try:
             try:
+                self._bell = shm.Doorbell.create(bell_name(self.endpoint, f"c{k}"))
                 self._rx = shm.create_lane(
                     down_lane(self.endpoint, k), self.nslots, doorbell=self._bell
                 )
@@ -511,7 +512,7 @@ class Client:
                 try:
                     tx.send(kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta, 10_000)
                     return
-                except LaneFullError:
+                except (LaneFullError, EpochError):  # full, or a new sender not yet accepted
                     if not self._daemon_alive():
                         self._gone("its lane is full and its process is gone")
                         self._check()

@@ -665,12 +665,15 @@ class ClientHub:
                 del self.running_on[key]
                 node._do(node.core.preempted(t, t.progress_ns, now))
         # 2. its own tasks held here: cancelled (running ones through PREEMPT(cancel))
-        for tid in [t for t, o in self.owner.items() if o == k]:
+        owned = [t for t, o in self.owner.items() if o == k]
+        for tid in owned:
             del self.owner[tid]
-            t = node.scheduler.lookup(tid, node.id)
-            if t is not None and t.state in (TaskState.QUEUED, TaskState.RUNNING):
-                node._do(node.core.preempt(tid, None, True, now))
-                self.cancelled += 1
+        for state in (TaskState.QUEUED, TaskState.RUNNING):  # queued first: none takes a slot
+            for tid in owned:
+                t = node.scheduler.lookup(tid, node.id)
+                if t is not None and t.state is state:
+                    node._do(node.core.preempt(tid, None, True, now))
+                    self.cancelled += 1
         # 3. other nodes' tasks it ran: requeued here, for another client
         for key, owner in list(self.running_on.items()):
             origin, tid = key
