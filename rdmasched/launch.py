@@ -21,8 +21,9 @@ host's node name; default the Slurm node name, else the short host name), RDMASC
 1), RDMASCHED_TRANSPORT (`shm` with one host, else `verbs`), RDMASCHED_TOKEN (required on
 verbs), RDMASCHED_ADDR (the address other hosts reach this one at; default the host name's
 address), RDMASCHED_PORT (this host's bootstrap port; torchrun default MASTER_PORT + 100 + its
-group rank), RDMASCHED_DOMAIN (topology domain). A rank is client LOCAL_RANK (or
-SLURM_LOCALID) of the daemon at `<cluster>.<host>` (`client_endpoint`).
+group rank), RDMASCHED_DOMAIN (topology domain), RDMASCHED_HEARTBEAT_MS and
+RDMASCHED_DEAD_AFTER_MS (docs/CONFIG.md's heartbeat_ms and dead_after_ms). A rank is
+client LOCAL_RANK (or SLURM_LOCALID) of the daemon at `<cluster>.<host>` (`client_endpoint`).
 """
 
 from __future__ import annotations
@@ -153,6 +154,10 @@ def _config(env: Mapping[str, str], hosts: list[dict[str, Any]], source: str) ->
         "transport": transport,
         "token": env.get("RDMASCHED_TOKEN", ""),
     }
+    for key in ("heartbeat_ms", "dead_after_ms"):
+        var = f"RDMASCHED_{key.upper()}"
+        if env.get(var):
+            cluster[key] = _int(env, var)
     if len(hosts) > MAX_NODES:
         raise ConfigError(f"{source}: {len(hosts)} hosts, at most {MAX_NODES}")
     return ClusterConfig.from_dict({"cluster": cluster, "node": hosts}, source=source)

@@ -7,7 +7,8 @@ RANKS_HOLD=1 (print "ready", then keep the tasks running until killed).
 
 It defines group 1 over every host, submits its tasks (ids RANK*1000 + i, priority 10),
 announces each step and waits for its release, then completes every task that runs on it
-(its own, and other hosts' tasks placed on its slot) until all of its own have completed.
+(its own, and other hosts' tasks placed on its slot) until all of its own have completed,
+then announces one more step (a barrier) and leaves once it is released.
 Prints one JSON line: what it saw.
 """
 
@@ -91,6 +92,11 @@ def main() -> int:
                 finish(t)
         if not client.wait_for(lambda: mine <= done, 300):
             raise SystemExit(f"rank {rank}: tasks {sorted(mine - done)} did not complete")
+        # a last step as a barrier: no rank leaves while another's task may still be placed
+        # on its slot
+        client.sync_ready(1, steps)
+        if not client.wait_for(lambda: steps in syncs, 300):
+            raise SystemExit(f"rank {rank}: the last step was not released")
         client.flush()
         stats = client.stats()
     print(

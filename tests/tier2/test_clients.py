@@ -109,7 +109,7 @@ def test_two_ranks_on_one_daemon_get_only_their_own_callbacks(
                 assert ev[1] in mine and ev[2] == node.id, (r["rank"], ev)
             if ev[0] == "preempt":
                 preempts.append(ev)
-        assert r["syncs"] == [0, 1]  # every participant ran every step's release
+        assert r["syncs"] == [0, 1, 2]  # every participant ran every step's release
         assert r["rejected"] == {} and r["handler_errors"] == {}
         assert r["nodes"] == [node.id] and r["name"] == "h0"
     # both slots were busy when step 0 was released (nothing completes before): the sync
@@ -180,9 +180,18 @@ def test_killed_daemon_makes_waiting_clients_raise(tmp_path: Path) -> None:
         if d.poll() is None:
             d.kill()
             d.wait()
+        # what the killed daemon left (only its own segments: others' are not ours to touch)
+        from rdmasched.daemon.clients import bell_name
+        from rdmasched.daemon.links import ShmLinks
         from rdmasched.transport import shm
 
-        shm.remove_stale()
+        bells = {
+            f"/rdmasched.{ShmLinks.bell_name(name, 0)}",
+            f"/rdmasched.{bell_name(name + '.h0', 'd')}",
+        }
+        for seg in shm.list_segments():
+            if seg.startswith(f"/rdmasched.{name}.") or seg in bells:
+                shm.ShmSegment.unlink_name(seg)
 
 
 def test_killed_client_is_dropped_counted_and_replaced(daemon: tuple[Node, ClientHub]) -> None:
@@ -263,7 +272,7 @@ def test_torchrun_style_two_hosts_find_each_other_through_the_tcpstore() -> None
     for r in got:
         assert r["nodes"] == [0, 1], r  # both hosts in every daemon's cluster
         assert r["node"] == r["rank"] // 2 and r["name"] == f"host{r['rank'] // 2}"
-        assert r["syncs"] == [0, 1, 2]
+        assert r["syncs"] == [0, 1, 2, 3]
         assert r["done"] == sorted(r["rank"] * 1000 + i for i in range(2))
         assert r["rejected"] == {} and r["handler_errors"] == {}
         for ev in r["seen"]:
@@ -276,3 +285,57 @@ def test_torchrun_style_two_hosts_find_each_other_through_the_tcpstore() -> None
         lambda: not [s for s in shm.list_segments() if name in s],
         what="the daemons to exit and remove their segments",
     )
+
+
+@pytest.mark.slow
+def test_slurm_two_hosts_on_shm_daemons_and_ranks() -> None:
+    """The tier-3 two-VM run's launch (tests/tier3/test_two_hosts.py) on this machine: two
+    `rdmasched daemon`s and two ranks each from Slurm's variables, over shm."""
+    job = f"{os.getpid()}{uuid.uuid4().hex[:4]}"
+    hosts = [f"sh{job}a", f"sh{job}b"]
+    cmd = "import sys; from rdmasched.cli import main; sys.exit(main(sys.argv[1:]))"
+
+    def env(host: int, local: int) -> dict[str, str]:
+        e = dict(os.environ)
+        for var in ("MASTER_ADDR", "GROUP_RANK", "NODE_RANK", "LOCAL_RANK", "RDMASCHED_HOST"):
+            e.pop(var, None)
+        e.update(
+            PYTHONPATH=str(ROOT),
+            SLURM_JOB_ID=job,
+            SLURM_JOB_NODELIST=",".join(hosts),
+            SLURM_NODEID=str(host),
+            SLURM_NTASKS_PER_NODE="2",
+            SLURM_LOCALID=str(local),
+            SLURM_PROCID=str(host * 2 + local),
+            RDMASCHED_TRANSPORT="shm",
+            RANKS_TASKS="2",
+            RANKS_STEPS="2",
+        )
+        return e
+
+    daemons = [
+        subprocess.Popen(
+            [PY, "-c", cmd, "daemon"], env=env(h, 0), stdout=subprocess.PIPE, text=True
+        )
+        for h in (0, 1)
+    ]
+    try:
+        for h, d in enumerate(daemons):
+            assert d.stdout is not None
+            line = d.stdout.readline()
+            assert f"node {h} ({hosts[h]})" in line and f"at job{job}.{hosts[h]}" in line, line
+        got = results(ranks([env(h, k) for h in (0, 1) for k in (0, 1)]))
+        for r in got:
+            h = r["rank"] // 2
+            assert (r["node"], r["name"], r["nodes"]) == (h, hosts[h], [0, 1])
+            assert r["syncs"] == [0, 1, 2]
+            assert r["done"] == sorted(r["rank"] * 1000 + i for i in range(2))
+            assert r["rejected"] == {} and r["handler_errors"] == {}
+        for d in daemons:
+            d.send_signal(signal.SIGTERM)
+            assert d.wait(60) == 0
+    finally:
+        for d in daemons:
+            if d.poll() is None:
+                d.kill()
+                d.wait()
