@@ -182,6 +182,8 @@ class ClientHub:
         self.connects = 0
         self.clients_left = 0
         self.clients_dead = 0
+        #: preempt answers for tasks a rank completed while the PREEMPT was on its way
+        self.late_answers = 0
         #: tasks of clients that left or died, cancelled here
         self.cancelled = 0
         self.rejected: dict[str, int] = {}
@@ -245,6 +247,7 @@ class ClientHub:
             "clients_left": self.clients_left,
             "clients_dead": self.clients_dead,
             "cancelled": self.cancelled,
+            "late_answers": self.late_answers,
             "owned_tasks": len(self.owner),
             "rejected": dict(self.rejected),
             "msgs_in": self.msgs_in,
@@ -371,8 +374,10 @@ class ClientHub:
         elif op == OP_YIELDED:
             self.running_on.pop((arg2, id), None)
             t = node.scheduler.lookup(id, arg2)
-            if t is None:
-                raise ArgumentError(f"a preempt answer for task {id} of node {arg2}, not held")
+            if t is None or t.state not in _STOPPING:
+                # the rank completed it while the PREEMPT was on its way: the answer is moot
+                self.late_answers += 1
+                return
             self._yielded(t, arg0)
         elif op == OP_SYNC_DONE:
             self._sync_done(k, id)
@@ -656,7 +661,8 @@ class ClientHub:
             return
         node = self.node
         now = node.clock()
-        _log.warning("node %d: client %d dropped: %s", node.id, k, why)
+        level = logging.INFO if why == "left" else logging.WARNING
+        _log.log(level, "node %d: client %d dropped: %s", node.id, k, why)
         # 1. preempt answers it owed: given now, with the last progress known
         for key, owner in list(self.running_on.items()):
             origin, tid = key
