@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-clients",
         type=_int_range(1, 255, "a number of client ranks"),
         default=None,
-        help="client ranks served (indexes 0..N-1); default: the node's slots",
+        help="client ranks served, indexes 0..N-1 (default the node's slots)",
     )
     daemon.add_argument(
         "--exit-when-idle",

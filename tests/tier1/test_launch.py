@@ -3,6 +3,8 @@ Slurm's node list and node id, the one-host default, client endpoints, and the e
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rdmasched import launch
@@ -106,3 +108,15 @@ def test_node_from_env_is_the_host_daemon() -> None:
     node = Node.from_env(slurm())
     assert (node.id, node.spec.name, node.spec.slots) == (1, "gpu02", 4)
     assert [n.name for n in node.cluster.nodes] == ["gpu01", "gpu02", "gpu03"]
+
+
+def test_daemon_command_user_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rdmasched.cli import main
+
+    assert main(["daemon", "--config", "cluster.toml"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["rdmasched daemon: error: --config and --node go together"]
+    assert main(["daemon", "--config", f"{tmp_path}/none.toml", "--node", "a"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not exist" in err[0]
+    assert main(["daemon", "--max-clients", "0"]) == 2
