@@ -339,3 +339,54 @@ def test_slurm_two_hosts_on_shm_daemons_and_ranks() -> None:
             if d.poll() is None:
                 d.kill()
                 d.wait()
+
+
+@pytest.mark.slow
+def test_real_torchrun_two_agents_as_two_hosts() -> None:
+    """torchrun itself: two agents (--nnodes 2, c10d rendezvous), two "hosts" on this
+    machine by RDMASCHED_HOST, two ranks each; each host's local rank 0 starts its daemon,
+    and the daemons meet in the agents' rendezvous store at MASTER_ADDR:MASTER_PORT."""
+    pytest.importorskip("torch.distributed.run")
+    port = free_port()
+    job = f"trr{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    procs = []
+    for host in (0, 1):
+        env = dict(os.environ)
+        for var in ("SLURM_JOB_NODELIST", "SLURM_NODEID", "RDMASCHED_SLOTS", "LOCAL_RANK"):
+            env.pop(var, None)
+        env.update(
+            PYTHONPATH=str(ROOT),
+            RDMASCHED_HOST=f"{job}h{host}",
+            RDMASCHED_CLUSTER=job,
+            RDMASCHED_TRANSPORT="shm",
+            RANKS_SPAWN="1",
+            RANKS_TASKS="2",
+            RANKS_STEPS="2",
+        )
+        cmd = [PY, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2"]
+        cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+        cmd += ["--rdzv-id", job, "-m", "tests.ranks"]
+        procs.append(
+            subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
+    got = []
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        assert p.returncode == 0, out
+        got += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in got) == [0, 1, 2, 3]
+    # which agent became group rank 0 is the rendezvous' choice: each host one node id
+    assert len({(r["node"], r["name"]) for r in got}) == 2
+    for r in got:
+        assert r["nodes"] == [0, 1] and r["name"] in (f"{job}h0", f"{job}h1"), r
+        assert r["syncs"] == [0, 1, 2]
+        assert r["done"] == sorted(r["rank"] * 1000 + i for i in range(2))
+        assert r["rejected"] == {} and r["handler_errors"] == {}
+    from rdmasched.transport import shm
+
+    wait(
+        lambda: not [s for s in shm.list_segments() if job in s],
+        what="the daemons to exit and remove their segments",
+    )
