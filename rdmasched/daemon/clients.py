@@ -30,7 +30,8 @@ down lane and answers WELCOME. From then on:
 
 A client whose process is gone (found by the pid and start time in its up lane's header,
 checked every `check_ms`) is dropped: its tasks held here are cancelled (queued ones at
-once, running ones through PREEMPT(cancel)), other nodes' tasks it ran are requeued here,
+once, running ones through PREEMPT(cancel)), those placed on other hosts are cancelled
+there (PREEMPT(cancel), record dropped), other nodes' tasks it ran are requeued here,
 it leaves its groups, its down lane is closed, and `stats()["clients_dead"]` counts it.
 """
 
@@ -59,7 +60,7 @@ from rdmasched.errors import (
     RdmaschedError,
 )
 from rdmasched.scheduler import Task
-from rdmasched.scheduler.task import TaskState
+from rdmasched.scheduler.task import TaskState, task_key
 from rdmasched.transport import shm
 
 if TYPE_CHECKING:
@@ -680,6 +681,14 @@ class ClientHub:
                 if t is not None and t.state is state:
                     node._do(node.core.preempt(tid, None, True, now))
                     self.cancelled += 1
+        for tid in owned:  # placed on another host: cancelled there (PREEMPT(cancel))
+            t = node.scheduler.lookup(tid, node.id)
+            holder = node.peers.holder(task_key(node.id, tid))
+            if holder is not None and (t is None or t.state is TaskState.FORWARDED):
+                node.preempt(tid, node=holder, cancel=True)
+                # no record kept: it must not be placed again should that host die later
+                node.peers.release(holder, task_key(node.id, tid))
+                self.cancelled += 1
         # 3. other nodes' tasks it ran: requeued here, for another client
         for key, owner in list(self.running_on.items()):
             origin, tid = key

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -390,3 +391,46 @@ def test_real_torchrun_two_agents_as_two_hosts() -> None:
         lambda: not [s for s in shm.list_segments() if job in s],
         what="the daemons to exit and remove their segments",
     )
+
+
+def test_killed_client_tasks_placed_on_another_host_are_cancelled_there() -> None:
+    """A rank's task that its daemon placed on another host is cancelled there too when
+    the rank dies (PREEMPT(cancel) to the holder)."""
+    cfg = ClusterConfig.from_dict(
+        {
+            "cluster": {"name": f"c{os.getpid()}-{uuid.uuid4().hex[:6]}"},
+            "node": [{"name": "h0", "slots": 1}, {"name": "h1", "slots": 1}],
+        }
+    )
+    nodes = [Node(cfg, i, spin_us=50) for i in (0, 1)]
+    opened = [threading.Thread(target=n.open) for n in nodes]  # each waits for the other
+    for t in opened:
+        t.start()
+    for t in opened:
+        t.join(60)
+    for n in nodes:
+        n.start()
+    try:
+        hub = ClientHub(nodes[0], max_clients=1).open()
+        p = subprocess.Popen(
+            [PY, "-m", "tests.ranks"],
+            cwd=ROOT,
+            env=rank_env(nodes[0], 0, RANKS_TASKS="2", RANKS_HOLD="1"),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert p.stdout is not None
+        assert p.stdout.readline().strip() == "ready"
+        # one task runs on h0, the other was placed on h1 (h0's one slot is busy)
+        wait(lambda: nodes[1].stats()["scheduler"]["running"] == 1, what="a task on h1")
+        p.kill()
+        p.wait()
+        wait(lambda: hub.stats()["clients_dead"] == 1, what="h0 to notice")
+        wait(lambda: nodes[1].stats()["scheduler"]["running"] == 0, what="h1 to cancel it")
+        nodes[0].flush()
+        assert hub.stats()["cancelled"] == 2
+        s = nodes[0].stats()
+        assert s["scheduler"]["running"] == 0 and s["held_by_peers"] == 0
+    finally:
+        for n in nodes:
+            n.stop()
