@@ -29,6 +29,7 @@ running, and every later call raises it too.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
 import os
@@ -159,6 +160,9 @@ class Client:
         self._groups: dict[int, frozenset[int]] = {}
         self._nodes: dict[str, int] = {}
         self._daemon: tuple[int, int] | None = None
+        self._timers: list[tuple[int, int, Callable[[], None]]] = []
+        self._tlock = threading.Lock()
+        self._tseq = itertools.count()
 
     # ---- construction ---------------------------------------------------------------------
     @classmethod
@@ -435,6 +439,35 @@ class Client:
         }
         return out
 
+    def call_later(self, delay_ns: int, fn: Callable[[], None]) -> None:
+        """Run `fn()` on the reader thread (where handlers run) after `delay_ns`, as
+        `Node.call_later`. An exception in `fn` is logged and counted in
+        `handler_errors["call_later"]`."""
+        delay_ns = check_int("delay_ns", delay_ns)
+        check_callable("call_later's fn", fn)
+        self._check()
+        with self._tlock:
+            heapq.heappush(self._timers, (time.monotonic_ns() + delay_ns, next(self._tseq), fn))
+        if threading.current_thread() is not self._thread and self._bell is not None:
+            self._bell.ring()  # the reader recomputes how long it may sleep
+
+    def _run_timers(self) -> int:
+        """Run the due timers; ns until the next one (or check_s)."""
+        wait_ns = int(self.check_s * 1e9)
+        while True:
+            with self._tlock:
+                if not self._timers:
+                    return wait_ns
+                due, _, fn = self._timers[0]
+                now = time.monotonic_ns()
+                if due > now:
+                    return min(wait_ns, due - now)
+                heapq.heappop(self._timers)
+            try:
+                fn()
+            except Exception as exc:
+                self._failed("call_later", exc, 0)
+
     def wait_for(self, cond: Callable[[], bool], timeout_s: float = 60.0) -> bool:
         """Wait until `cond()` is true (say, a flag a handler sets); False on timeout.
         Raises `DaemonGoneError` as soon as the daemon is found gone."""
@@ -553,8 +586,9 @@ class Client:
         last_check = time.monotonic()
         while not self._stop.is_set():
             batch.clear()
+            wait_ns = self._run_timers()
             try:
-                got = lanes.wait(batch, self.check_s * 1e6, 50)
+                got = lanes.wait(batch, wait_ns / 1000, 50)
             except LaneError as exc:
                 self._gone(str(exc))
                 return

@@ -434,3 +434,24 @@ def test_killed_client_tasks_placed_on_another_host_are_cancelled_there() -> Non
     finally:
         for n in nodes:
             n.stop()
+
+
+def test_call_later_runs_on_the_reader_thread_as_on_a_node(daemon: tuple[Node, ClientHub]) -> None:
+    """Code written for a Node (`call_later` to finish simulated work) runs on a client."""
+    node, hub = daemon
+    done: list[int] = []
+    with Client(hub.endpoint, 0) as c:
+
+        @c.on_dispatch
+        def start(task: Any, slot: int) -> None:
+            c.call_later(2_000_000, lambda: (c.complete(task.id), done.append(task.id)))
+
+        c.call_later(1_000, lambda: 1 / 0)  # counted, the client goes on
+        for i in range(4):
+            c.submit(i, priority=5)
+        assert c.wait_for(lambda: len(done) == 4, 60)
+        c.flush()
+        assert sorted(done) == [0, 1, 2, 3] and c.handler_errors == {"call_later": 1}
+        assert node.stats()["scheduler"]["running"] == 0
+        with pytest.raises(ArgumentError):
+            c.call_later(-1, lambda: None)
