@@ -203,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     daemon.add_argument(
         "--exit-when-idle",
         action="store_true",
-        help="exit once every client that connected has left (for a daemon a rank started)",
+        help="exit once every client that connected has left, or if none connected in 120 s "
+        "(for a daemon a rank started)",
     )
 
     # ---- bench ------------------------------------------------------------------------------
@@ -703,9 +704,13 @@ def cmd_daemon(args: argparse.Namespace) -> int:
             flush=True,
         )
         idle_since: float | None = None
+        started = time.monotonic()
         while not done.wait(0.1):
             if not node.healthy:
                 raise RdmaschedError(f"the node's loop failed: {node.error!r}")
+            if args.exit_when_idle and not hub.connects and time.monotonic() - started > 120:
+                print("rdmasched daemon: no client came in 120 s; exiting", file=sys.stderr)
+                break
             if args.exit_when_idle and hub.connects and not hub.clients:
                 idle_since = idle_since or time.monotonic()
                 if time.monotonic() - idle_since > 1.0:
