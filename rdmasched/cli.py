@@ -217,6 +217,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="write every node's decision events as JSON lines into DIR (created if missing)",
     )
 
+    # ---- daemon -----------------------------------------------------------------------------
+    daemon = add(
+        sub,
+        "daemon",
+        "run this host's node daemon in the foreground; the host's ranks are its clients "
+        "(docs/CLIENT.md). The cluster comes from --config, else from the launcher's "
+        "environment (Slurm's node list, or torchrun's rendezvous store)",
+    )
+    daemon.add_argument("--config", metavar="FILE", help="cluster config (TOML, docs/CONFIG.md)")
+    daemon.add_argument("--node", help="this host's node name or id in --config")
+    daemon.add_argument(
+        "--max-clients",
+        type=_int_range(1, 255, "a number of client ranks"),
+        default=None,
+        help="client ranks served, indexes 0..N-1 (default the node's slots)",
+    )
+    daemon.add_argument(
+        "--exit-when-idle",
+        action="store_true",
+        help="exit once every client that connected has left, or if none connected in 120 s "
+        "(for a daemon a rank started)",
+    )
+
     # ---- bench ------------------------------------------------------------------------------
     bench = add(sub, "bench", "benchmarks that print figures")
     bsub = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
@@ -713,6 +736,54 @@ def cmd_bench_freeze(args: argparse.Namespace) -> int:
     return freeze.cli(args, prog="rdmasched bench freeze")
 
 
+def cmd_daemon(args: argparse.Namespace) -> int:
+    import threading
+    import time
+
+    from rdmasched.daemon.clients import ClientHub
+    from rdmasched.daemon.node import Node
+
+    if (args.config is None) != (args.node is None):
+        raise _UserError("--config and --node go together")
+    if args.config is not None:
+        node = Node.from_config(args.config, int(args.node) if args.node.isdigit() else args.node)
+    else:
+        node = Node.from_env()
+    done = threading.Event()
+
+    def stop(signum: int, frame: object) -> None:
+        done.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stop)
+    node.start()
+    try:
+        hub = ClientHub(node, max_clients=args.max_clients).open()
+        print(
+            f"rdmasched daemon: node {node.id} ({node.spec.name}) of cluster "
+            f"{node.cluster.name!r}, {node.spec.slots} slots, {len(node.cluster.nodes)} nodes; "
+            f"clients 0..{hub.max_clients - 1} at {hub.endpoint}",
+            flush=True,
+        )
+        idle_since: float | None = None
+        started = time.monotonic()
+        while not done.wait(0.1):
+            if not node.healthy:
+                raise RdmaschedError(f"the node's loop failed: {node.error!r}")
+            if args.exit_when_idle and not hub.connects and time.monotonic() - started > 120:
+                print("rdmasched daemon: no client came in 120 s; exiting", file=sys.stderr)
+                break
+            if args.exit_when_idle and hub.connects and not hub.clients:
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since > 1.0:
+                    break
+            else:
+                idle_since = None
+    finally:
+        node.stop()
+    return 0
+
+
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from rdmasched.transport import shm
 
@@ -749,6 +820,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": cmd_demo,
         "trace": cmd_trace,
         "cleanup": cmd_cleanup,
+        "daemon": cmd_daemon,
         "bench latency": cmd_bench_latency,
         "bench throughput": cmd_bench_throughput,
         "bench scheduler": cmd_bench_scheduler,

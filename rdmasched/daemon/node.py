@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rdmasched import messages as msg
 from rdmasched._wire import JOB_MAX, Message
@@ -67,6 +67,9 @@ from rdmasched.errors import (
 )
 from rdmasched.scheduler import Event, PeerTable, Scheduler, Start, Task
 from rdmasched.wire import Kind
+
+if TYPE_CHECKING:
+    from rdmasched.daemon.clients import ClientHub
 
 _log = logging.getLogger("rdmasched.daemon")
 _T = TypeVar("_T")
@@ -170,6 +173,8 @@ class Node:
         self.loop: Loop | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        #: the ranks of this host, when it serves clients (daemon/clients.py, docs/CLIENT.md)
+        self.hub: ClientHub | None = None
         self._init_api_state()
 
     # ---- construction --------------------------------------------------------------------
@@ -179,8 +184,15 @@ class Node:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **kw: Any) -> Node:
-        cluster, rank = ClusterConfig.from_env(env)
-        return cls(cluster, rank, **kw)
+        """This host's daemon, from the launcher's environment (docs/CLIENT.md): a node is
+        a host (torchrun: its hosts found through the launcher's TCPStore; Slurm:
+        SLURM_JOB_NODELIST and SLURM_NODEID). The ranks are its clients
+        (`rdmasched.client.Client.from_env()`). The old rank-per-node config is
+        `Node(*ClusterConfig.from_env())`."""
+        from rdmasched import launch
+
+        cluster, node = launch.host_cluster(env)
+        return cls(cluster, node, **kw)
 
     # ---- the core's state, read-only views -------------------------------------------------
     @property
@@ -305,6 +317,8 @@ class Node:
         if self._error is None and not loop.running and not loop.flush_outbox(1.0):
             _log.warning("node %d: stopped with messages still queued for full lanes", self.id)
         self.loop = None
+        if self.hub is not None:
+            self.hub.close()
         close_quietly(loop.links)
         if self._error_unreported:
             self._error_unreported = False
@@ -520,6 +534,7 @@ class Node:
             "rejected": dict(self.rejected),
             "handler_errors": dict(self.handler_errors),
             "sync_early_kept": self.sync_early_kept,
+            "clients": self.hub.stats() if self.hub is not None else None,
             "bad_slots": bad,
             "scheduler": self.scheduler.stats().as_dict(),
         }
@@ -629,15 +644,18 @@ class Node:
             exc_info=exc if exc.__traceback__ is not None else None,
         )
 
-    def _preempt_progress(self, a: PreemptTask) -> int:
-        """Call the preempt handler; its progress, or the task's last one if it failed."""
+    def _preempt_progress(self, a: PreemptTask) -> Any:
+        """Call the preempt handler; its progress, or the task's last one if it failed
+        (or LATER from the client hub: the answer comes later)."""
         victim = a.victim
         assert self._preempt is not None
         try:
-            got = self._preempt(victim, a.slot, a.cancel)
+            got: Any = self._preempt(victim, a.slot, a.cancel)
         except Exception as exc:
             self._handler_failed("on_preempt", exc, victim.id)
             return victim.progress_ns
+        if got is LATER and self.hub is not None:
+            return got
         if type(got) is not int or not 0 <= got <= U64_MAX:
             self._handler_failed(
                 "on_preempt",
@@ -717,9 +735,11 @@ class Node:
             elif t is PreemptTask:
                 if e.trigger_ns:
                     self.reactions.add(self.clock() - e.trigger_ns)
-                progress = e.victim.progress_ns
+                progress: Any = e.victim.progress_ns
                 if self._preempt is not None:
                     progress = self._preempt_progress(e)
+                    if progress is LATER:  # a client answers later (daemon/clients.py)
+                        continue
                 effects[i:i] = core.preempted(e.victim, progress, self.clock())
             elif t is Send:
                 if type(e.message) is _HEARTBEAT_T:  # also to a peer declared dead

@@ -3,7 +3,10 @@
 Runs only inside `tests/vm/run-in-vm.sh --hosts 2` (env RDMASCHED_VM_ROLE=a|b,
 RDMASCHED_PEER_IP, RDMASCHED_SELF_IP): node a listens, node b connects through the bootstrap
 over the wire, and each sends N messages to the other while receiving; both check that
-every message arrived, in order, once. Elsewhere it is skipped.
+every message arrived, in order, once. Then one daemon per host (`rdmasched daemon`, over
+verbs) with two client ranks each (tests/ranks.py), all launched from Slurm's variables:
+the ranks of both hosts sync four steps, each rank's tasks run and complete, and each
+rank hears only of its own tasks among those of its host. Elsewhere it is skipped.
 """
 
 from __future__ import annotations
@@ -87,3 +90,84 @@ def test_two_nodes_exchange_both_ways_over_the_wire() -> None:
         assert conn.rx.stats()["gaps"] == 0 and conn.rx.stats()["bad_crc"] == 0
         print(f"node {me}: {N} each way in {took:.1f} s; tx {conn.tx.vstats()}")
         conn.close()
+
+
+# ---- one daemon per host, two client ranks each, launched from Slurm's variables -------------
+def slurm_env(local: int) -> dict[str, str]:
+    """What srun gives a task of a 2-node, 2-tasks-per-node job (the VMs' addresses as the
+    node names, so that they resolve), plus the rdmasched settings of the job."""
+    assert SELF and PEER
+    me = 0 if ROLE == "a" else 1
+    hosts = [SELF, PEER] if me == 0 else [PEER, SELF]
+    env = dict(os.environ)
+    for var in ("MASTER_ADDR", "GROUP_RANK", "NODE_RANK", "LOCAL_RANK", "RDMASCHED_HOST"):
+        env.pop(var, None)
+    env.update(
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NODELIST=",".join(hosts),
+        SLURM_NODEID=str(me),
+        SLURM_NTASKS_PER_NODE="2",
+        SLURM_LOCALID=str(local),
+        SLURM_PROCID=str(me * 2 + local),
+        RDMASCHED_TOKEN=TOKEN,
+        RDMASCHED_PORT="18700",
+        # a TCG VM with one vCPU runs four processes here: generous liveness settings
+        RDMASCHED_HEARTBEAT_MS="200",
+        RDMASCHED_DEAD_AFTER_MS="10000",
+        RANKS_TASKS="2",
+        RANKS_STEPS="3",
+    )
+    return env
+
+
+def test_two_daemons_with_two_client_ranks_each_over_verbs() -> None:
+    import json
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    me = 0 if ROLE == "a" else 1
+    cmd = "import sys; from rdmasched.cli import main; sys.exit(main(sys.argv[1:]))"
+    daemon = subprocess.Popen(  # as `srun --ntasks-per-node=1 rdmasched daemon` would
+        [sys.executable, "-c", cmd, "daemon"],
+        cwd=root,
+        env=slurm_env(0),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert daemon.stdout is not None
+        line = daemon.stdout.readline()
+        assert f"node {me} ({SELF})" in line and "2 nodes" in line, line
+        ranks = [
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.ranks"],
+                cwd=root,
+                env=slurm_env(local),
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for local in (0, 1)
+        ]
+        got = []
+        for p in ranks:
+            out, _ = p.communicate(timeout=600)
+            assert p.returncode == 0, out
+            got.append(json.loads(out.strip().splitlines()[-1]))
+        for r in got:
+            assert r["node"] == me and r["name"] == SELF and r["nodes"] == [0, 1]
+            assert r["syncs"] == [0, 1, 2, 3]  # every step released on both hosts
+            assert r["done"] == sorted(r["rank"] * 1000 + i for i in range(2))
+            assert r["rejected"] == {} and r["handler_errors"] == {}
+            for ev in r["seen"]:
+                if ev[0] in ("start", "preempt") and ev[2] == me:
+                    assert ev[1] // 1000 == r["rank"], ev  # this host's: the rank's own
+        print(f"host {me}: {got}")
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(60) == 0
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()

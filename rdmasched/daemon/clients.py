@@ -1,0 +1,713 @@
+"""The host daemon's side of its clients: the training ranks of this host (docs/CLIENT.md).
+
+A node is a host with K execution slots (GPUs), run as one daemon (`Node`). The ranks on the
+host (one process per GPU under torchrun or srun) are its clients: `rdmasched.client.Client`
+connects to the daemon over two shm lanes per client, one each way, and nothing else (no
+socket on the message path):
+
+    up   <cluster>.<host>.c<k>.up     client k -> daemon, created by the daemon at start
+    down <cluster>.<host>.c<k>.down   daemon -> client k, created by the client
+
+`<cluster>.<host>` is the daemon's **endpoint** (`endpoint_name`): the cluster's name and the
+host's node name. The daemon creates the up lanes of clients 0..max_clients-1 when it opens
+(one per slot by default; `k` is the rank's LOCAL_RANK), with a doorbell of its own, and one
+thread (`rdmasched-clients<id>`) waits on them; every message it reads is handed to the
+node's loop, which owns all the state below, so nothing here is shared between threads.
+
+A lane has one live sender (the shm transport refuses a second), so two processes cannot be
+client k at once. A client says HELLO on its up lane; the daemon attaches to the client's
+down lane and answers WELCOME. From then on:
+
+- a task a client submits (or dispatches) is **owned** by that client: the daemon routes its
+  StartTask, PreemptTask and CompleteNotice effects to it alone. Tasks of other nodes placed
+  here go to the client whose index is the slot they start on, else to the lowest connected
+  client, else to the daemon's own handlers.
+- a sync group's **local participants** are the clients that defined it; the host is ready
+  at a step once `local` of them (default: max_clients) said `sync_ready`; its release runs
+  `on_sync` on every participant, and the sync task completes when all of them are done.
+- a preempt answer (the progress) comes back asynchronously; the preempted task stays
+  PREEMPTING until it does (the preempting task starts at once).
+
+A client whose process is gone (found by the pid and start time in its up lane's header,
+checked every `check_ms`) is dropped: its tasks held here are cancelled (queued ones at
+once, running ones through PREEMPT(cancel)), those placed on other hosts are cancelled
+there (PREEMPT(cancel), record dropped), other nodes' tasks it ran are requeued here,
+it leaves its groups, its down lane is closed, and `stats()["clients_dead"]` counts it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from rdmasched import Kind
+from rdmasched._ring import Batch, LaneSet, RxLane, TxLane
+from rdmasched._shm import read_header
+from rdmasched.daemon.core import SYNC_ID_BASE as _SYNC_ID_BASE
+from rdmasched.daemon.loop import Outgoing
+from rdmasched.errors import (
+    ArgumentError,
+    ConfigError,
+    EpochError,
+    LaneError,
+    LaneFullError,
+    PeerDeadError,
+    RdmaschedError,
+)
+from rdmasched.scheduler import Task
+from rdmasched.scheduler.task import TaskState, task_key
+from rdmasched.transport import shm
+
+if TYPE_CHECKING:
+    from rdmasched.daemon.node import Node
+
+_log = logging.getLogger("rdmasched.clients")
+
+__all__ = ["ClientHub", "down_lane", "endpoint_name", "up_lane"]
+
+#: "no node" / "this node" in a u64 field
+NONE = (1 << 64) - 1
+
+# ---- the client protocol: the op of a message travels in its `hops` byte ----------------------
+# client -> daemon
+OP_HELLO = 1  # HEARTBEAT meta {"pid", "rank"}
+OP_BYE = 2  # HEARTBEAT
+OP_SUBMIT = 3  # DISPATCH id job priority arg0=cost meta=payload
+OP_DISPATCH = 4  # DISPATCH ... arg1=to node (NONE: here)
+OP_PREEMPT = 5  # PREEMPT id job flags(1 cancel, 2 by job) arg1=node (NONE: here)
+OP_READY = 6  # SYNC_READY id=group arg0=step
+OP_COMPLETE = 7  # COMPLETE id arg0=runtime arg1=origin (NONE: unnamed)
+OP_YIELDED = 8  # PREEMPT id arg0=progress arg2=origin: a preempt handler's answer
+OP_SYNC_DONE = 9  # SYNC_READY id=sync task id: this participant's on_sync is done
+OP_REQUEST = 10  # HEARTBEAT arg0=request id meta {"q": name, "a": [args]}
+# daemon -> client
+OP_WELCOME = 32  # HEARTBEAT meta {node, name, slots, cluster, client}
+OP_START = 33  # DISPATCH id job priority flags=slot arg0=cost arg1=progress arg2=origin meta
+OP_STOP = 34  # PREEMPT id job flags=slot arg0=progress arg1=cancel arg2=origin
+OP_SYNC = 35  # SYNC_READY id=sync task id job flags=slot arg0=group arg2=origin meta=payload
+OP_DONE = 36  # COMPLETE id=task arg0=node: a task this client submitted completed there
+OP_REPLY = 37  # HEARTBEAT arg0=request id meta {"ok": value} or {"err": [type, text]}
+OP_ERROR = 38  # HEARTBEAT meta {"err": [type, text]}: a request of this client was refused
+
+_STOPPING = (TaskState.PREEMPTING, TaskState.CANCELLING)
+_PREEMPT_CANCEL = 1
+_PREEMPT_JOB = 2
+
+
+def endpoint_name(cluster: str, host: str) -> str:
+    """The name a host's daemon is found by: `<cluster>.<host>` (cluster name, node name)."""
+    name = f"{cluster}.{host}"
+    try:
+        shm.lane_segment_name(up_lane(name, 0))
+    except ValueError:
+        raise ConfigError(
+            f"cluster {cluster!r} / host {host!r} do not make a daemon name: letters, digits, "
+            "'_', '.', '-' only"
+        ) from None
+    return name
+
+
+def up_lane(endpoint: str, k: int) -> str:
+    return f"{endpoint}.c{k}.up"
+
+
+def down_lane(endpoint: str, k: int) -> str:
+    return f"{endpoint}.c{k}.down"
+
+
+def bell_name(endpoint: str, who: str) -> str:
+    """A doorbell name (at most 21 characters) for `who` ("d" daemon, "c<k>" client k)."""
+    tag = hashlib.blake2s(endpoint.encode(), digest_size=4).hexdigest()
+    return f"{tag}.{who}"[:21]
+
+
+def error_meta(exc: BaseException) -> dict[str, Any]:
+    return {"err": [type(exc).__name__, str(exc)]}
+
+
+class _Client:
+    """One connected client, as the daemon sees it (loop thread only)."""
+
+    def __init__(self, k: int, pid: int, start: int, tx: TxLane) -> None:
+        self.k = k
+        self.pid = pid
+        self.start = start
+        self.tx = tx
+        self.outbox: deque[Outgoing] = deque()
+        self.groups: set[int] = set()
+
+
+class ClientHub:
+    """Serves a `Node`'s clients (the ranks of its host). `open()` after `node.open()`."""
+
+    def __init__(
+        self,
+        node: Node,
+        *,
+        host: str | None = None,
+        max_clients: int | None = None,
+        nslots: int = 256,
+        check_ms: int = 100,
+    ) -> None:
+        self.node = node
+        self.host = host or node.spec.name
+        self.endpoint = endpoint_name(node.cluster.name, self.host)
+        self.max_clients = node.spec.slots if max_clients is None else max_clients
+        if not 1 <= self.max_clients <= 255:
+            raise ConfigError(f"max_clients must be 1..255, not {self.max_clients}")
+        self.nslots = nslots
+        self.check_ns = check_ms * 1_000_000
+        self._rx: list[RxLane] = []
+        self._set: LaneSet | None = None
+        self._bell: shm.Doorbell | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        # ---- loop-thread state ----
+        self.clients: dict[int, _Client] = {}
+        #: this node's task id -> the client that submitted it
+        self.owner: dict[int, int] = {}
+        #: (origin, id) of a task running here -> the client it was started on
+        self.running_on: dict[tuple[int, int], int] = {}
+        #: group -> participants (client indexes); group -> local count the host waits for
+        self.participants: dict[int, set[int]] = {}
+        self.local: dict[int, int] = {}
+        self.ready: dict[tuple[int, int], set[int]] = {}
+        self.announced: set[tuple[int, int]] = set()
+        #: sync task id -> participants still running its on_sync
+        self.syncing: dict[int, set[int]] = {}
+        self.connects = 0
+        self.clients_left = 0
+        self.clients_dead = 0
+        #: preempt answers for tasks a rank completed while the PREEMPT was on its way
+        self.late_answers = 0
+        #: tasks of clients that left or died, cancelled here
+        self.cancelled = 0
+        self.rejected: dict[str, int] = {}
+        self.msgs_in = 0
+        self.msgs_out = 0
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def open(self) -> ClientHub:
+        """Create the up lanes and the doorbell, take over the node's handlers, start the
+        thread that reads the lanes."""
+        bell = shm.Doorbell.create(bell_name(self.endpoint, "d"))
+        self._bell = bell
+        lanes = LaneSet()
+        lanes.set_doorbell(bell, bell.address)
+        try:
+            for k in range(self.max_clients):
+                rx = shm.create_lane(up_lane(self.endpoint, k), self.nslots, doorbell=bell)
+                self._rx.append(rx)
+                lanes.add(rx)
+        except BaseException:
+            self.close()
+            raise
+        self._set = lanes
+        node = self.node
+        self._own = (node._dispatch, node._preempt, node._sync, node._complete)
+        node.on_dispatch(self._on_start)
+        node.on_preempt(self._on_preempt)
+        node.on_sync(self._on_sync)
+        node.on_complete(self._on_complete)
+        node.hub = self
+        self._thread = threading.Thread(
+            target=self._read, name=f"rdmasched-clients{node.id}", daemon=True
+        )
+        self._thread.start()
+        _log.info("node %d: serving clients at %s (%d)", node.id, self.endpoint, self.max_clients)
+        return self
+
+    def close(self) -> None:
+        """Stop reading, close every lane (clients waiting on this daemon find it gone)."""
+        self._stop.set()
+        if self._bell is not None:
+            self._bell.ring()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5)
+        self._thread = None
+        for c in list(self.clients.values()):
+            c.tx.close()
+        self.clients.clear()
+        for rx in self._rx:
+            rx.close()
+        self._rx.clear()
+        if self._bell is not None:
+            self._bell.close()
+            self._bell = None
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "endpoint": self.endpoint,
+            "clients": sorted(self.clients),
+            "connects": self.connects,
+            "clients_left": self.clients_left,
+            "clients_dead": self.clients_dead,
+            "cancelled": self.cancelled,
+            "late_answers": self.late_answers,
+            "owned_tasks": len(self.owner),
+            "rejected": dict(self.rejected),
+            "msgs_in": self.msgs_in,
+            "msgs_out": self.msgs_out,
+        }
+
+    # ---- the reader thread ----------------------------------------------------------------------
+    def _read(self) -> None:
+        lanes = self._set
+        assert lanes is not None
+        batch = Batch(256)
+        next_check = time.monotonic_ns() + self.check_ns
+        while not self._stop.is_set():
+            batch.clear()
+            try:
+                got = lanes.wait(batch, self.check_ns / 1000, 50)
+            except PeerDeadError:
+                got = 0
+            if got:
+                msgs = [
+                    (
+                        m.lane,
+                        m.hops,
+                        m.kind,
+                        m.id,
+                        m.job,
+                        m.priority,
+                        m.flags,
+                        m.arg0,
+                        m.arg1,
+                        m.arg2,
+                        m.meta,
+                    )
+                    for m in batch
+                ]
+                if not self._post(lambda msgs=msgs: self._handle_all(msgs)):
+                    return
+            now = time.monotonic_ns()
+            if now >= next_check:
+                next_check = now + self.check_ns
+                if not self._post(self._check_clients):
+                    return
+
+    def _post(self, fn: Any) -> bool:
+        """Hand `fn` to the node's loop; False once the node is gone."""
+        loop = self.node.loop
+        if loop is None or self.node.error is not None:
+            return False
+        loop.post(fn)
+        return True
+
+    # ---- on the loop thread: messages from clients ------------------------------------------
+    def _handle_all(self, msgs: list[tuple[Any, ...]]) -> None:
+        for m in msgs:
+            self.msgs_in += 1
+            try:
+                self._handle(*m)
+            except RdmaschedError as exc:
+                self._refuse(m[0], exc)
+
+    def _refuse(self, k: int, exc: BaseException) -> None:
+        name = type(exc).__name__
+        self.rejected[name] = self.rejected.get(name, 0) + 1
+        _log.warning("node %d: client %d: refused: %s", self.node.id, k, exc)
+        if k in self.clients:
+            self._send(k, Kind.HEARTBEAT, hops=OP_ERROR, meta=error_meta(exc))
+
+    def _handle(
+        self,
+        k: int,
+        op: int,
+        kind: int,
+        id: int,
+        job: int,
+        priority: int,
+        flags: int,
+        arg0: int,
+        arg1: int,
+        arg2: int,
+        meta: dict[str, Any] | None,
+    ) -> None:
+        if op == OP_HELLO:
+            self._hello(k, meta or {})
+            return
+        if k not in self.clients:  # a client dropped, or an ended sender's leftovers
+            self.rejected["no-session"] = self.rejected.get("no-session", 0) + 1
+            return
+        node = self.node
+        if op in (OP_SUBMIT, OP_DISPATCH):
+            task = node._checked_task(id, job, priority, arg0, meta)
+            if id in self.owner:
+                raise ArgumentError(
+                    f"task {id} of this node is still held (submitted by client "
+                    f"{self.owner[id]}); task ids are unique per host while they live"
+                )
+            self.owner[id] = k
+            if op == OP_SUBMIT:
+                node._do(node.core.submit(task, node.clock()))
+            elif arg1 == NONE or arg1 == node.id:
+                node._do(node.core.dispatch(task, node.clock()))
+            else:
+                node._check_peer(arg1)
+                node._do(node.core.dispatch_to(arg1, task, node.clock()))
+        elif op == OP_PREEMPT:
+            cancel = bool(flags & _PREEMPT_CANCEL)
+            by_job = bool(flags & _PREEMPT_JOB)
+            node.preempt(
+                None if by_job else id,
+                job=job if by_job else None,
+                node=None if arg1 == NONE else arg1,
+                cancel=cancel,
+            )
+        elif op == OP_READY:
+            self._ready(k, id, arg0)
+        elif op == OP_COMPLETE:
+            origin = None if arg1 == NONE else arg1
+            if id >= _SYNC_ID_BASE:  # a participant's sync work that went on after on_sync
+                self._sync_done(k, id)
+                return
+            if (origin is None or origin == node.id) and self.owner.get(id) == k:
+                del self.owner[id]
+            self.running_on.pop((node.id if origin is None else origin, id), None)
+            node._do(node.core.complete(id, origin, arg0, node.clock()))
+        elif op == OP_YIELDED:
+            self.running_on.pop((arg2, id), None)
+            t = node.scheduler.lookup(id, arg2)
+            if t is None or t.state not in _STOPPING:
+                # the rank completed it while the PREEMPT was on its way: the answer is moot
+                self.late_answers += 1
+                return
+            self._yielded(t, arg0)
+        elif op == OP_SYNC_DONE:
+            self._sync_done(k, id)
+        elif op == OP_REQUEST:
+            self._request(k, arg0, meta or {})
+        elif op == OP_BYE:
+            self.clients_left += 1
+            self._drop(k, "left")
+        else:
+            raise ArgumentError(f"unknown client request {op} (kind {kind})")
+
+    def _hello(self, k: int, meta: dict[str, Any]) -> None:
+        if k in self.clients:  # the same index again: the old process is gone
+            self.clients_dead += 1
+            self._drop(k, "replaced by a new process")
+        rx = self._rx[k]
+        hdr = read_header(rx.segment)  # type: ignore[attr-defined]
+        pid, start = int(hdr["sender_pid"]), int(hdr["sender_start"])
+        try:
+            tx = shm.attach_lane(down_lane(self.endpoint, k), src=self.node.id, timeout_us=0)
+        except LaneError as exc:
+            _log.warning("node %d: client %d said hello but: %s", self.node.id, k, exc)
+            return
+        self.clients[k] = _Client(k, pid, start, tx)
+        self.connects += 1
+        node = self.node
+        self._send(
+            k,
+            Kind.HEARTBEAT,
+            hops=OP_WELCOME,
+            meta={
+                "node": node.id,
+                "name": node.spec.name,
+                "slots": node.spec.slots,
+                "cluster": node.cluster.name,
+                "client": k,
+                "clients": self.max_clients,
+            },
+        )
+        _log.info("node %d: client %d connected (pid %s)", node.id, k, meta.get("pid"))
+
+    def _request(self, k: int, rid: int, meta: dict[str, Any]) -> None:
+        q = meta.get("q")
+        a = meta.get("a") or []
+        node = self.node
+        try:
+            value: Any = None
+            if q == "flush":  # after the calls queued on the loop before it
+                self.node._loop().post(
+                    lambda: self._send(k, Kind.HEARTBEAT, arg0=rid, hops=OP_REPLY, meta={"ok": 0})
+                )
+                return
+            elif q == "nodes":
+                value = [n.id for n in node.cluster.nodes]
+            elif q == "resolve":
+                value = node.cluster.node(a[0]).id
+            elif q == "define_group":
+                self._define_group(k, int(a[0]), list(a[1]), a[2])
+            elif q == "explain":
+                value = [e.as_dict() for e in node.scheduler.explain(int(a[0]))]
+            elif q == "stats":
+                value = node.stats()
+                value["clients"] = self.stats()
+            else:
+                raise ArgumentError(f"unknown request {q!r}")
+            out = {"ok": value}
+        except (RdmaschedError, ValueError, TypeError, IndexError, KeyError) as exc:
+            out = error_meta(exc)
+        try:
+            self._send(k, Kind.HEARTBEAT, arg0=rid, hops=OP_REPLY, meta=out)
+        except RdmaschedError as exc:  # the answer did not fit: say so instead
+            self._send(k, Kind.HEARTBEAT, arg0=rid, hops=OP_REPLY, meta=error_meta(exc))
+
+    # ---- sync groups ----------------------------------------------------------------------------
+    def _define_group(self, k: int, group: int, members: list[Any], local: int | None) -> None:
+        node = self.node
+        mem = node._checked_members(group, members)
+        old = node._group_defs.get(group)
+        if old is not None and old != mem:
+            raise ArgumentError(f"group {group} is already defined, with members {sorted(old)}")
+        want = self.max_clients if local is None else int(local)
+        if not 1 <= want <= self.max_clients:
+            raise ArgumentError(f"local must be 1..{self.max_clients} (clients), not {want}")
+        if self.local.get(group, want) != want:
+            raise ArgumentError(
+                f"group {group} waits for {self.local[group]} local participants here, not {want}"
+            )
+        if old is None:
+            node._group_defs[group] = mem
+            node._do(node.core.define_group(group, mem, node.clock()))
+        self.local[group] = want
+        self.participants.setdefault(group, set()).add(k)
+        self.clients[k].groups.add(group)
+
+    def _ready(self, k: int, group: int, step: int) -> None:
+        if k not in self.participants.get(group, ()):
+            raise ArgumentError(
+                f"sync_ready for group {group}, which this client never defined (define_group)"
+            )
+        key = (group, step)
+        if key in self.announced:
+            raise ArgumentError(f"group {group} step {step} was already announced by this host")
+        self.ready.setdefault(key, set()).add(k)
+        self._maybe_announce(key)
+
+    def _maybe_announce(self, key: tuple[int, int]) -> None:
+        group, step = key
+        if len(self.ready.get(key, ())) >= self.local.get(group, 1):
+            del self.ready[key]
+            self.announced.add(key)
+            if len(self.announced) > 65536:  # steps long done
+                self.announced = {a for a in self.announced if a[1] + 1024 > step}
+            node = self.node
+            node._do(node.core.sync_ready(group, step, node.clock()))
+
+    def _sync_done(self, k: int, task_id: int) -> None:
+        left = self.syncing.get(task_id)
+        if left is None or k not in left:
+            raise ArgumentError(f"sync task {task_id} is not running on this client")
+        left.discard(k)
+        if not left:
+            del self.syncing[task_id]
+            node = self.node
+            node._do(node.core.complete(task_id, node.id, 0, node.clock()))
+
+    # ---- the node's effects, routed to clients (loop thread) ------------------------------------
+    def _client_for(self, task: Task, slot: int) -> int | None:
+        if task.origin == self.node.id:
+            k = self.owner.get(task.id)
+            if k is not None:
+                return k if k in self.clients else None
+        if slot in self.clients:
+            return slot
+        return min(self.clients) if self.clients else None
+
+    def _on_start(self, task: Task, slot: int) -> None:
+        k = self._client_for(task, slot)
+        if k is None:
+            own = self._own[0]
+            if own is not None:
+                own(task, slot)
+            return
+        self.running_on[(task.origin, task.id)] = k
+        self._send(
+            k,
+            Kind.DISPATCH,
+            task.id,
+            task.job,
+            task.priority,
+            slot,
+            task.cost_ns,
+            task.progress_ns,
+            task.origin,
+            OP_START,
+            task.payload,
+        )
+
+    def _on_preempt(self, task: Task, slot: int, cancel: bool) -> Any:
+        from rdmasched.daemon.node import LATER
+
+        k = self.running_on.get((task.origin, task.id))
+        if k is None or k not in self.clients:
+            self.running_on.pop((task.origin, task.id), None)
+            own = self._own[1]
+            return own(task, slot, cancel) if own is not None and k is None else task.progress_ns
+        self._send(
+            k,
+            Kind.PREEMPT,
+            task.id,
+            task.job,
+            0,
+            slot,
+            task.progress_ns,
+            int(cancel),
+            task.origin,
+            OP_STOP,
+        )
+        return LATER  # its answer comes as OP_YIELDED
+
+    def _on_sync(self, task: Task, slot: int) -> Any:
+        from rdmasched.daemon.node import LATER
+
+        group = task.group if task.group is not None else 0
+        parts = [k for k in sorted(self.participants.get(group, ())) if k in self.clients]
+        if not parts:
+            own = self._own[2]
+            return own(task, slot) if own is not None else None
+        self.syncing[task.id] = set(parts)
+        for k in parts:
+            self._send(
+                k,
+                Kind.SYNC_READY,
+                task.id,
+                task.job,
+                task.priority,
+                slot,
+                group,
+                0,
+                task.origin,
+                OP_SYNC,
+                task.payload,
+            )
+        return LATER
+
+    def _on_complete(self, task_id: int, where: int) -> None:
+        k = self.owner.pop(task_id, None)
+        if k is None or k not in self.clients:
+            own = self._own[3]
+            if own is not None and k is None:
+                own(task_id, where)
+            return
+        self._send(k, Kind.COMPLETE, task_id, arg0=where, hops=OP_DONE)
+
+    def _yielded(self, task: Task, progress: int) -> None:
+        node = self.node
+        node._do(node.core.preempted(task, progress, node.clock()))
+        if task.state is TaskState.CANCELLED and task.origin == node.id:
+            self.owner.pop(task.id, None)
+
+    # ---- sending to a client ------------------------------------------------------------------
+    def _send(
+        self,
+        k: int,
+        kind: int,
+        id: int = 0,
+        job: int = 0,
+        priority: int = 0,
+        flags: int = 0,
+        arg0: int = 0,
+        arg1: int = 0,
+        arg2: int = 0,
+        hops: int = 0,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        c = self.clients.get(k)
+        if c is None:
+            return
+        args: Outgoing = (kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta)
+        if c.outbox:
+            c.outbox.append(args)
+            return
+        try:
+            c.tx.send(*args, timeout_us=0)
+            self.msgs_out += 1
+        except (LaneFullError, EpochError):
+            c.outbox.append(args)
+            self.node._loop().call_later(200_000, lambda: self._flush(k))
+        except PeerDeadError as exc:
+            self.clients_dead += 1
+            self._drop(k, str(exc))
+
+    def _flush(self, k: int) -> None:
+        c = self.clients.get(k)
+        if c is None:
+            return
+        while c.outbox:
+            try:
+                c.tx.send(*c.outbox[0], timeout_us=0)
+            except (LaneFullError, EpochError):
+                self.node._loop().call_later(200_000, lambda: self._flush(k))
+                return
+            except PeerDeadError as exc:
+                self.clients_dead += 1
+                self._drop(k, str(exc))
+                return
+            c.outbox.popleft()
+            self.msgs_out += 1
+
+    # ---- clients that leave or die --------------------------------------------------------------
+    def _check_clients(self) -> None:
+        for k, c in list(self.clients.items()):
+            if not shm.alive(c.pid, c.start):
+                self.clients_dead += 1
+                self._drop(k, f"its process (pid {c.pid}) is gone")
+
+    def _drop(self, k: int, why: str) -> None:
+        """Client `k` is gone: cancel its tasks here, requeue others' it ran, leave its
+        groups, close its lane."""
+        c = self.clients.pop(k, None)
+        if c is None:
+            return
+        node = self.node
+        now = node.clock()
+        level = logging.INFO if why == "left" else logging.WARNING
+        _log.log(level, "node %d: client %d dropped: %s", node.id, k, why)
+        # 1. preempt answers it owed: given now, with the last progress known
+        for key, owner in list(self.running_on.items()):
+            origin, tid = key
+            t = node.scheduler.lookup(tid, origin)
+            if owner == k and t is not None and t.state in _STOPPING:
+                del self.running_on[key]
+                node._do(node.core.preempted(t, t.progress_ns, now))
+        # 2. its own tasks held here: cancelled (running ones through PREEMPT(cancel))
+        owned = [t for t, o in self.owner.items() if o == k]
+        for tid in owned:
+            del self.owner[tid]
+        for state in (TaskState.QUEUED, TaskState.RUNNING):  # queued first: none takes a slot
+            for tid in owned:
+                t = node.scheduler.lookup(tid, node.id)
+                if t is not None and t.state is state:
+                    node._do(node.core.preempt(tid, None, True, now))
+                    self.cancelled += 1
+        for tid in owned:  # placed on another host: cancelled there (PREEMPT(cancel))
+            t = node.scheduler.lookup(tid, node.id)
+            holder = node.peers.holder(task_key(node.id, tid))
+            if holder is not None and (t is None or t.state is TaskState.FORWARDED):
+                node.preempt(tid, node=holder, cancel=True)
+                # no record kept: it must not be placed again should that host die later
+                node.peers.release(holder, task_key(node.id, tid))
+                self.cancelled += 1
+        # 3. other nodes' tasks it ran: requeued here, for another client
+        for key, owner in list(self.running_on.items()):
+            origin, tid = key
+            t = node.scheduler.lookup(tid, origin)
+            if owner == k and t is not None and t.state is TaskState.RUNNING:
+                node._do(node.core.preempt(tid, None, False, now))
+        # 4. its share of sync steps
+        for tid, left in list(self.syncing.items()):
+            if k in left:
+                left.discard(k)
+                if not left:
+                    del self.syncing[tid]
+                    node._do(node.core.complete(tid, node.id, 0, now))
+        for g in c.groups:
+            parts = self.participants.get(g, set())
+            parts.discard(k)
+            self.local[g] = max(1, self.local.get(g, 1) - 1)
+            for key in [key for key in self.ready if key[0] == g]:
+                self.ready[key].discard(k)
+                self._maybe_announce(key)
+        with contextlib.suppress(LaneError):
+            c.tx.close()

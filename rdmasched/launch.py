@@ -1,0 +1,269 @@
+"""Launch through what clusters run: one daemon per host, found through the launcher.
+
+A node is a host (docs/CLIENT.md). Its daemon learns the cluster (every host, its slots and
+bootstrap address) and its own node id from the launcher, with no registry of our own:
+
+- **Slurm** (SLURM_JOB_NODELIST and SLURM_NODEID set): the hosts are the job's node list,
+  expanded (`rdmasched.topology.expand_hostlist`), in order; this host is node SLURM_NODEID.
+  Each host's bootstrap address is `<host>:<RDMASCHED_PORT>` (default 29650).
+- **torchrun** (MASTER_ADDR, MASTER_PORT and GROUP_RANK, or NODE_RANK, set; torch present):
+  each host's daemon writes its name, address and slots into the launcher's own rendezvous
+  store (the c10d TCPStore at MASTER_ADDR:MASTER_PORT, as a client of it) under
+  `rdmasched/<cluster>/host/<group rank>`, then reads every host's entry (waiting for hosts
+  still starting, up to RDMASCHED_STORE_TIMEOUT_S, default 300). This host is node GROUP_RANK.
+  The number of hosts is GROUP_WORLD_SIZE, else WORLD_SIZE / LOCAL_WORLD_SIZE.
+- **one host** otherwise: a cluster of one node, this host.
+
+Variables (every one optional): RDMASCHED_CLUSTER (the cluster name; default
+`job<SLURM_JOB_ID>`, else `job<TORCHELASTIC_RUN_ID>`, else `joblocal`), RDMASCHED_HOST (this
+host's node name; default the Slurm node name, else the short host name), RDMASCHED_SLOTS
+(execution slots of this host; default LOCAL_WORLD_SIZE, else SLURM_NTASKS_PER_NODE, else
+1), RDMASCHED_TRANSPORT (`shm` with one host, else `verbs`), RDMASCHED_TOKEN (required on
+verbs), RDMASCHED_ADDR (the address other hosts reach this one at; default the host name's
+address), RDMASCHED_PORT (this host's bootstrap port; torchrun default MASTER_PORT + 100 + its
+group rank), RDMASCHED_DOMAIN (topology domain), RDMASCHED_HEARTBEAT_MS and
+RDMASCHED_DEAD_AFTER_MS (docs/CONFIG.md's heartbeat_ms and dead_after_ms). A rank is
+client LOCAL_RANK (or SLURM_LOCALID) of the daemon at `<cluster>.<host>` (`client_endpoint`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from rdmasched.cluster import MAX_NODES, ClusterConfig
+from rdmasched.daemon.clients import endpoint_name, up_lane
+from rdmasched.errors import ConfigError
+
+__all__ = [
+    "client_endpoint",
+    "cluster_name",
+    "daemon_running",
+    "host_cluster",
+    "host_name",
+    "slurm_hosts",
+    "spawn_daemon",
+]
+
+SLURM_PORT = 29650
+_BAD = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if env is None else env
+
+
+def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
+    value = env.get(key)
+    if value is None or value == "":
+        if default is None:
+            raise ConfigError(f"{key} is not set")
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{key}={value!r} must be an integer") from None
+
+
+def cluster_name(env: Mapping[str, str] | None = None) -> str:
+    """The cluster (job) name: RDMASCHED_CLUSTER, else job<SLURM_JOB_ID>, else the torchrun
+    run id, else `joblocal`; characters other than letters, digits, '_', '.', '-' become '-'."""
+    env = _env(env)
+    name = env.get("RDMASCHED_CLUSTER")
+    if not name:
+        job = env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or "local"
+        name = _BAD.sub("-", f"job{job}")[:40]
+    return name
+
+
+def slurm_hosts(env: Mapping[str, str] | None = None) -> tuple[list[str], int] | None:
+    """(the job's hosts, this host's index) from SLURM_JOB_NODELIST and SLURM_NODEID; None
+    when Slurm did not launch this process."""
+    from rdmasched.topology import expand_hostlist
+
+    env = _env(env)
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        return None
+    if "SLURM_NODEID" not in env:
+        raise ConfigError(f"SLURM_JOB_NODELIST={nodelist!r} is set but SLURM_NODEID is not")
+    hosts = expand_hostlist(nodelist)
+    me = _int(env, "SLURM_NODEID")
+    if not 0 <= me < len(hosts):
+        raise ConfigError(
+            f"SLURM_NODEID={me} is not an index of SLURM_JOB_NODELIST ({len(hosts)} hosts)"
+        )
+    if len(set(hosts)) != len(hosts):
+        raise ConfigError(f"SLURM_JOB_NODELIST={nodelist!r} names a host twice")
+    return hosts, me
+
+
+def host_name(env: Mapping[str, str] | None = None) -> str:
+    """This host's node name: RDMASCHED_HOST, else its entry in the Slurm node list, else
+    SLURMD_NODENAME, else the short host name."""
+    env = _env(env)
+    if env.get("RDMASCHED_HOST"):
+        return env["RDMASCHED_HOST"]
+    slurm = slurm_hosts(env)
+    if slurm is not None:
+        return slurm[0][slurm[1]]
+    return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def client_endpoint(env: Mapping[str, str] | None = None) -> tuple[str, int]:
+    """(this host's daemon endpoint `<cluster>.<host>`, this rank's client index: LOCAL_RANK,
+    else SLURM_LOCALID, else 0)."""
+    env = _env(env)
+    index = _int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else _int(env, "SLURM_LOCALID", 0)
+    if not 0 <= index <= 254:
+        raise ConfigError(f"the local rank must be 0..254, not {index}")
+    return endpoint_name(cluster_name(env), host_name(env)), index
+
+
+def _slots(env: Mapping[str, str]) -> int:
+    if env.get("RDMASCHED_SLOTS"):
+        return _int(env, "RDMASCHED_SLOTS")
+    if env.get("LOCAL_WORLD_SIZE"):
+        return _int(env, "LOCAL_WORLD_SIZE")
+    per = env.get("SLURM_NTASKS_PER_NODE", "")
+    m = re.match(r"^(\d+)", per)  # "2" or "2(x3)"
+    return int(m.group(1)) if m else 1
+
+
+def _address(env: Mapping[str, str], host: str) -> str:
+    addr = env.get("RDMASCHED_ADDR")
+    if addr:
+        return addr
+    try:
+        return socket.gethostbyname(host if host != "localhost" else socket.gethostname())
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+def _config(env: Mapping[str, str], hosts: list[dict[str, Any]], source: str) -> ClusterConfig:
+    transport = env.get("RDMASCHED_TRANSPORT") or ("shm" if len(hosts) == 1 else "verbs")
+    cluster: dict[str, Any] = {
+        "name": cluster_name(env),
+        "transport": transport,
+        "token": env.get("RDMASCHED_TOKEN", ""),
+    }
+    for key in ("heartbeat_ms", "dead_after_ms"):
+        var = f"RDMASCHED_{key.upper()}"
+        if env.get(var):
+            cluster[key] = _int(env, var)
+    if len(hosts) > MAX_NODES:
+        raise ConfigError(f"{source}: {len(hosts)} hosts, at most {MAX_NODES}")
+    return ClusterConfig.from_dict({"cluster": cluster, "node": hosts}, source=source)
+
+
+def host_cluster(env: Mapping[str, str] | None = None) -> tuple[ClusterConfig, int]:
+    """The cluster of hosts and this host's node id, from the launcher (module doc)."""
+    env = _env(env)
+    domain = env.get("RDMASCHED_DOMAIN", "")
+    slurm = slurm_hosts(env)
+    if slurm is not None:
+        names, me = slurm
+        port = _int(env, "RDMASCHED_PORT", SLURM_PORT)
+        slots = _slots(env)
+        hosts = [
+            {"name": h, "slots": slots, "domain": domain, "address": f"{h}:{port}"} for h in names
+        ]
+        if env.get("RDMASCHED_ADDR"):  # this host's own address, where names do not resolve
+            hosts[me]["address"] = f"{env['RDMASCHED_ADDR']}:{port}"
+        return _config(env, hosts, "Slurm environment"), me
+    if env.get("MASTER_ADDR") and ("GROUP_RANK" in env or "NODE_RANK" in env):
+        return _from_store(env)
+    name = host_name(env)
+    one = {"name": name, "slots": _slots(env), "domain": domain, "address": ""}
+    if env.get("RDMASCHED_TRANSPORT") == "verbs":
+        one["address"] = f"{_address(env, name)}:{_int(env, 'RDMASCHED_PORT', SLURM_PORT)}"
+    return _config(env, [one], "environment (one host)"), 0
+
+
+def _from_store(env: Mapping[str, str]) -> tuple[ClusterConfig, int]:
+    """Every host's entry through the launcher's TCPStore (torchrun's rendezvous store)."""
+    try:
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]
+    except ImportError:
+        raise ConfigError(
+            "torchrun's variables are set (MASTER_ADDR, GROUP_RANK) but torch is not "
+            "importable: the hosts find each other through torchrun's TCPStore. Install "
+            "torch, or give the cluster as a TOML file (rdmasched daemon --config)"
+        ) from None
+    me = _int(env, "GROUP_RANK") if "GROUP_RANK" in env else _int(env, "NODE_RANK")
+    if env.get("GROUP_WORLD_SIZE"):
+        n = _int(env, "GROUP_WORLD_SIZE")
+    else:
+        world, local = _int(env, "WORLD_SIZE", 1), _int(env, "LOCAL_WORLD_SIZE", 1)
+        if local < 1 or world % local:
+            raise ConfigError(
+                f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={local}: set "
+                "GROUP_WORLD_SIZE (the number of hosts)"
+            )
+        n = world // local
+    if not 0 <= me < n <= MAX_NODES:
+        raise ConfigError(f"need 0 <= GROUP_RANK < hosts <= {MAX_NODES} (got {me} of {n})")
+    master, mport = env["MASTER_ADDR"], _int(env, "MASTER_PORT", 29500)
+    timeout = _int(env, "RDMASCHED_STORE_TIMEOUT_S", 300)
+    name = host_name(env)
+    entry = {
+        "name": name,
+        "slots": _slots(env),
+        "domain": env.get("RDMASCHED_DOMAIN", ""),
+        "address": f"{_address(env, name)}:{_int(env, 'RDMASCHED_PORT', mport + 100 + me)}",
+    }
+    try:
+        store = TCPStore(master, mport, is_master=False, timeout=timedelta(seconds=timeout))
+    except Exception as exc:  # torch raises RuntimeError/DistStoreError/TimeoutError
+        raise ConfigError(
+            f"cannot reach the launcher's rendezvous store at {master}:{mport} "
+            f"(MASTER_ADDR:MASTER_PORT): {exc}"
+        ) from None
+    prefix = f"rdmasched/{cluster_name(env)}/host/"
+    try:
+        store.set(prefix + str(me), json.dumps(entry))
+        hosts = [json.loads(store.get(prefix + str(h))) for h in range(n)]
+    except Exception as exc:
+        raise ConfigError(
+            f"the hosts did not all register in the rendezvous store at {master}:{mport} "
+            f"within {timeout} s: {exc}"
+        ) from None
+    return _config(env, hosts, f"rendezvous store {master}:{mport}"), me
+
+
+def daemon_running(endpoint: str) -> bool:
+    """A live daemon serves `endpoint` on this host (its first client lane is up)."""
+    from rdmasched._shm import MAGIC, ShmSegment, read_header
+    from rdmasched.transport import shm
+
+    try:
+        seg = ShmSegment.open(shm.lane_segment_name(up_lane(endpoint, 0)))
+    except (FileNotFoundError, OSError, ValueError):
+        return False
+    except Exception:  # an empty segment: still being created
+        return True
+    with seg:
+        if seg.size < shm.HEADER_BYTES:
+            return True
+        hdr = read_header(seg)
+    if hdr["magic"] != MAGIC:
+        return True
+    return not hdr["closed"] and shm.alive(hdr["receiver_pid"], hdr["receiver_start"])
+
+
+def spawn_daemon(env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start this host's daemon as a child process (`rdmasched daemon --exit-when-idle`):
+    it exits once every client that connected has left."""
+    env = dict(_env(env))
+    return subprocess.Popen(
+        [sys.executable, "-m", "rdmasched.cli", "daemon", "--exit-when-idle"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )

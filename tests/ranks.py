@@ -1,0 +1,124 @@
+"""A training rank as a client of its host's daemon, for the tier-2 and tier-3 tests.
+
+Run as `python -m tests.ranks` with a launcher's variables (torchrun's or Slurm's) and:
+RANKS_TASKS (tasks this rank submits, default 2), RANKS_STEPS (sync steps, default 2),
+RANKS_SPAWN=1 (local rank 0 starts the daemon: `Client.from_env(start_daemon=True)`),
+RANKS_HOLD=1 (print "ready", then keep the tasks running until killed).
+
+It defines group 1 over every host, submits its tasks (ids RANK*1000 + i, priority 10),
+announces each step and waits for its release, then completes every task that runs on it
+(its own, and other hosts' tasks placed on its slot) until all of its own have completed,
+then announces one more step (a barrier) and leaves once it is released.
+Prints one JSON line: what it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from rdmasched.client import Client
+from rdmasched.scheduler import Task
+
+
+def main() -> int:
+    env = os.environ
+    rank = int(env.get("RANK", env.get("SLURM_PROCID", "0")))
+    ntasks = int(env.get("RANKS_TASKS", "2"))
+    steps = int(env.get("RANKS_STEPS", "2"))
+    client = Client.from_env(start_daemon=env.get("RANKS_SPAWN") == "1", connect_timeout_s=120)
+    lock = threading.Lock()
+    seen: list[list[Any]] = []
+    running: dict[tuple[int, int], Task] = {}
+    syncs: list[int] = []
+    done: set[int] = set()
+    mine = {rank * 1000 + i for i in range(ntasks)}
+    finishing = threading.Event()
+
+    def finish(t: Task) -> None:  # under the lock
+        running.pop((t.origin, t.id), None)
+        client.complete(t.id, origin=t.origin)
+        if t.origin == client.id and t.id in mine:
+            done.add(t.id)
+
+    @client.on_dispatch
+    def start(t: Task, slot: int) -> None:
+        with lock:
+            seen.append(["start", t.id, t.origin, slot])
+            running[(t.origin, t.id)] = t
+            if finishing.is_set():
+                finish(t)
+
+    @client.on_preempt
+    def stop(t: Task, slot: int, cancel: bool) -> int:
+        with lock:
+            seen.append(["preempt", t.id, t.origin, slot])
+            running.pop((t.origin, t.id), None)
+        return t.progress_ns + 1
+
+    @client.on_sync
+    def sync(t: Task, slot: int) -> None:
+        with lock:
+            syncs.append(t.payload["step"] if t.payload else -1)
+
+    @client.on_complete
+    def completed(task_id: int, node: int) -> None:
+        with lock:
+            seen.append(["completed", task_id, node])
+            done.add(task_id)
+
+    with client:
+        nodes = client.nodes
+        client.define_group(1, nodes)
+        for i in range(ntasks):
+            client.submit(rank * 1000 + i, job=rank, priority=10, cost_ns=1_000_000)
+        client.flush()
+        if env.get("RANKS_HOLD") == "1":
+            client.wait_for(lambda: bool(running), 60)
+            print("ready", flush=True)
+            while True:
+                time.sleep(1)
+        for step in range(steps):
+            client.sync_ready(1, step)
+            if not client.wait_for(lambda step=step: step in syncs, 300):
+                raise SystemExit(f"rank {rank}: step {step} was not released")
+        with lock:
+            finishing.set()
+            for t in list(running.values()):
+                finish(t)
+        if not client.wait_for(lambda: mine <= done, 300):
+            raise SystemExit(f"rank {rank}: tasks {sorted(mine - done)} did not complete")
+        # a last step as a barrier: no rank leaves while another's task may still be placed
+        # on its slot
+        client.sync_ready(1, steps)
+        if not client.wait_for(lambda: steps in syncs, 300):
+            raise SystemExit(f"rank {rank}: the last step was not released")
+        client.flush()
+        stats = client.stats()
+    print(
+        json.dumps(
+            {
+                "rank": rank,
+                "index": client.index,
+                "node": client.id,
+                "name": client.name,
+                "seen": seen,
+                "syncs": syncs,
+                "done": sorted(done),
+                "rejected": client.rejected,
+                "handler_errors": client.handler_errors,
+                "nodes": nodes,
+                "clients": stats["clients"],
+            }
+        ),
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
