@@ -32,7 +32,7 @@ from rdmasched.daemon.core import (
     StartTask,
 )
 from rdmasched.demo.central import Executor
-from rdmasched.demo.workload import GROUP, Trainer, WorkloadConfig
+from rdmasched.demo.workload import GROUP, KIND_BACKGROUND, Trainer, WorkloadConfig, task_kind
 from rdmasched.messages import Heartbeat, SyncReady
 from rdmasched.scheduler import Task
 from rdmasched.sim.engine import Endpoint, Engine, Network
@@ -87,6 +87,8 @@ class Ledger:
         self.ready_last: dict[tuple[int, int], int] = {}
         self.release_lat_ns: list[int] = []
         self.decisions = 0
+        #: compute and sync tasks completed (background churn is not progress)
+        self.progress = 0
 
     def release(self, node: int, group: int, step: int, now: int) -> None:
         k = (node, group, step)
@@ -162,6 +164,8 @@ class Shaped:
         c = self.ledger.completed
         c[k] = c.get(k, 0) + 1
         self.ledger.run_ends += 1
+        if task_kind(task.id) != KIND_BACKGROUND:
+            self.ledger.progress += 1
         self.inner.complete(task, runtime_ns)
 
 
@@ -222,11 +226,25 @@ class CoreNode:
             i += 1
             t = type(e)
             if t is Send:
-                if e.peer in self.dead and type(e.message) is not Heartbeat:
-                    continue
+                msg = e.message
                 now = engine.now
                 busy = self.ep.busy_until
-                self.net.send(self.me, e.peer, e.message, self.load, busy if busy > now else now)
+                leave = busy if busy > now else now
+                # the same message to several peers in a row (a SYNC_READY to every
+                # member): one batch
+                j = i
+                while j < len(effects) and type(effects[j]) is Send and effects[j].message is msg:
+                    j += 1
+                dead = self.dead
+                if j == i:
+                    if e.peer not in dead or type(msg) is Heartbeat:
+                        self.net.send(self.me, e.peer, msg, self.load, leave)
+                    continue
+                peers = [x.peer for x in effects[i - 1 : j]]
+                i = j
+                if dead and type(msg) is not Heartbeat:
+                    peers = [p for p in peers if p not in dead]
+                self.net.send_many(self.me, peers, msg, self.load, leave)
             elif t is StartTask:
                 ledger.decisions += 1
                 trainer.on_start(e.task, e.slot)

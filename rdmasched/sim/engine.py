@@ -113,23 +113,37 @@ class Endpoint:
             if self.period_ns:
                 p = self.period_ns
                 t = -(-t // p) * p
-            self.engine.at(t, self._wake)
+            if t == now:
+                self._wake()  # idle: handle it now
+            else:
+                self.engine.at(t, self._wake)
 
     def _wake(self) -> None:
+        """Handle the next message; then the ones after it while nothing else is due
+        before this node is free again (no other event can come between them)."""
         if not self.alive:
             self.inbox.clear()
             self.waking = False
             return
-        m, src = self.inbox.popleft()
-        now = self.engine.now
-        cost = self.cpu_ns if self.cost is None else self.cost(m)
-        self.busy_until = now + cost
-        self.handled += 1
-        self.handler(m, src)
-        if self.inbox:
-            self.engine.at(self.busy_until, self._wake)
-        else:
-            self.waking = False
+        engine = self.engine
+        heap = engine._heap
+        inbox = self.inbox
+        cost_of = self.cost
+        while True:
+            m, src = inbox.popleft()
+            now = engine.now
+            self.busy_until = now + (self.cpu_ns if cost_of is None else cost_of(m))
+            self.handled += 1
+            self.handler(m, src)
+            if not inbox:
+                self.waking = False
+                return
+            t = self.busy_until
+            if (heap and heap[0][0] <= t) or not self.alive or self.period_ns:
+                engine.at(t, self._wake)
+                return
+            engine.now = t  # nothing is due before: handle the next one at t
+            engine.events += 1
 
 
 class Network:
@@ -182,6 +196,35 @@ class Network:
         self._cache = (src, load, message, m, len(raw))
         return m, len(raw)
 
+    def send_many(
+        self, src: int, dsts: list[int], message: ControlMessage, load: int, leave: int
+    ) -> None:
+        """One message object to several nodes (a SYNC_READY to every member): encoded
+        once, one event per arrival time."""
+        m, size = self._coded(src, load, message)
+        level = self.model.level
+        topo = self.topo
+        lat, bw = self._lat, self._bw
+        eps = self.endpoints
+        by_time: dict[int, list[Endpoint]] = {}
+        for dst in dsts:
+            lv = level(topo, src, dst)
+            ep = eps.get(dst)
+            if ep is not None:
+                t = leave + lat[lv] + int(size * 1e9 / bw[lv])
+                got = by_time.get(t)
+                if got is None:
+                    by_time[t] = [ep]
+                else:
+                    got.append(ep)
+        n = len(dsts)
+        self.sent += n
+        self.bytes += n * size
+        self._kinds[m.kind] += n
+        at = self.engine.at
+        for t, group in by_time.items():
+            at(t, _deliver_all, group, m, src)
+
     def send(
         self, src: int, dst: int, message: ControlMessage | Outgoing, load: int, leave: int
     ) -> None:
@@ -199,3 +242,8 @@ class Network:
         ep = self.endpoints.get(dst)
         if ep is not None:
             self.engine.at(arrive, ep.arrive, m, src)
+
+
+def _deliver_all(eps: list[Endpoint], m: _wire.Message, src: int) -> None:
+    for ep in eps:
+        ep.arrive(m, src)

@@ -89,6 +89,11 @@ class SimConfig:
         for count, at in self.kill:
             if not 0 <= count <= self.nodes or at < 0:
                 raise ArgumentError(f"--kill {count}@{at}: 0..{self.nodes} nodes at >= 0 ms")
+        if not 0 < self.heartbeat_ms < self.dead_after_ms:
+            raise ArgumentError(
+                f"need 0 < heartbeat ({self.heartbeat_ms} ms) < dead-after "
+                f"({self.dead_after_ms} ms)"
+            )
         if self.k8s_pods_per_s <= 0:
             raise ArgumentError("k8s pods/s must be > 0")
 
@@ -284,8 +289,10 @@ class Run:
         trainers = self.trainers
         alive = self.alive
 
-        def progress() -> int:  # steps, and tasks done: a slow step is not a stall
-            return sum(t.step + t.completions for t in trainers)
+        ledger = self.ledger
+
+        def progress() -> int:  # compute and sync tasks done: a slow step is not a stall
+            return ledger.progress
 
         limit = cfg.wall_limit_s
         wall0 = time.perf_counter()
