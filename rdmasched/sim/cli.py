@@ -93,6 +93,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--background-ms", type=_nonneg, default=2.0, help="background task, ms")
     p.add_argument("--backlog", type=int, default=4, help="background tasks queued per node")
     p.add_argument(
+        "--job-nodes",
+        type=int,
+        default=0,
+        help="nodes per data-parallel job: the cluster runs N/J jobs side by side "
+        "(0: one job over every node)",
+    )
+    p.add_argument(
         "--workload",
         metavar="FILE",
         help="replay a torch.profiler trace (.json/.json.gz) instead of the synthetic job",
@@ -147,6 +154,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def base_config(args: argparse.Namespace) -> SimConfig:
+    if args.job_nodes < 0:
+        raise ArgumentError("--job-nodes must be >= 0")
     if args.backlog < 0:
         raise ArgumentError("--backlog must be >= 0")
     if args.jitter >= 1:
@@ -188,6 +197,7 @@ def base_config(args: argparse.Namespace) -> SimConfig:
         k8s_pods_per_s=args.k8s_pods_per_s or 1.0,
         k8s_period_ms=args.k8s_period_ms,
         wall_limit_s=args.wall_limit_s,
+        job_nodes=args.job_nodes,
         trace=trace,
     )
     if args.k8s_pods_per_s <= 0:

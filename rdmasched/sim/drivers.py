@@ -31,7 +31,7 @@ from rdmasched.daemon.core import (
     SetTimer,
     StartTask,
 )
-from rdmasched.demo.central import Executor
+from rdmasched.demo.central import Coordinator, Executor
 from rdmasched.demo.workload import GROUP, KIND_BACKGROUND, Trainer, WorkloadConfig, task_kind
 from rdmasched.messages import Heartbeat, SyncReady
 from rdmasched.scheduler import Task
@@ -123,8 +123,16 @@ class Shaped:
     priorities flattened under "fifo", submissions and completions counted."""
 
     def __init__(
-        self, inner: Any, node: int, factor: float, fifo: bool, ledger: Ledger, alive: Any
+        self,
+        inner: Any,
+        node: int,
+        factor: float,
+        fifo: bool,
+        ledger: Ledger,
+        alive: Any,
+        group: int = GROUP,
     ) -> None:
+        self.group = group  # the sync group of the node's job
         self.inner = inner
         self.node = node
         self.factor = factor
@@ -152,7 +160,9 @@ class Shaped:
             task.priority = FIFO_PRIORITY
         self.inner.submit_local(task)
 
-    def sync_ready(self, step: int, group: int = GROUP) -> None:
+    def sync_ready(self, step: int, group: int | None = None) -> None:
+        if group is None:
+            group = self.group
         now = self.now()
         last = self.ledger.ready_last
         if last.get((group, step), -1) < now:
@@ -233,14 +243,15 @@ class CoreNode:
                 # the same message to several peers in a row (a SYNC_READY to every
                 # member): one batch
                 j = i
-                while j < len(effects) and type(effects[j]) is Send and effects[j].message is msg:
+                fx: list[Any] = effects
+                while j < len(fx) and type(fx[j]) is Send and fx[j].message is msg:
                     j += 1
                 dead = self.dead
                 if j == i:
                     if e.peer not in dead or type(msg) is Heartbeat:
                         self.net.send(self.me, e.peer, msg, self.load, leave)
                     continue
-                peers = [x.peer for x in effects[i - 1 : j]]
+                peers = [x.peer for x in fx[i - 1 : j]]
                 i = j
                 if dead and type(msg) is not Heartbeat:
                     peers = [p for p in peers if p not in dead]
@@ -301,3 +312,21 @@ class SimExecutor(Executor):
     def sync_ready(self, step: int, group: int = GROUP) -> None:
         m = SyncReady(group, step, self.node, sent_ns=self.clock(), job=group)
         self.loop.send(self.coord, *m.encode())
+
+
+class SimCoordinator(Coordinator):
+    """The demo's coordinator, for a cluster running several jobs: a SYNC_READY goes to the
+    cores of its own job's members (the demo runs one job whose group is every node, and
+    hands each SYNC_READY to every core; with `jobs` empty, this is exactly that)."""
+
+    jobs: dict[int, frozenset[int]] = {}
+
+    def on_message(self, m: _wire.Message, peer: int) -> None:
+        members = self.jobs.get(m.id) if m.kind == _SYNC_READY else None
+        if members is None:
+            return super().on_message(m, peer)
+        now = self.clock()
+        cores = self.cores
+        for node in sorted(members):
+            self._do(node, cores[node].member_ready(m.id, m.arg0, m.arg2, m.arg1, now))
+        return None

@@ -24,6 +24,7 @@ from rdmasched.sim.drivers import (
     CoreNode,
     Ledger,
     Shaped,
+    SimCoordinator,
     SimExecutor,
     SimLoop,
     SimTrainer,
@@ -37,6 +38,8 @@ from rdmasched.wire import Kind
 from rdmasched.workload import Replicated, Workload, replicate
 
 SCHEDULERS = ("rdmasched", "fifo", "central", "k8s")
+#: with several jobs, job j's sync group
+JOB_GROUP_BASE = 64
 MS = 1_000_000
 
 #: kube-scheduler: ~100 pods/s (docs/SIM.md has the sources)
@@ -67,6 +70,9 @@ class SimConfig:
     k8s_period_ms: float = 0.0
     #: stop when no step completes anywhere for this long (virtual ms)
     stall_ms: float = 5_000.0
+    #: nodes per data-parallel job (0: one job over every node); the cluster runs
+    #: N / job_nodes jobs side by side, each its own sync group
+    job_nodes: int = 0
     #: stop a run that takes longer than this on the wall clock (0: never); a run stopped
     #: so is marked and its figures are not deterministic
     wall_limit_s: float = 0.0
@@ -89,6 +95,10 @@ class SimConfig:
         for count, at in self.kill:
             if not 0 <= count <= self.nodes or at < 0:
                 raise ArgumentError(f"--kill {count}@{at}: 0..{self.nodes} nodes at >= 0 ms")
+        if self.job_nodes < 0:
+            raise ArgumentError(f"job nodes must be >= 0, not {self.job_nodes}")
+        if self.trace is not None and self.job_nodes not in (0, self.nodes):
+            raise ArgumentError("a trace replay runs one job over every node (no --job-nodes)")
         if not 0 < self.heartbeat_ms < self.dead_after_ms:
             raise ArgumentError(
                 f"need 0 < heartbeat ({self.heartbeat_ms} ms) < dead-after "
@@ -152,6 +162,10 @@ class Run:
         self.rep: Replicated | None = None
         self.sync_ns: dict[int, int] = {}
         self.groups = [GROUP]
+        jn = cfg.job_nodes if 0 < cfg.job_nodes < n else n
+        self.job_nodes = jn
+        if jn < n:  # several jobs: group JOB_GROUP_BASE + j holds job j's nodes
+            self.groups = [JOB_GROUP_BASE + j for j in range(-(-n // jn))]
         if cfg.trace is not None:
             # the trace's compute is scaled by replicate's slowdowns (the same distribution)
             self.rep = replicate(
@@ -181,10 +195,25 @@ class Run:
         self.build_s = time.perf_counter() - t0
 
     # ---- construction ----------------------------------------------------------------------
+    def group_of(self, node: int) -> int:
+        """The sync group of `node`'s job (the synthetic workload)."""
+        return (
+            GROUP if self.job_nodes >= self.cfg.nodes else JOB_GROUP_BASE + node // self.job_nodes
+        )
+
+    def members_of(self, group: int) -> frozenset[int]:
+        if group < JOB_GROUP_BASE:
+            return frozenset(range(self.cfg.nodes))
+        j = group - JOB_GROUP_BASE
+        return frozenset(range(j * self.job_nodes, min(self.cfg.nodes, (j + 1) * self.job_nodes)))
+
+    def node_groups(self, node: int) -> list[int]:
+        """The groups `node` is a member of."""
+        return self.groups if self.rep is not None else [self.group_of(node)]
+
     def _build_cores(self) -> None:
         cfg, topo, eng = self.cfg, self.topo, self.engine
         n = cfg.nodes
-        members = frozenset(range(n))
         self.nodes: list[CoreNode] = []
         for i in range(n):
             # the core knows the nodes it holds lanes to (the whole cluster in one leaf)
@@ -201,16 +230,23 @@ class Run:
             )
             node = CoreNode(eng, self.net, i, core, cfg.links.cpu_ns, self.ledger)
             backend = Shaped(
-                node, i, self.factors[i], cfg.scheduler == "fifo", self.ledger, _alive(node.ep)
+                node,
+                i,
+                self.factors[i],
+                cfg.scheduler == "fifo",
+                self.ledger,
+                _alive(node.ep),
+                self.group_of(i),
             )
             node.trainer = self._trainer(i, backend)
             self.trainers.append(node.trainer)
             self.nodes.append(node)
             self.cores.append(core)
+        members = {g: self.members_of(g) for g in self.groups}
         for node in self.nodes:
             node.do(node.core.open(0))
-            for g in self.groups:
-                node.do(node.core.define_group(g, members, 0))
+            for g in self.node_groups(node.me):
+                node.do(node.core.define_group(g, members[g], 0))
 
     def _build_central(self) -> None:
         cfg, eng, net = self.cfg, self.engine, self.net
@@ -222,7 +258,10 @@ class Run:
         k8s = cfg.scheduler == "k8s"
         if k8s:
             coord_loop.send_cost_ns = int(1e9 / cfg.k8s_pods_per_s)
-        coord = Coordinator(
+        jobs = {
+            g: self.members_of(g) for g in self.groups if g >= JOB_GROUP_BASE
+        }  # several jobs: each SYNC_READY goes to its own job's cores
+        coord = SimCoordinator(
             coord_loop,  # type: ignore[arg-type]
             dict.fromkeys(range(n), cfg.slots),
             group=GROUP,
@@ -230,18 +269,19 @@ class Run:
             starvation_us=1_000_000,
             aging_us=100_000,
         )
+        coord.jobs = jobs
         self.coordinator = coord
         self.cores = list(coord.cores.values())
-        members = frozenset(range(n))
-        for g in self.groups:
-            if g != GROUP:
-                for c in self.cores:
-                    c.define_group(g, members, 0)
+        for i, c in enumerate(self.cores):
+            for g in self.node_groups(i):
+                if g != GROUP:
+                    c.define_group(g, self.members_of(g), 0)
         call = cfg.central_call_ns
+        sizes = {g: len(m) for g, m in jobs.items()}
 
         def cost(m: _wire.Message) -> int:
-            # one call into one node core per message; a SYNC_READY: one per node
-            return call * (n if m.kind == _SYNC else 1)
+            # one call into one node core per message; a SYNC_READY: one per member
+            return call * (sizes.get(m.id, n) if m.kind == _SYNC else 1)
 
         period = int(cfg.k8s_period_ms * MS) if k8s else 0
         eps[me] = Endpoint(eng, me, call, coord.on_message, period_ns=period, cost=cost)
@@ -253,7 +293,9 @@ class Run:
             ex = SimExecutor(loop, i, me)  # type: ignore[arg-type]
             eps[i] = Endpoint(eng, i, cfg.links.cpu_ns, ex.on_message)
             net.endpoints[i] = eps[i]
-            backend = Shaped(ex, i, self.factors[i], False, self.ledger, _alive(eps[i]))
+            backend = Shaped(
+                ex, i, self.factors[i], False, self.ledger, _alive(eps[i]), self.group_of(i)
+            )
             tr = self._trainer(i, backend)
             ex.trainer = tr
             self.trainers.append(tr)
@@ -344,6 +386,7 @@ class Run:
             "stopped": None if finished else self.stopped,
             "steps": steps_done,
             "killed": self.killed,
+            "job_nodes": self.job_nodes,
             "virtual_s": span_ns / 1e9,
             "slot_idle_pct": sum(f["slot_idle_pct"] for f in figs) / len(figs) if figs else None,
             "step_time_ms": sum(step_times) / len(step_times) if step_times else None,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rdmasched.cli import main
-from rdmasched.demo.workload import GROUP, KIND_COMPUTE, WorkloadConfig, task_kind
+from rdmasched.demo.workload import KIND_COMPUTE, WorkloadConfig, task_kind
 from rdmasched.errors import ArgumentError
 from rdmasched.sim import PRESETS, Run, SimConfig, simulate
 from rdmasched.sim.trace import TRACE_GROUP_BASE
@@ -56,7 +56,7 @@ def check_conservation(run: Run, result: dict[str, Any]) -> None:
             continue
         done = len(t.step_times_ns)
         for step in range(done):
-            assert led.releases.get((t.node, GROUP, step)) == 1, (t.node, step)
+            assert led.releases.get((t.node, run.group_of(t.node), step)) == 1, (t.node, step)
         # compute tasks of finished steps: all completed, once
         computes = [k for k in led.completed if k[0] == t.node and task_kind(k[1]) == KIND_COMPUTE]
         assert len(computes) >= done * run.cfg.slots
@@ -65,7 +65,7 @@ def check_conservation(run: Run, result: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("scheduler", ["rdmasched", "fifo", "central"])
 def test_same_seed_same_figures(scheduler: str) -> None:
-    c = cfg(24, scheduler, sigma=0.1, stragglers=0.1)
+    c = cfg(24, scheduler, sigma=0.1, stragglers=0.1, job_nodes=8)
     a, b = simulate(c), simulate(c)
     assert a["finished"] and a["steps"] == 3
     assert json.dumps(model_figures(a), sort_keys=True) == json.dumps(
@@ -93,8 +93,9 @@ CENTRAL_RACE = pytest.mark.xfail(
         pytest.param("k8s", marks=CENTRAL_RACE),
     ],
 )
-def test_conservation(scheduler: str) -> None:
-    c = cfg(16, scheduler, sigma=0.05, k8s_pods_per_s=5_000.0)
+@pytest.mark.parametrize("jobs", [0, 4])
+def test_conservation(scheduler: str, jobs: int) -> None:
+    c = cfg(16, scheduler, sigma=0.05, k8s_pods_per_s=5_000.0, job_nodes=jobs)
     run = Run(c)
     r = run.run()
     assert r["finished"], r["stopped"]
@@ -167,9 +168,12 @@ def test_messages_counted_per_kind() -> None:
 
 
 def test_thousand_nodes() -> None:
-    run = Run(cfg(1000, steps=1, heartbeat_ms=10_000, dead_after_ms=20_000))
+    """1,000 nodes running 31 jobs of 32 nodes (one job over 1,000 nodes costs N² sync
+    messages per step until hierarchical sync lands)."""
+    run = Run(cfg(1000, steps=2, job_nodes=32))
     r = run.run()
-    assert r["finished"] and r["steps"] == 1
+    assert r["finished"] and r["steps"] == 2
+    assert r["msgs_by_kind"]["SYNC_READY"] == 2 * (31 * 32 * 31 + 8 * 7)
     assert r["lanes_per_node"] <= 64
     check_conservation(run, r)
 
