@@ -77,12 +77,12 @@ def _pos_int(text: str) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--sizes", type=_sizes, default=[1000], help="cluster sizes (nodes), comma-separated"
+        "--sizes", type=_sizes, default="1000", help="cluster sizes (nodes), comma-separated"
     )
     p.add_argument(
         "--schedulers",
         type=_schedulers,
-        default=list(SCHEDULERS),
+        default=",".join(SCHEDULERS),
         help="schedulers to run at each size, comma-separated",
     )
     p.add_argument("--steps", type=_pos_int, default=10, help="training steps")
@@ -102,10 +102,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workload",
         metavar="FILE",
-        help="replay a torch.profiler trace (.json/.json.gz) instead of the synthetic job",
+        help="replay a torch.profiler trace (.json/.json.gz) instead of the synthetic job "
+        "(default none: the synthetic job)",
     )
     p.add_argument("--links", choices=sorted(PRESETS), default="ib", help="link model")
-    p.add_argument("--cpu-ns", type=int, help="per-message CPU cost, ns (default: the model's)")
+    p.add_argument("--cpu-ns", type=int, help="per-message CPU cost, ns (default the model's)")
     p.add_argument("--leaf", type=_pos_int, default=32, help="nodes per leaf switch")
     p.add_argument("--pod", type=_pos_int, default=1024, help="nodes per pod")
     p.add_argument("--seed", type=int, default=1, help="seed of every random choice")
@@ -116,16 +117,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--kill",
         type=_kill,
         action="append",
-        default=[],
+        default=None,
         metavar="COUNT@MS",
-        help="kill COUNT random nodes at virtual time MS (repeatable)",
+        help="kill COUNT random nodes at virtual time MS, repeatable (default none)",
     )
     p.add_argument("--heartbeat-ms", type=_pos_int, default=50, help="heartbeat period, ms")
     p.add_argument("--dead-after-ms", type=_pos_int, default=500, help="silence = dead, ms")
     p.add_argument(
         "--central-call-ns",
         type=_pos_int,
-        help="the central coordinator's cost per call into a node core (default: measured "
+        help="the central coordinator's cost per call into a node core (default measured "
         "at start-up by timing the real coordinator code)",
     )
     p.add_argument(
@@ -141,7 +142,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="stop a run after this much wall time (0: never); it is marked unfinished",
     )
     p.add_argument("--json", action="store_true", help="print one JSON document")
-    p.add_argument("--plot", metavar="FILE.png", help="idle %% and step time against N")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="a PNG of idle percent and step time against N (default none)",
+    )
     p.add_argument(
         "--calibrate",
         action="store_true",
@@ -149,7 +154,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "runs, side by side (at --calibrate-sizes)",
     )
     p.add_argument(
-        "--calibrate-sizes", type=_sizes, default=[4, 8, 16], help="node counts to calibrate at"
+        "--calibrate-sizes", type=_sizes, default="4,8,16", help="node counts to calibrate at"
     )
 
 
@@ -191,7 +196,7 @@ def base_config(args: argparse.Namespace) -> SimConfig:
         sigma=args.sigma,
         stragglers=args.stragglers,
         straggler_slowdown=max(1.0, args.straggler_slowdown),
-        kill=tuple(args.kill),
+        kill=tuple(args.kill or ()),
         heartbeat_ms=args.heartbeat_ms,
         dead_after_ms=args.dead_after_ms,
         k8s_pods_per_s=args.k8s_pods_per_s or 1.0,
