@@ -240,6 +240,18 @@ def build_parser() -> argparse.ArgumentParser:
         "(for a daemon a rank started)",
     )
 
+    # ---- sim --------------------------------------------------------------------------------
+    from rdmasched.sim import cli as sim_cli
+
+    sim_cli.add_arguments(
+        add(
+            sub,
+            "sim",
+            "simulate a cluster of up to 100,000 nodes running the real node core, against "
+            "central, k8s-class and fifo baselines (docs/SIM.md)",
+        )
+    )
+
     # ---- bench ------------------------------------------------------------------------------
     bench = add(sub, "bench", "benchmarks that print figures")
     bsub = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
@@ -724,6 +736,12 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sim(args: argparse.Namespace) -> int:
+    from rdmasched.sim import cli as sim_cli
+
+    return sim_cli.main(args)
+
+
 def cmd_topology(args: argparse.Namespace) -> int:
     from rdmasched import topology
 
@@ -829,6 +847,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bench all": cmd_bench_all,
         "bench freeze": cmd_bench_freeze,
         "topology": cmd_topology,
+        "sim": cmd_sim,
     }
     try:
         if args.command == "doctor":

@@ -107,7 +107,7 @@ def test_each_slots_flag_means_one_thing() -> None:
         if "--exec-slots" in opts:
             exec_.add(path)
     assert lane == {"bench latency", "bench throughput", "topology"}
-    assert exec_ == {"demo", "bench scheduler"}
+    assert exec_ == {"demo", "bench scheduler", "sim"}
 
 
 def test_demo_trace_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,275 @@
+"""`rdmasched sim`: arguments and the command (rdmasched/cli.py registers them)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import replace
+from typing import Any
+
+from rdmasched.demo.workload import WorkloadConfig
+from rdmasched.errors import ArgumentError
+from rdmasched.sim.links import PRESETS, preset
+from rdmasched.sim.report import (
+    calibrate,
+    check_plot_path,
+    format_calibration,
+    format_table,
+    plot,
+)
+from rdmasched.sim.run import SCHEDULERS, SimConfig, measure_central_call_ns, simulate
+
+MAX_NODES = 1 << 20
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of node counts: {text!r}") from None
+    if not out or any(not 1 <= n <= MAX_NODES for n in out):
+        raise argparse.ArgumentTypeError(f"node counts are 1..{MAX_NODES}, comma-separated")
+    return out
+
+
+def _schedulers(text: str) -> list[str]:
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in out if x not in SCHEDULERS]
+    if not out or bad:
+        raise argparse.ArgumentTypeError(
+            f"schedulers are a comma-separated subset of {','.join(SCHEDULERS)}"
+        )
+    return list(dict.fromkeys(out))
+
+
+def _kill(text: str) -> tuple[int, float]:
+    count, sep, at = text.partition("@")
+    try:
+        c, t = int(count), float(at)
+    except ValueError:
+        c, t = -1, -1.0
+    if not sep or c < 0 or not t >= 0:
+        raise argparse.ArgumentTypeError(f"--kill takes COUNT@MS (e.g. 2@20), not {text!r}")
+    return c, t
+
+
+def _nonneg(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"not a number >= 0: {text!r}")
+    return v
+
+
+def _pos_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"not an integer >= 1: {text!r}")
+    return v
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--sizes", type=_sizes, default="1000", help="cluster sizes (nodes), comma-separated"
+    )
+    p.add_argument(
+        "--schedulers",
+        type=_schedulers,
+        default=",".join(SCHEDULERS),
+        help="schedulers to run at each size, comma-separated",
+    )
+    p.add_argument("--steps", type=_pos_int, default=10, help="training steps")
+    p.add_argument("--exec-slots", type=_pos_int, default=4, help="execution slots per node")
+    p.add_argument("--compute-ms", type=_nonneg, default=4.0, help="compute task length, ms")
+    p.add_argument("--jitter", type=_nonneg, default=0.25, help="compute length +- fraction")
+    p.add_argument("--sync-ms", type=_nonneg, default=1.0, help="gradient sync task length, ms")
+    p.add_argument("--background-ms", type=_nonneg, default=2.0, help="background task, ms")
+    p.add_argument("--backlog", type=int, default=4, help="background tasks queued per node")
+    p.add_argument(
+        "--job-nodes",
+        type=int,
+        default=0,
+        help="nodes per data-parallel job: the cluster runs N/J jobs side by side "
+        "(0: one job over every node)",
+    )
+    p.add_argument(
+        "--workload",
+        metavar="FILE",
+        help="replay a torch.profiler trace (.json/.json.gz) instead of the synthetic job "
+        "(default none: the synthetic job)",
+    )
+    p.add_argument("--links", choices=sorted(PRESETS), default="ib", help="link model")
+    p.add_argument("--cpu-ns", type=int, help="per-message CPU cost, ns (default the model's)")
+    p.add_argument("--leaf", type=_pos_int, default=32, help="nodes per leaf switch")
+    p.add_argument("--pod", type=_pos_int, default=1024, help="nodes per pod")
+    p.add_argument("--seed", type=int, default=1, help="seed of every random choice")
+    p.add_argument("--sigma", type=_nonneg, default=0.0, help="per-node lognormal slowdown")
+    p.add_argument("--stragglers", type=_nonneg, default=0.0, help="fraction of stragglers")
+    p.add_argument("--straggler-slowdown", type=_nonneg, default=2.0, help="their factor")
+    p.add_argument(
+        "--kill",
+        type=_kill,
+        action="append",
+        default=None,
+        metavar="COUNT@MS",
+        help="kill COUNT random nodes at virtual time MS, repeatable (default none)",
+    )
+    p.add_argument("--heartbeat-ms", type=_pos_int, default=50, help="heartbeat period, ms")
+    p.add_argument("--dead-after-ms", type=_pos_int, default=500, help="silence = dead, ms")
+    p.add_argument(
+        "--central-call-ns",
+        type=_pos_int,
+        help="the central coordinator's cost per call into a node core (default measured "
+        "at start-up by timing the real coordinator code)",
+    )
+    p.add_argument(
+        "--k8s-pods-per-s", type=_nonneg, default=100.0, help="k8s baseline: decisions/s"
+    )
+    p.add_argument(
+        "--k8s-period-ms", type=_nonneg, default=0.0, help="k8s baseline: scheduling cycle, ms"
+    )
+    p.add_argument(
+        "--wall-limit-s",
+        type=_nonneg,
+        default=900.0,
+        help="stop a run after this much wall time (0: never); it is marked unfinished",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="a PNG of idle percent and step time against N (default none)",
+    )
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="the same workload in the simulator (shm model) and in real `rdmasched demo` "
+        "runs, side by side (at --calibrate-sizes)",
+    )
+    p.add_argument(
+        "--calibrate-sizes", type=_sizes, default="4,8,16", help="node counts to calibrate at"
+    )
+
+
+def base_config(args: argparse.Namespace) -> SimConfig:
+    if args.job_nodes < 0:
+        raise ArgumentError("--job-nodes must be >= 0")
+    if args.backlog < 0:
+        raise ArgumentError("--backlog must be >= 0")
+    if args.jitter >= 1:
+        raise ArgumentError("--jitter must be in [0, 1)")
+    trace = None
+    if args.workload:
+        from rdmasched.workload import load
+
+        trace = load(args.workload)
+        trace.validate()
+    model = preset(args.links)
+    if args.cpu_ns is not None:
+        if args.cpu_ns < 0:
+            raise ArgumentError("--cpu-ns must be >= 0")
+        model = model.with_cpu(args.cpu_ns)
+    w = WorkloadConfig(
+        steps=args.steps,
+        compute_ms=args.compute_ms,
+        jitter=args.jitter,
+        sync_ms=args.sync_ms,
+        background_ms=args.background_ms,
+        background_backlog=args.backlog,
+        seed=args.seed,
+    )
+    cfg = SimConfig(
+        nodes=1,
+        slots=args.exec_slots,
+        workload=w,
+        links=model,
+        leaf=args.leaf,
+        pod=args.pod,
+        seed=args.seed,
+        sigma=args.sigma,
+        stragglers=args.stragglers,
+        straggler_slowdown=max(1.0, args.straggler_slowdown),
+        kill=tuple(args.kill or ()),
+        heartbeat_ms=args.heartbeat_ms,
+        dead_after_ms=args.dead_after_ms,
+        k8s_pods_per_s=args.k8s_pods_per_s or 1.0,
+        k8s_period_ms=args.k8s_period_ms,
+        wall_limit_s=args.wall_limit_s,
+        job_nodes=args.job_nodes,
+        trace=trace,
+    )
+    if args.k8s_pods_per_s <= 0:
+        raise ArgumentError("--k8s-pods-per-s must be > 0")
+    if args.straggler_slowdown < 1:
+        raise ArgumentError("--straggler-slowdown must be >= 1")
+    return cfg
+
+
+def _real_demo(args: argparse.Namespace, cfg: SimConfig) -> Any:
+    def run(n: int) -> dict[str, Any]:
+        from rdmasched.demo.runner import DemoConfig
+        from rdmasched.demo.runner import run as demo_run
+
+        print(f"real demo at {n} nodes ...", file=sys.stderr)
+        return demo_run(DemoConfig(nodes=n, slots=cfg.slots, workload=cfg.workload), progress=False)
+
+    return run
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.getLogger("rdmasched.daemon").setLevel(logging.ERROR)
+    base = base_config(args)
+    if args.plot:
+        check_plot_path(args.plot)
+    say = (lambda s: print(s, file=sys.stderr)) if args.json else print
+    if args.calibrate:
+        call = args.central_call_ns or measure_central_call_ns()
+        say(f"central coordinator: {call} ns per call into a node core (measured here)")
+        base = replace(base, central_call_ns=call)
+        cal = calibrate(base, args.calibrate_sizes, _real_demo(args, base))
+        if args.json:
+            print(json.dumps({"central_call_ns": call, "calibration": cal}, indent=2))
+        else:
+            print(format_calibration(cal))
+        return 0
+    needs_central = any(s in ("central", "k8s") for s in args.schedulers)
+    call = args.central_call_ns
+    measured = False
+    if call is None:
+        call = measure_central_call_ns() if needs_central else base.central_call_ns
+        measured = needs_central
+    if needs_central:
+        how = "measured on this machine" if measured else "given"
+        say(f"central coordinator: {call} ns per call into a node core ({how})")
+    base = replace(base, central_call_ns=call)
+    rows: list[dict[str, Any]] = []
+    for n in args.sizes:
+        for sched in args.schedulers:
+            if not args.json:
+                print(f"  {sched} at {n} nodes ...", file=sys.stderr, flush=True)
+            rows.append(simulate(replace(base, nodes=n, scheduler=sched)))
+    if args.plot:
+        plot(rows, args.plot)
+    if args.json:
+        doc = {
+            "command": "rdmasched sim",
+            "links": base.links.as_dict(),
+            "central_call_ns": call,
+            "central_call_measured": measured,
+            "workload": base.workload.as_dict()
+            | ({"trace": base.trace.source} if base.trace is not None else {}),
+            "runs": rows,
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        print(format_table(rows))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0

@@ -1,0 +1,332 @@
+"""Drivers: the real decision code on the simulator's clock.
+
+- `CoreNode`: one node under rdmasched (or "fifo"): the real `NodeCore`, its effects carried
+  out as the threaded `Node` carries them out (rdmasched/daemon/node.py, `_do`).
+- `central_cluster`: the demo's central coordinator (`rdmasched.demo.central.Coordinator`,
+  the same object, one `NodeCore` per node inside) and its `Executor`s, each on a small loop
+  shim (`SimLoop`) over the simulator's network. The "k8s" baseline is the same code with a
+  batch scheduler's costs: a scheduling decision takes 1/throughput, and messages are taken
+  in at the scheduler's cycle.
+
+The workload is the demo's `Trainer` (rdmasched/demo/workload.py), unchanged, behind a
+backend that counts what conservation tests check and applies the node's slowdown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from rdmasched import _wire
+from rdmasched.daemon.core import (
+    CompleteNotice,
+    Effect,
+    MarkDead,
+    NodeCore,
+    PreemptTask,
+    Revive,
+    RunSync,
+    Send,
+    SetLoad,
+    SetTimer,
+    StartTask,
+)
+from rdmasched.demo.central import Coordinator, Executor
+from rdmasched.demo.workload import GROUP, KIND_BACKGROUND, Trainer, WorkloadConfig, task_kind
+from rdmasched.messages import Heartbeat, SyncReady
+from rdmasched.scheduler import Task
+from rdmasched.sim.engine import Endpoint, Engine, Network
+from rdmasched.topology import Topology
+from rdmasched.wire import Kind
+
+#: the one priority every task gets under "fifo" (the scheduler forces 255 on sync tasks)
+FIFO_PRIORITY = 100
+_SYNC_READY = int(Kind.SYNC_READY)
+
+
+def make_core(
+    me: int,
+    nodes: Mapping[int, str],
+    *,
+    slots: int,
+    now: int,
+    heartbeat_ns: int,
+    dead_after_ns: int,
+    sync_cost_ns: int,
+    topology: Topology | None,
+    starvation_us: int = 1_000_000,
+    aging_us: int | None = 100_000,
+) -> NodeCore:
+    """The one place the simulator builds a node core (its constructor may grow)."""
+    return NodeCore(
+        me,
+        nodes,
+        slots=slots,
+        inc=1,
+        dead_after_ns=dead_after_ns,
+        heartbeat_ns=heartbeat_ns,
+        now=now,
+        starvation_us=starvation_us,
+        aging_us=aging_us,
+        sync_cost_ns=sync_cost_ns,
+        topology=topology,
+    )
+
+
+class Ledger:
+    """What every node's workload did, for the figures and the conservation checks."""
+
+    def __init__(self, nodes: int) -> None:
+        self.submitted = 0
+        self.completed: dict[tuple[int, int], int] = {}  # (node, task id) -> completions
+        self.run_starts = 0
+        self.run_ends = 0  # finished or preempted
+        #: (node, group, step) -> releases of the step's sync on that node
+        self.releases: dict[tuple[int, int, int], int] = {}
+        #: (group, step) -> when its last member reported ready (ns)
+        self.ready_last: dict[tuple[int, int], int] = {}
+        self.release_lat_ns: list[int] = []
+        self.decisions = 0
+        #: compute and sync tasks completed (background churn is not progress)
+        self.progress = 0
+
+    def release(self, node: int, group: int, step: int, now: int) -> None:
+        k = (node, group, step)
+        self.releases[k] = self.releases.get(k, 0) + 1
+        ready = self.ready_last.get((group, step))
+        if ready is not None:
+            self.release_lat_ns.append(now - ready)
+
+
+class SimTrainer(Trainer):
+    """The demo's trainer, counting run starts and sync releases in the ledger."""
+
+    def __init__(
+        self, node: int, slots: int, cfg: WorkloadConfig, backend: Any, ledger: Ledger
+    ) -> None:
+        super().__init__(node, slots, cfg, backend)
+        self.ledger = ledger
+
+    def on_start(self, task: Task, slot: int) -> None:
+        self.ledger.run_starts += 1
+        if task.group is not None:
+            self.ledger.release(self.node, task.group, task.id & 0xFFFFFFFF, self.b.now())
+        super().on_start(task, slot)
+
+    def on_preempt(self, task: Task, slot: int, cancel: bool) -> int:
+        self.ledger.run_ends += 1
+        return super().on_preempt(task, slot, cancel)
+
+
+class Shaped:
+    """A trainer's backend as the node sees it: costs scaled by the node's slowdown,
+    priorities flattened under "fifo", submissions and completions counted."""
+
+    def __init__(
+        self,
+        inner: Any,
+        node: int,
+        factor: float,
+        fifo: bool,
+        ledger: Ledger,
+        alive: Any,
+        group: int = GROUP,
+    ) -> None:
+        self.group = group  # the sync group of the node's job
+        self.inner = inner
+        self.node = node
+        self.factor = factor
+        self.fifo = fifo
+        self.ledger = ledger
+        self.alive = alive  # callable: is the node alive
+
+    def now(self) -> int:
+        return int(self.inner.now())
+
+    def call_later(self, delay_ns: int, fn: Any) -> None:
+        alive = self.alive
+
+        def guarded() -> None:
+            if alive():
+                fn()
+
+        self.inner.call_later(delay_ns, guarded)
+
+    def submit_local(self, task: Task) -> None:
+        self.ledger.submitted += 1
+        if self.factor != 1.0:
+            task.cost_ns = round(task.cost_ns * self.factor)
+        if self.fifo:
+            task.priority = FIFO_PRIORITY
+        self.inner.submit_local(task)
+
+    def sync_ready(self, step: int, group: int | None = None) -> None:
+        if group is None:
+            group = self.group
+        now = self.now()
+        last = self.ledger.ready_last
+        if last.get((group, step), -1) < now:
+            last[group, step] = now
+        self.inner.sync_ready(step, group)
+
+    def complete(self, task: Task, runtime_ns: int) -> None:
+        k = (self.node, task.id)
+        c = self.ledger.completed
+        c[k] = c.get(k, 0) + 1
+        self.ledger.run_ends += 1
+        if task_kind(task.id) != KIND_BACKGROUND:
+            self.ledger.progress += 1
+        self.inner.complete(task, runtime_ns)
+
+
+class CoreNode:
+    """One node under rdmasched: a `NodeCore` driven as the threaded `Node` drives it."""
+
+    def __init__(
+        self, engine: Engine, net: Network, me: int, core: NodeCore, cpu_ns: int, ledger: Ledger
+    ) -> None:
+        self.engine = engine
+        self.net = net
+        self.me = me
+        self.core = core
+        self.ledger = ledger
+        self.trainer: SimTrainer | None = None
+        self.ep = Endpoint(engine, me, cpu_ns, self.on_message)
+        net.endpoints[me] = self.ep
+        self.load = 0
+        self.dead: set[int] = set()
+
+    @property
+    def alive(self) -> bool:
+        return self.ep.alive
+
+    # ---- backend of the trainer (what `Node`'s API calls do) ---------------------------
+    def now(self) -> int:
+        return self.engine.now
+
+    def call_later(self, delay_ns: int, fn: Callable[[], None]) -> None:
+        self.engine.at(self.engine.now + delay_ns, fn)
+
+    def submit_local(self, task: Task) -> None:
+        self.do(self.core.dispatch(task, self.engine.now))
+
+    def sync_ready(self, step: int, group: int = GROUP) -> None:
+        self.do(self.core.sync_ready(group, step, self.engine.now))
+
+    def complete(self, task: Task, runtime_ns: int) -> None:
+        self.do(self.core.complete(task.id, None, runtime_ns, self.engine.now))
+
+    # ---- inputs --------------------------------------------------------------------------
+    def on_message(self, m: _wire.Message, src: int) -> None:
+        self.do(self.core.receive(m, src, self.engine.now))
+
+    def tick(self) -> None:
+        if self.ep.alive:
+            now = self.engine.now
+            self.do(self.core.tick(now, now))
+
+    # ---- effects -------------------------------------------------------------------------
+    def do(self, effects: list[Effect]) -> None:
+        core, trainer, ledger = self.core, self.trainer, self.ledger
+        assert trainer is not None
+        engine = self.engine
+        i = 0
+        while i < len(effects):
+            e: Any = effects[i]
+            i += 1
+            t = type(e)
+            if t is Send:
+                msg = e.message
+                now = engine.now
+                busy = self.ep.busy_until
+                leave = busy if busy > now else now
+                # the same message to several peers in a row (a SYNC_READY to every
+                # member): one batch
+                j = i
+                fx: list[Any] = effects
+                while j < len(fx) and type(fx[j]) is Send and fx[j].message is msg:
+                    j += 1
+                dead = self.dead
+                if j == i:
+                    if e.peer not in dead or type(msg) is Heartbeat:
+                        self.net.send(self.me, e.peer, msg, self.load, leave)
+                    continue
+                peers = [x.peer for x in fx[i - 1 : j]]
+                i = j
+                if dead and type(msg) is not Heartbeat:
+                    peers = [p for p in peers if p not in dead]
+                self.net.send_many(self.me, peers, msg, self.load, leave)
+            elif t is StartTask:
+                ledger.decisions += 1
+                trainer.on_start(e.task, e.slot)
+            elif t is PreemptTask:
+                ledger.decisions += 1
+                progress = trainer.on_preempt(e.victim, e.slot, e.cancel)
+                effects[i:i] = core.preempted(e.victim, progress, engine.now)
+            elif t is RunSync:
+                ledger.decisions += 1
+                trainer.on_start(e.task, e.slot)  # LATER: the trainer completes it
+            elif t is SetLoad:
+                self.load = e.load
+            elif t is SetTimer:
+                engine.at(e.at_ns, self.tick)
+            elif t is MarkDead:
+                self.dead.add(e.peer)
+            elif t is Revive:
+                self.dead.discard(e.peer)
+            elif t is CompleteNotice:
+                pass
+            else:
+                raise AssertionError(f"unknown effect {e!r}")
+
+
+class SimLoop:
+    """What `Coordinator` and `Executor` use of a `Loop`: a clock, timers, sending."""
+
+    def __init__(self, engine: Engine, net: Network, me: int, ep_of: Callable[[], Endpoint]):
+        self.engine = engine
+        self.net = net
+        self.me = me
+        self._ep = ep_of
+        #: CPU time each message sent costs the sender (a batch scheduler's decision)
+        self.send_cost_ns = 0
+        self.clock: Callable[[], int] = lambda: engine.now
+
+    def call_later(self, delay_ns: int, fn: Callable[[], None]) -> None:
+        self.engine.at(self.engine.now + delay_ns, fn)
+
+    def send(self, dst: int, *out: Any) -> None:  # out: an encoded message (Outgoing)
+        ep = self._ep()
+        now = self.engine.now
+        leave = ep.busy_until if ep.busy_until > now else now
+        if self.send_cost_ns:
+            leave += self.send_cost_ns
+            ep.busy_until = leave
+        self.net.send(self.me, dst, out, 0, leave)
+
+
+class SimExecutor(Executor):
+    """The demo's executor, announcing readiness for any sync group (a trace has one
+    group per gradient bucket)."""
+
+    def sync_ready(self, step: int, group: int = GROUP) -> None:
+        m = SyncReady(group, step, self.node, sent_ns=self.clock(), job=group)
+        self.loop.send(self.coord, *m.encode())
+
+
+class SimCoordinator(Coordinator):
+    """The demo's coordinator, for a cluster running several jobs: a SYNC_READY goes to the
+    cores of its own job's members (the demo runs one job whose group is every node, and
+    hands each SYNC_READY to every core; with `jobs` empty, this is exactly that)."""
+
+    jobs: dict[int, frozenset[int]] = {}
+
+    def on_message(self, m: _wire.Message, peer: int) -> None:
+        members = self.jobs.get(m.id) if m.kind == _SYNC_READY else None
+        if members is None:
+            return super().on_message(m, peer)
+        now = self.clock()
+        cores = self.cores
+        for node in sorted(members):
+            self._do(node, cores[node].member_ready(m.id, m.arg0, m.arg2, m.arg1, now))
+        return None

@@ -1,0 +1,162 @@
+"""`rdmasched sim`'s output: the table, the JSON document, the plot, the calibration."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from rdmasched.errors import ArgumentError
+from rdmasched.sim.links import preset
+from rdmasched.sim.run import SimConfig, simulate
+
+COLUMNS: list[tuple[str, str, str]] = [
+    ("scheduler", "scheduler", "{}"),
+    ("nodes", "N", "{}"),
+    ("steps", "steps", "{}"),
+    ("slot_idle_pct", "idle %", "{:.2f}"),
+    ("step_time_ms", "step ms", "{:.3f}"),
+    ("steps_per_s", "steps/s", "{:.1f}"),
+    ("sync_release_p50_us", "rel p50 us", "{:.1f}"),
+    ("sync_release_p99_us", "rel p99 us", "{:.1f}"),
+    ("msgs_per_node_per_step", "msgs/node/step", "{:.1f}"),
+    ("lanes_per_node", "lanes/node", "{}"),
+    ("ring_bytes_per_node", "ring KiB/node", "{}"),
+    ("decisions_per_node_per_s", "dec/node/s", "{:.0f}"),
+    ("events_per_s", "events/s", "{}"),
+    ("wall_s", "wall s", "{:.1f}"),
+]
+
+
+def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
+    v = row.get(key)
+    if v is None:
+        return "-"
+    if key == "ring_bytes_per_node":
+        return f"{v / 1024:.0f}"
+    return fmt.format(v)
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    head = [c[1] for c in COLUMNS]
+    body = [[_cell(r, k, f) for k, _, f in COLUMNS] for r in rows]
+    widths = [
+        max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)
+    ]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True))]
+    for r, b in zip(rows, body, strict=True):
+        line = "  ".join(c.rjust(w) for c, w in zip(b, widths, strict=True))
+        notes = []
+        if not r.get("finished", True):
+            notes.append(r.get("stopped", "did not finish"))
+        if r.get("killed"):
+            notes.append(f"killed {len(r['killed'])}")
+        if r.get("rejected"):
+            notes.append(f"{r['rejected']} inputs rejected")
+        lines.append(line + (f"  ({'; '.join(notes)})" if notes else ""))
+    return "\n".join(lines)
+
+
+def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
+    """Idle % and step time against N, one line per scheduler (matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ArgumentError(
+            "--plot needs matplotlib: pip install 'rdmasched[sim]' (or matplotlib)"
+        ) from None
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    for sched in dict.fromkeys(r["scheduler"] for r in rows):
+        pts = sorted(
+            (r["nodes"], r["slot_idle_pct"], r["step_time_ms"])
+            for r in rows
+            if r["scheduler"] == sched and r["step_time_ms"] is not None
+        )
+        if not pts:
+            continue
+        xs = [p[0] for p in pts]
+        a1.plot(xs, [p[1] for p in pts], marker="o", label=sched)
+        a2.plot(xs, [p[2] for p in pts], marker="o", label=sched)
+    for ax, title in ((a1, "slot idle %"), (a2, "step time (ms)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("nodes")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    a2.set_yscale("log")
+    fig.suptitle("rdmasched sim")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as exc:
+        raise ArgumentError(f"--plot {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+
+
+def calibrate(
+    base: SimConfig,
+    sizes: Sequence[int],
+    real: Callable[[int], dict[str, Any]],
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """At each size: the simulator with the shm link model and a real `rdmasched demo`
+    (both schedulers), side by side; the difference in % of the real figure."""
+    out = []
+    shm = preset("shm")
+    for n in sizes:
+        demo = real(n)
+        for sched, key in (("rdmasched", "rdmasched"), ("central", "central")):
+            if progress:
+                progress(f"sim {sched} at {n} nodes")
+            sim = simulate(replace(base, nodes=n, scheduler=sched, links=shm))
+            r = demo[key]
+            steps = max(1, base.workload.steps)
+            # the demo reports messages per second over its run
+            rate, dur = r.get("msgs_per_s"), r.get("duration_s")
+            real_msgs = rate * dur if rate is not None and dur is not None else None
+            row: dict[str, Any] = {"nodes": n, "scheduler": sched}
+            for name, s_val, r_val in (
+                ("step_time_ms", sim["step_time_ms"], r.get("step_time_ms")),
+                ("slot_idle_pct", sim["slot_idle_pct"], r.get("slot_idle_pct")),
+                (
+                    "msgs_per_step",
+                    sim["msgs"] / steps,
+                    (real_msgs / steps) if real_msgs else None,
+                ),
+            ):
+                row[f"sim_{name}"] = s_val
+                row[f"real_{name}"] = r_val
+                row[f"diff_{name}_pct"] = (
+                    100.0 * (s_val - r_val) / r_val if s_val is not None and r_val else None
+                )
+            out.append(row)
+    return out
+
+
+def format_calibration(rows: Sequence[dict[str, Any]]) -> str:
+    head = f"{'N':>3}  {'scheduler':<9}  {'figure':<14}  {'sim':>10}  {'real':>10}  {'diff %':>7}"
+    lines = [head]
+    for r in rows:
+        for name in ("step_time_ms", "slot_idle_pct", "msgs_per_step"):
+            s, x, d = r[f"sim_{name}"], r[f"real_{name}"], r[f"diff_{name}_pct"]
+            flag = "  > 15%" if d is not None and abs(d) > 15 else ""
+            lines.append(
+                f"{r['nodes']:>3}  {r['scheduler']:<9}  {name:<14}  "
+                f"{_num(s):>10}  {_num(x):>10}  {_num(d):>7}{flag}"
+            )
+    return "\n".join(lines)
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def check_plot_path(path: str) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d) or not os.access(d, os.W_OK):
+        raise ArgumentError(f"--plot {path}: directory {d} is not writable")

@@ -1,0 +1,485 @@
+"""One simulated run: a cluster of N nodes, one scheduler, one workload; its figures.
+
+`simulate(SimConfig(...))` builds the topology, the nodes (real cores, or the real central
+coordinator and its executors), starts the workload on every node at virtual time 0 and
+runs the engine until every live node has run every step (or nothing moves for
+`stall_ms`). `measure_central_call_ns()` times the real coordinator code on this machine.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rdmasched import _wire
+from rdmasched.daemon.core import NodeCore
+from rdmasched.demo.central import Coordinator
+from rdmasched.demo.workload import GROUP, WorkloadConfig
+from rdmasched.errors import ArgumentError
+from rdmasched.messages import Complete, Dispatch, SyncReady
+from rdmasched.sim.drivers import (
+    CoreNode,
+    Ledger,
+    Shaped,
+    SimCoordinator,
+    SimExecutor,
+    SimLoop,
+    SimTrainer,
+    make_core,
+)
+from rdmasched.sim.engine import Endpoint, Engine, Network
+from rdmasched.sim.links import PRESETS, LinkModel
+from rdmasched.sim.trace import TRACE_GROUP_BASE, TraceTrainer, allreduce_ns, trace_groups
+from rdmasched.topology import DEFAULT_SLOTS_PER_LANE, LANE_HEADER_BYTES, SLOT_BYTES, Topology
+from rdmasched.wire import Kind
+from rdmasched.workload import Replicated, Workload, replicate
+
+SCHEDULERS = ("rdmasched", "fifo", "central", "k8s")
+#: with several jobs, job j's sync group
+JOB_GROUP_BASE = 64
+MS = 1_000_000
+
+#: kube-scheduler: ~100 pods/s (docs/SIM.md has the sources)
+K8S_PODS_PER_S = 100.0
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    nodes: int
+    scheduler: str = "rdmasched"
+    slots: int = 4
+    workload: WorkloadConfig = field(default_factory=lambda: WorkloadConfig(steps=10))
+    links: LinkModel = PRESETS["ib"]
+    leaf: int = 32
+    pod: int = 1024
+    seed: int = 1
+    #: per-node slowdown: lognormal shape (0: none), straggler fraction and factor
+    sigma: float = 0.0
+    stragglers: float = 0.0
+    straggler_slowdown: float = 2.0
+    #: node deaths: (how many nodes, at virtual ms)
+    kill: tuple[tuple[int, float], ...] = ()
+    heartbeat_ms: int = 50
+    dead_after_ms: int = 500
+    #: the central coordinator's CPU time per call into one of its node cores, ns
+    central_call_ns: int = 3_000
+    k8s_pods_per_s: float = K8S_PODS_PER_S
+    k8s_period_ms: float = 0.0
+    #: stop when no step completes anywhere for this long (virtual ms)
+    stall_ms: float = 5_000.0
+    #: nodes per data-parallel job (0: one job over every node); the cluster runs
+    #: N / job_nodes jobs side by side, each its own sync group
+    job_nodes: int = 0
+    #: stop a run that takes longer than this on the wall clock (0: never); a run stopped
+    #: so is marked and its figures are not deterministic
+    wall_limit_s: float = 0.0
+    #: replay this trace's steps (rdmasched.workload) instead of the synthetic job
+    trace: Workload | None = None
+
+    def check(self) -> None:
+        if self.scheduler not in SCHEDULERS:
+            raise ArgumentError(
+                f"unknown scheduler {self.scheduler!r}; one of: {', '.join(SCHEDULERS)}"
+            )
+        if self.nodes < 1 or self.slots < 1:
+            raise ArgumentError("nodes and slots must be >= 1")
+        if not (math.isfinite(self.sigma) and self.sigma >= 0):
+            raise ArgumentError(f"sigma must be >= 0, not {self.sigma}")
+        if not 0 <= self.stragglers <= 1:
+            raise ArgumentError(f"stragglers must be a fraction in [0, 1], not {self.stragglers}")
+        if self.straggler_slowdown < 1:
+            raise ArgumentError("straggler slowdown must be >= 1")
+        for count, at in self.kill:
+            if not 0 <= count <= self.nodes or at < 0:
+                raise ArgumentError(f"--kill {count}@{at}: 0..{self.nodes} nodes at >= 0 ms")
+        if self.job_nodes < 0:
+            raise ArgumentError(f"job nodes must be >= 0, not {self.job_nodes}")
+        if self.trace is not None and self.job_nodes not in (0, self.nodes):
+            raise ArgumentError("a trace replay runs one job over every node (no --job-nodes)")
+        if not 0 < self.heartbeat_ms < self.dead_after_ms:
+            raise ArgumentError(
+                f"need 0 < heartbeat ({self.heartbeat_ms} ms) < dead-after "
+                f"({self.dead_after_ms} ms)"
+            )
+        if self.k8s_pods_per_s <= 0:
+            raise ArgumentError("k8s pods/s must be > 0")
+
+
+def slowdowns(cfg: SimConfig, rng: random.Random) -> list[float]:
+    """Per node: a lognormal factor (median 1, shape sigma), stragglers slowed further
+    (the same distribution as rdmasched.workload.replicate)."""
+    n = cfg.nodes
+    f = [rng.lognormvariate(0.0, cfg.sigma) if cfg.sigma > 0 else 1.0 for _ in range(n)]
+    for i in rng.sample(range(n), round(cfg.stragglers * n)):
+        f[i] *= cfg.straggler_slowdown
+    return f
+
+
+def lanes_per_node(topo: Topology, scheduler: str, sample: list[int]) -> dict[str, Any]:
+    """Lanes and ring memory per node: from the topology's link plan (rdmasched, fifo), or
+    a lane to and from the coordinator (central, k8s)."""
+    lane_bytes = DEFAULT_SLOTS_PER_LANE * SLOT_BYTES + LANE_HEADER_BYTES
+    if scheduler in ("central", "k8s"):
+        n = len(topo)
+        return {
+            "lanes_per_node": 1,
+            "ring_bytes_per_node": lane_bytes,
+            "coordinator_lanes": n,
+            "coordinator_ring_bytes": n * lane_bytes,
+        }
+    counts = [len(topo.links(u)) for u in sample]
+    return {
+        "lanes_per_node": max(counts),
+        "lanes_per_node_mean": sum(counts) / len(counts),
+        "ring_bytes_per_node": max(counts) * lane_bytes,
+        "link_plan": topo.plan.scheme,
+    }
+
+
+def _pct(samples: list[int], q: float) -> float | None:
+    if not samples:
+        return None
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(q * len(s)))] / 1e3
+
+
+class Run:
+    """A cluster under one scheduler on one engine (built, not yet run)."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        cfg.check()
+        self.cfg = cfg
+        self.rng = random.Random(cfg.seed)
+        self.engine = Engine()
+        n = cfg.nodes
+        self.topo = Topology.generate(n, leaf=min(cfg.leaf, n), pod=_pod(cfg, n))
+        self.net = Network(self.engine, cfg.links, self.topo)
+        self.ledger = Ledger(n)
+        self.factors = slowdowns(cfg, self.rng)
+        self.rep: Replicated | None = None
+        self.sync_ns: dict[int, int] = {}
+        self.groups = [GROUP]
+        jn = cfg.job_nodes if 0 < cfg.job_nodes < n else n
+        self.job_nodes = jn
+        if jn < n:  # several jobs: group JOB_GROUP_BASE + j holds job j's nodes
+            self.groups = [JOB_GROUP_BASE + j for j in range(-(-n // jn))]
+        if cfg.trace is not None:
+            # the trace's compute is scaled by replicate's slowdowns (the same distribution)
+            self.rep = replicate(
+                cfg.trace,
+                n,
+                sigma=cfg.sigma,
+                stragglers=cfg.stragglers,
+                straggler_slowdown=cfg.straggler_slowdown,
+                seed=cfg.seed,
+            )
+            self.factors = [1.0] * n
+            widest = cfg.links.level(self.topo, 0, n - 1)
+            for st in cfg.trace.steps:
+                for x in st.syncs:
+                    self.sync_ns[x.id] = allreduce_ns(x.nbytes, n, cfg.links, widest)
+            self.groups = [TRACE_GROUP_BASE + j for j in range(trace_groups(self.rep))]
+        self.trainers: list[SimTrainer] = []
+        self.alive = [True] * n
+        self.killed: list[int] = []
+        self.coordinator: Coordinator | None = None
+        self.cores: list[NodeCore] = []
+        t0 = time.perf_counter()
+        if cfg.scheduler in ("rdmasched", "fifo"):
+            self._build_cores()
+        else:
+            self._build_central()
+        self.build_s = time.perf_counter() - t0
+
+    # ---- construction ----------------------------------------------------------------------
+    def group_of(self, node: int) -> int:
+        """The sync group of `node`'s job (the synthetic workload)."""
+        return (
+            GROUP if self.job_nodes >= self.cfg.nodes else JOB_GROUP_BASE + node // self.job_nodes
+        )
+
+    def members_of(self, group: int) -> frozenset[int]:
+        if group < JOB_GROUP_BASE:
+            return frozenset(range(self.cfg.nodes))
+        j = group - JOB_GROUP_BASE
+        return frozenset(range(j * self.job_nodes, min(self.cfg.nodes, (j + 1) * self.job_nodes)))
+
+    def node_groups(self, node: int) -> list[int]:
+        """The groups `node` is a member of."""
+        return self.groups if self.rep is not None else [self.group_of(node)]
+
+    def _build_cores(self) -> None:
+        cfg, topo, eng = self.cfg, self.topo, self.engine
+        n = cfg.nodes
+        self.nodes: list[CoreNode] = []
+        for i in range(n):
+            # the core knows the nodes it holds lanes to (the whole cluster in one leaf)
+            known = {j: topo.domain(j) for j in (i, *topo.links(i))}
+            core = make_core(
+                i,
+                known,
+                slots=cfg.slots,
+                now=0,
+                heartbeat_ns=cfg.heartbeat_ms * MS,
+                dead_after_ns=cfg.dead_after_ms * MS,
+                sync_cost_ns=int(cfg.workload.sync_ms * MS),
+                topology=topo,
+            )
+            node = CoreNode(eng, self.net, i, core, cfg.links.cpu_ns, self.ledger)
+            backend = Shaped(
+                node,
+                i,
+                self.factors[i],
+                cfg.scheduler == "fifo",
+                self.ledger,
+                _alive(node.ep),
+                self.group_of(i),
+            )
+            node.trainer = self._trainer(i, backend)
+            self.trainers.append(node.trainer)
+            self.nodes.append(node)
+            self.cores.append(core)
+        members = {g: self.members_of(g) for g in self.groups}
+        for node in self.nodes:
+            node.do(node.core.open(0))
+            for g in self.node_groups(node.me):
+                node.do(node.core.define_group(g, members[g], 0))
+
+    def _build_central(self) -> None:
+        cfg, eng, net = self.cfg, self.engine, self.net
+        n = cfg.nodes
+        me = n  # the coordinator: one more host, in the first leaf
+        eps: dict[int, Endpoint] = {}
+        net.beside[me] = 0
+        coord_loop = SimLoop(eng, net, me, lambda: eps[me])
+        k8s = cfg.scheduler == "k8s"
+        if k8s:
+            coord_loop.send_cost_ns = int(1e9 / cfg.k8s_pods_per_s)
+        jobs = {
+            g: self.members_of(g) for g in self.groups if g >= JOB_GROUP_BASE
+        }  # several jobs: each SYNC_READY goes to its own job's cores
+        coord = SimCoordinator(
+            coord_loop,  # type: ignore[arg-type]
+            dict.fromkeys(range(n), cfg.slots),
+            group=GROUP,
+            sync_cost_ns=int(cfg.workload.sync_ms * MS),
+            starvation_us=1_000_000,
+            aging_us=100_000,
+        )
+        coord.jobs = jobs
+        self.coordinator = coord
+        self.cores = list(coord.cores.values())
+        for i, c in enumerate(self.cores):
+            for g in self.node_groups(i):
+                if g != GROUP:
+                    c.define_group(g, self.members_of(g), 0)
+        call = cfg.central_call_ns
+        sizes = {g: len(m) for g, m in jobs.items()}
+
+        def cost(m: _wire.Message) -> int:
+            # one call into one node core per message; a SYNC_READY: one per member
+            return call * (sizes.get(m.id, n) if m.kind == _SYNC else 1)
+
+        period = int(cfg.k8s_period_ms * MS) if k8s else 0
+        eps[me] = Endpoint(eng, me, call, coord.on_message, period_ns=period, cost=cost)
+        net.endpoints[me] = eps[me]
+        self._coord_node = me
+        self.executors: list[SimExecutor] = []
+        for i in range(n):
+            loop = SimLoop(eng, net, i, lambda i=i: eps[i])  # type: ignore[misc]
+            ex = SimExecutor(loop, i, me)  # type: ignore[arg-type]
+            eps[i] = Endpoint(eng, i, cfg.links.cpu_ns, ex.on_message)
+            net.endpoints[i] = eps[i]
+            backend = Shaped(
+                ex, i, self.factors[i], False, self.ledger, _alive(eps[i]), self.group_of(i)
+            )
+            tr = self._trainer(i, backend)
+            ex.trainer = tr
+            self.trainers.append(tr)
+            self.executors.append(ex)
+        self._eps = eps
+
+    def _trainer(self, i: int, backend: Shaped) -> SimTrainer:
+        cfg = self.cfg
+        if self.rep is None:
+            return SimTrainer(i, cfg.slots, cfg.workload, backend, self.ledger)
+        return TraceTrainer(
+            i, cfg.slots, cfg.workload, backend, self.ledger, self.rep, self.sync_ns
+        )
+
+    def _endpoint(self, i: int) -> Endpoint:
+        return self.net.endpoints[i]
+
+    # ---- running ---------------------------------------------------------------------------
+    def _kill(self, count: int) -> None:
+        live = [i for i in range(self.cfg.nodes) if self.alive[i]]
+        for i in sorted(self.rng.sample(live, min(count, len(live)))):
+            self.alive[i] = False
+            self._endpoint(i).alive = False
+            self.killed.append(i)
+
+    def run(self) -> dict[str, Any]:
+        cfg, eng = self.cfg, self.engine
+        for count, at in cfg.kill:
+            eng.at(int(at * MS), self._kill, count)
+        for tr in self.trainers:
+            eng.at(0, tr.begin)
+        stall = int(cfg.stall_ms * MS)
+        trainers = self.trainers
+        alive = self.alive
+
+        ledger = self.ledger
+
+        def progress() -> int:  # compute and sync tasks done: a slow step is not a stall
+            return ledger.progress
+
+        limit = cfg.wall_limit_s
+        wall0 = time.perf_counter()
+        self.stopped: str | None = None
+
+        def done() -> bool:
+            if limit and time.perf_counter() - wall0 > limit:
+                self.stopped = f"stopped at the wall-clock limit of {limit:g} s"
+                return True
+            return all(t.done or not alive[t.node] for t in trainers)
+
+        finished = False
+        last, last_t = -1, 0
+        horizon = stall
+        # run in slices of virtual time; stop when done or nothing moved for `stall`
+        while True:
+            finished = eng.run(done, horizon)
+            if finished or not eng._heap:
+                break
+            p = progress()
+            if p != last:
+                last, last_t = p, eng.now
+            elif eng.now - last_t >= stall:
+                self.stopped = f"stalled: no step done for {cfg.stall_ms:g} virtual ms"
+                break
+            horizon = eng.now + stall // 4 + 1
+        wall = time.perf_counter() - wall0
+        if self.stopped is None and not finished:
+            self.stopped = "no events left"
+        return self.figures(finished and self.stopped is None, wall)
+
+    # ---- figures ---------------------------------------------------------------------------
+    def figures(self, finished: bool, wall_s: float) -> dict[str, Any]:
+        cfg, led = self.cfg, self.ledger
+        n = cfg.nodes
+        live = [t for t in self.trainers if self.alive[t.node]]
+        figs = [t.figures() for t in live]
+        steps_done = min((f["steps"] for f in figs), default=0)
+        span_ns = max((t.t_end or self.engine.now) for t in live) if live else self.engine.now
+        step_times = [f["step_time_ms"] for f in figs if f["step_time_ms"] is not None]
+        decisions = sum(c.scheduler.stats().decisions for c in self.cores)
+        rejected = sum(sum(c.rejected.values()) for c in self.cores)
+        sample = sorted(self.rng.sample(range(n), min(n, 64)))
+        steps_for_msgs = max(1, steps_done)
+        out: dict[str, Any] = {
+            "scheduler": cfg.scheduler,
+            "nodes": n,
+            "finished": finished,
+            "stopped": None if finished else self.stopped,
+            "steps": steps_done,
+            "killed": self.killed,
+            "job_nodes": self.job_nodes,
+            "virtual_s": span_ns / 1e9,
+            "slot_idle_pct": sum(f["slot_idle_pct"] for f in figs) / len(figs) if figs else None,
+            "step_time_ms": sum(step_times) / len(step_times) if step_times else None,
+            "steps_per_s": steps_done / (span_ns / 1e9) if span_ns and steps_done else 0.0,
+            "sync_release_p50_us": _pct(led.release_lat_ns, 0.5),
+            "sync_release_p99_us": _pct(led.release_lat_ns, 0.99),
+            "msgs": self.net.sent,
+            "msgs_by_kind": self.net.counts(),
+            "msgs_per_node_per_step": self.net.sent / n / steps_for_msgs,
+            "decisions_per_node_per_s": decisions / n / (span_ns / 1e9) if span_ns else 0.0,
+            "preemptions": sum(f["preemptions"] for f in figs),
+            "rejected": rejected,
+            **lanes_per_node(self.topo, cfg.scheduler, sample),
+            "events": self.engine.events,
+            "build_s": round(self.build_s, 3),
+            "wall_s": round(wall_s, 3),
+            "events_per_s": round(self.engine.events / wall_s) if wall_s > 0 else None,
+        }
+        if self.coordinator is not None:
+            out["coordinator_msgs"] = self._eps[self._coord_node].handled
+        return out
+
+
+_SYNC = int(Kind.SYNC_READY)
+
+
+def _pod(cfg: SimConfig, n: int) -> int:
+    leaf = min(cfg.leaf, n)
+    pod = max(leaf, cfg.pod - cfg.pod % leaf)
+    return pod
+
+
+def _alive(ep: Endpoint) -> Any:
+    return lambda: ep.alive
+
+
+def simulate(cfg: SimConfig) -> dict[str, Any]:
+    return Run(cfg).run()
+
+
+def measure_central_call_ns(nodes: int = 16, steps: int = 20, slots: int = 4) -> int:
+    """The real coordinator's CPU time per call into one of its node cores on this machine,
+    ns: it is fed real messages (tasks submitted, completed, SYNC_READYs) for `steps` steps
+    of `nodes` nodes, timed, and the time divided by the calls it made (one per DISPATCH or
+    COMPLETE, one per node per SYNC_READY). The median of three rounds."""
+    return sorted(_time_coordinator(nodes, steps, slots) for _ in range(3))[1]
+
+
+def _time_coordinator(nodes: int, steps: int, slots: int) -> int:
+    eng = Engine()
+    net = Network(eng, PRESETS["shm"], None)
+    me = nodes
+    eps: dict[int, Endpoint] = {}
+    loop = SimLoop(eng, net, me, lambda: eps[me])
+    coord = Coordinator(
+        loop,  # type: ignore[arg-type]
+        dict.fromkeys(range(nodes), slots),
+        group=GROUP,
+        sync_cost_ns=MS,
+        starvation_us=1_000_000,
+        aging_us=100_000,
+    )
+    eps[me] = Endpoint(eng, me, 0, coord.on_message)
+    coded = net._coded
+    msgs: list[tuple[_wire.Message, int]] = []
+    calls = 0
+    seq = 0
+    for step in range(steps):
+        for node in range(nodes):
+            ids = []
+            for _ in range(slots):
+                seq += 1
+                ids.append(seq)
+                d = Dispatch(seq, 1, 100, 4 * MS, 0, node)
+                msgs.append((coded(node, 0, d)[0], node))
+            for tid in ids:
+                msgs.append((coded(node, 0, Complete(tid, 1, 4 * MS, 0))[0], node))
+            calls += 2 * slots
+        for node in range(nodes):
+            ready = SyncReady(GROUP, step, node, sent_ns=0, job=GROUP)
+            msgs.append((coded(node, 0, ready)[0], node))
+            calls += nodes
+        for node in range(nodes):
+            sid = (1 << 63) | (GROUP << 32) | step
+            msgs.append((coded(node, 0, Complete(sid, GROUP, MS, 0))[0], node))
+            calls += 1
+    net.endpoints.clear()  # the orders it sends go nowhere
+    on = coord.on_message
+    t0 = time.perf_counter_ns()
+    for m, peer in msgs:
+        eng.now += 1000
+        on(m, peer)
+    dt = time.perf_counter_ns() - t0
+    if coord.rejected:
+        raise AssertionError(f"the coordinator refused {coord.rejected} inputs while timed")
+    return max(1, dt // calls)
