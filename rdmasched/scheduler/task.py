@@ -50,6 +50,7 @@ class Task:
     origin: int = 0  #: node id that submitted it; it owns the task (docs/SCHEDULER.md)
     hops: int = 0  #: how many times it was forwarded between peers
     group: int | None = None  #: the sync group, for sync tasks
+    step: int | None = None  #: the sync step, for sync tasks (set when released)
 
     state: TaskState = field(default=TaskState.NEW, init=False)
     slot: int | None = field(default=None, init=False)  #: the slot it runs on, if running
