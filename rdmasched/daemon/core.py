@@ -208,6 +208,8 @@ class NodeCore:
         #: peers that have not acknowledged this node's current incarnation
         self._unacked: set[int] = set()
         self.stale_msgs = 0
+        #: message kind -> messages received (telemetry: docs/TELEMETRY.md)
+        self.received: dict[int, int] = {}
         #: reason -> inputs refused
         self.rejected: dict[str, int] = {}
         self.groups: dict[int, frozenset[int]] = {}
@@ -258,6 +260,7 @@ class NodeCore:
         """
         self.now = now
         kind = m.kind
+        self.received[kind] = self.received.get(kind, 0) + 1
         out: list[Effect] = []
         if kind == _HEARTBEAT:  # Heartbeat: meta = incarnations
             changes = self.members.on_heartbeat(peer, m.meta, now)
@@ -268,6 +271,9 @@ class NodeCore:
             return out
         self.peers.seen(peer, m.load)
         sched = self.scheduler
+        # the message every decision below records as its cause (docs/TELEMETRY.md)
+        sent = m.arg0 if kind == _PREEMPT else m.arg1 if kind == _SYNC_READY else 0
+        sched.cause(kind, m.src, m.seq, sent)
         try:
             if kind == _PREEMPT:  # Preempt: id=task, job, arg0=trigger_ns, CANCEL, JOB
                 self._trigger_ns = m.arg0
@@ -301,6 +307,8 @@ class NodeCore:
             # Counted by the scheduler too; the message is refused, the node goes on.
             self._trigger_ns = 0
             self._reject(type(exc).__name__, str(exc))
+        finally:
+            sched.cause(0, 0, 0, 0)
         return out
 
     # ---- the API (what the user asks) ----------------------------------------------------------
