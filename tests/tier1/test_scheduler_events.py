@@ -94,26 +94,26 @@ def test_events_export_as_json_lines() -> None:
 def test_a_start_from_the_queue_records_every_field() -> None:
     clock = FakeClock(1000)
     s = Scheduler(2, clock=clock, starvation_us=1_000_000, node_id=7)
-    s.dispatch(Task(id=1, job=11, priority=10, cost_ns=1))
-    s.dispatch(Task(id=2, job=11, priority=10, cost_ns=1))
+    s.dispatch(Task(id=1, job=11, priority=10, cost_ns=1, origin=7))
+    s.dispatch(Task(id=2, job=11, priority=10, cost_ns=1, origin=7))
     clock.advance(100)
-    s.dispatch(Task(id=3, job=12, priority=20, cost_ns=1, origin=4))  # queued
+    s.dispatch(Task(id=3, job=12, priority=10, cost_ns=1, origin=4))  # queued
     clock.advance(50)
-    s.dispatch(Task(id=4, job=12, priority=5, cost_ns=1))  # queued, behind 3
-    s.dispatch(Task(id=5, job=12, priority=5, cost_ns=1))  # queued, behind 4
+    s.dispatch(Task(id=4, job=12, priority=5, cost_ns=1, origin=7))  # queued, behind 3
+    s.dispatch(Task(id=5, job=12, priority=5, cost_ns=1, origin=7))  # queued, behind 4
     clock.advance(250)
     s.cause(CAUSE_KIND["COMPLETE"], 9, 42, 1234)  # the message being handled
     s.complete(2)
     ev = s.events()[-1]
     assert ev.decision is Decision.START and ev.task_id == 3
-    assert (ev.node, ev.slot, ev.origin, ev.job, ev.priority) == (7, 0, 4, 12, 20)
+    assert (ev.node, ev.slot, ev.origin, ev.job, ev.priority) == (7, 1, 4, 12, 10)
     assert ev.rule == "head" and ev.reason == RULE_TEXT[Rule.HEAD]
     assert ev.beaten == (4,) and ev.beaten_origin == 7 and ev.n_beaten == 2
-    assert ev.wait_ns == 400  # queued at 1100, started at 1500
+    assert ev.wait_ns == 300  # queued at 1100, started at 1400
     assert (ev.cause, ev.cause_src, ev.cause_seq, ev.cause_sent_ns) == ("COMPLETE", 9, 42, 1234)
     assert (ev.queued, ev.running) == (2, 2)
     done = s.events()[-2]
-    assert done.decision is Decision.COMPLETE and done.task_id == 2 and done.slot == 0
+    assert done.decision is Decision.COMPLETE and done.task_id == 2 and done.slot == 1
     s.cause(0, 0, 0, 0)  # a local call: no message caused it
     s.complete(1)
     assert s.events()[-1].cause is None and s.events()[-1].task_id == 4
@@ -192,7 +192,9 @@ def test_texts_of_rejections_are_kept_while_their_event_is_in_the_ring() -> None
     evs = s.events()
     assert [e.task_id for e in evs] == [103, 104]
     assert all(e.decision is Decision.REJECT and e.reason.startswith("unknown task") for e in evs)
-    assert len(s._ev_text) <= 2  # type: ignore[attr-defined]  # bounded with the ring
+    s.dispatch(T(1))
+    s.dispatch(T(2))  # the rejections' slots now hold a start and a queue: their own reasons
+    assert [e.reason for e in s.events()] == [RULE_TEXT[Rule.FREE_SLOT], RULE_TEXT[Rule.NO_SLOT]]
 
 
 def test_events_off_records_nothing_and_decides_the_same() -> None:
