@@ -8,6 +8,10 @@
 
 cimport cython
 
+# the event layout's constants (core.py checks them against events.py at import)
+cdef Py_ssize_t _WORDS
+cdef unsigned int _F_TASK, _F_TASK_JOB, _F_BEATEN, _F_STEP, _F_CAUSE, _SYNC_P
+
 
 cdef class Scheduler:
     cdef readonly Py_ssize_t nslots
@@ -72,9 +76,10 @@ cdef class Scheduler:
     cdef _fill(self, Py_ssize_t slot, now, list out)
     cpdef cause(self, int kind, src, seq, sent_ns)
     @cython.locals(b=Py_ssize_t, n=cython.longlong, cap=Py_ssize_t, p=cython.uint, flags=cython.uint,
-                   bo=cython.ulonglong, depth=cython.ulonglong, m=cython.ulonglong)
+                   bo=cython.ulonglong, depth=cython.ulonglong, m=cython.ulonglong,
+                   since=cython.ulonglong)
     cdef _rec(self, unsigned long long now, unsigned int decision, unsigned int rule, task,
-              Py_ssize_t slot, beaten, unsigned long long nbeaten, unsigned long long wait)
+              Py_ssize_t slot, beaten, unsigned long long nbeaten, bint queued)
     @cython.locals(b=Py_ssize_t, n=cython.longlong, cap=Py_ssize_t, flags=cython.uint)
     cdef _note(self, now, unsigned int decision, unsigned int rule, task, task_id, text,
                Py_ssize_t slot=*)

@@ -60,6 +60,7 @@ from rdmasched.scheduler.events import (
     D_RELEASE,
     D_REQUEUE,
     D_START,
+    DECISIONS,
     F_CAUSE,
     F_ID,
     F_JOB,
@@ -70,7 +71,6 @@ from rdmasched.scheduler.events import (
     NO_PEER,
     NO_TASK,
     WORDS,
-    DECISIONS,
     Event,
     Rule,
     decode,
@@ -151,6 +151,24 @@ R_DONE = int(Rule.DONE)
 R_OTHER = int(Rule.OTHER)
 #: the ring's words are u64; a value that does not fit is recorded as absent
 _U64 = U64_MAX
+# the event layout's constants again, as C constants when compiled (core.pxd types them):
+# the hot path must not look a module global up per event
+_WORDS = 15
+_F_TASK = 1
+_F_TASK_JOB = 1 | 32
+_F_BEATEN = 2
+_F_STEP = 16
+_F_CAUSE = 128
+_SYNC_P = 255
+if (_WORDS, _F_TASK, _F_TASK_JOB, _F_STEP, _F_CAUSE, _SYNC_P) != (
+    WORDS,
+    F_TASK,
+    F_TASK | F_JOB,
+    F_STEP,
+    F_CAUSE,
+    SYNC_PRIORITY,
+):
+    raise ImportError("scheduler/core.py and events.py disagree on the event layout")
 
 
 def _help(text: str) -> dict[str, str]:
@@ -246,6 +264,7 @@ class Scheduler:
     """
 
     __slots__ = (
+        "_by_rule",
         "_cause_kind",
         "_cause_ns",
         "_cause_w",
@@ -255,7 +274,6 @@ class Scheduler:
         "_ev_cap",
         "_ev_n",
         "_ev_text",
-        "_by_rule",
         "_fifo",
         "_free",
         "_groups",
@@ -690,7 +708,14 @@ class Scheduler:
             task.hops += 1
             task.state = TaskState.FORWARDED
             self._n_forwards += 1
-            self._note(self._clock(), D_FORWARD, int(Rule.BACK_TO_ORIGIN), task, NO_TASK, f"back to origin: {exc}")
+            self._note(
+                self._clock(),
+                D_FORWARD,
+                int(Rule.BACK_TO_ORIGIN),
+                task,
+                NO_TASK,
+                f"back to origin: {exc}",
+            )
             self._peer_note(origin, -1, 0, 0, 0)
             return [_new(Forward, (task, origin))]
 
@@ -872,44 +897,51 @@ class Scheduler:
         slot: int,
         beaten: Task | None,
         nbeaten: int,
-        wait: int,
+        queued: int,
     ) -> None:
-        """Record one event about ``task`` in the ring: a few stores, no object made."""
+        """Record one event about ``task`` in the ring: a few stores, no object made.
+
+        ``beaten``: the best task it went ahead of, and ``nbeaten`` how many; ``queued``:
+        1 for a start from the queue (its wait is recorded)."""
         cap = self._ev_cap
         if cap == 0:
             return
         n = self._ev_n
         self._ev_n = n + 1
-        b = (n % cap) * WORDS
+        b = (n % cap) * _WORDS
         p = task.priority
-        flags = F_TASK | F_JOB
+        flags = _F_TASK_JOB
         self._ev[b] = now
         self._ev[b + 2] = task.id
         self._ev[b + 3] = task.origin
         try:
             self._ev[b + 4] = task.job
         except OverflowError:
-            flags = F_TASK
-        if p == SYNC_PRIORITY:
+            flags = _F_TASK
+        if p == _SYNC_P:
             step = task.step
             group = task.group
             if step is not None and group is not None:
                 try:
                     self._ev[b + 5] = step
                     self._ev[b + 6] = group
-                    flags |= F_STEP
+                    flags |= _F_STEP
                 except OverflowError:
                     pass
         if beaten is not None:
             bo = beaten.origin
             self._ev[b + 7] = beaten.id
             self._ev[b + 8] = bo | (nbeaten << 32)
-            flags |= 2  # F_BEATEN
+            flags |= _F_BEATEN
         if self._cause_kind:
             self._ev[b + 11] = self._cause_w
             self._ev[b + 12] = self._cause_ns
-            flags |= F_CAUSE
-        self._ev[b + 13] = wait
+            flags |= _F_CAUSE
+        if queued:
+            since = task.waiting_since_ns
+            self._ev[b + 13] = now - since
+        else:
+            self._ev[b + 13] = 0
         depth = self.nslots - len(self._free)
         self._ev[b + 14] = self._nqueued | (depth << 32)
         self._by_rule[decision * 32 + rule] += 1
@@ -939,7 +971,7 @@ class Scheduler:
         else:
             n = self._ev_n
             self._ev_n = n + 1
-            b = (n % cap) * WORDS
+            b = (n % cap) * _WORDS
             flags = 0
             if 0 <= task_id <= _U64:
                 self._ev[b + 2] = task_id
@@ -954,7 +986,7 @@ class Scheduler:
             self._by_rule[decision * 32 + rule] += 1
         if text is not None:
             n = self._ev_n - 1
-            b = (n % cap) * WORDS
+            b = (n % cap) * _WORDS
             self._ev[b + 1] |= F_TEXT << 16
             texts = self._ev_text
             texts[n] = text
@@ -968,7 +1000,7 @@ class Scheduler:
         cap = self._ev_cap
         if cap == 0:
             return
-        b = ((self._ev_n - 1) % cap) * WORDS
+        b = ((self._ev_n - 1) % cap) * _WORDS
         self._ev[b + 9] = (peer & NO_PEER) | ((lost & NO_PEER) << 32)
         self._ev[b + 10] = (
             (peer_load & 0xFFFF) | ((lost_load & 0xFFFF) << 16) | ((mine & 0xFFFF) << 32)
@@ -1252,5 +1284,5 @@ class Scheduler:
         task.qentry = None
         nq = self._nqueued = self._nqueued - 1
         self._run_on(task, slot, now)
-        self._rec(now, D_START, reason, task, slot, beaten, nq, now - task.waiting_since_ns)
+        self._rec(now, D_START, reason, task, slot, beaten, nq, 1)
         out.append(_new(Start, (task, slot)))

@@ -172,7 +172,13 @@ class Event(NamedTuple):
 
 
 _OPTIONAL = Event._fields[5:]
-_CAUSES: dict[int, str] = {1: "DISPATCH", 2: "PREEMPT", 3: "SYNC_READY", 4: "COMPLETE", 5: "HEARTBEAT"}
+_CAUSES: dict[int, str] = {
+    1: "DISPATCH",
+    2: "PREEMPT",
+    3: "SYNC_READY",
+    4: "COMPLETE",
+    5: "HEARTBEAT",
+}
 CAUSE_KIND = {v: k for k, v in _CAUSES.items()}
 
 
@@ -218,9 +224,7 @@ def decode(w: Any, base: int, seq: int, node: int | None, text: Mapping[int, str
     if flags & F_TEXT:
         reason = text.get(seq, "")
     else:
-        reason = RULE_TEXT[rule].format(
-            peer=peer, peer_load=pl, my_load=ml, group=group, step=step
-        )
+        reason = RULE_TEXT[rule].format(peer=peer, peer_load=pl, my_load=ml, group=group, step=step)
     depth = w[base + W_DEPTH]
     decision = DECISIONS[meta & 0xFF]
     return Event(
