@@ -136,22 +136,26 @@ def build(traces: list[NodeTrace]) -> tuple[Tracks, TrackEvents, dict[str, int] 
             c = ev.cause
             if id(ev) in recv_flow:
                 flows.append(recv_flow[id(ev)])
-            elif ev.cause_sent_ns and ev.cause_src is not None:
-                if (c == "SYNC_READY" and ev.decision is Decision.RELEASE) or (
-                    c == "PREEMPT" and ev.decision in (Decision.PREEMPT, Decision.CANCEL)
-                ):
-                    fid = next(flow_id)
-                    flows.append(fid)
-                    src = by_node.get(ev.cause_src)
-                    # the send, on the sender's track (or this node's, if it is not traced)
-                    out.add(
-                        ts(ev.cause_src, ev.cause_sent_ns) if src else ev.cause_sent_ns,
-                        track=(src or t)["sent"],
-                        type="instant",
-                        name=f"{c} -> node {node}",
-                        flow=[fid],
-                        args={"seq": ev.cause_seq, "to": node, "from": ev.cause_src},
-                    )
+            elif (
+                ev.cause_sent_ns
+                and ev.cause_src is not None
+                and (
+                    (c == "SYNC_READY" and ev.decision is Decision.RELEASE)
+                    or (c == "PREEMPT" and ev.decision in (Decision.PREEMPT, Decision.CANCEL))
+                )
+            ):
+                fid = next(flow_id)
+                flows.append(fid)
+                src = by_node.get(ev.cause_src)
+                # the send, on the sender's track (or this node's, if it is not traced)
+                out.add(
+                    ts(ev.cause_src, ev.cause_sent_ns) if src else ev.cause_sent_ns,
+                    track=(src or t)["sent"],
+                    type="instant",
+                    name=f"{c} -> node {node}",
+                    flow=[fid],
+                    args={"seq": ev.cause_seq, "to": node, "from": ev.cause_src},
+                )
             if ev.decision is Decision.START and ev.slot is not None and ev.slot < slots:
                 prev = open_on.pop(ev.slot, None)
                 if prev is not None:  # its end fell out of the ring: close it here

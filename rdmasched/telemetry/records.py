@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from rdmasched.errors import RdmaschedError
 from rdmasched.scheduler.events import Event, from_dict
 
+
 class TraceError(RdmaschedError, ValueError):
     """A trace directory or file that is not in the trace record format."""
 
