@@ -29,7 +29,7 @@ def test_a_demo_run_exports_to_perfetto(tmp_path: Path) -> None:
             "--json",
             "--trace",
             str(tmp_path / "tr"),
-        ],  # fmt: skip
+        ],
         capture_output=True,
         text=True,
         timeout=300,
