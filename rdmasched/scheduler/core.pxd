@@ -77,9 +77,10 @@ cdef class Scheduler:
     cpdef cause(self, int kind, src, seq, sent_ns)
     @cython.locals(b=Py_ssize_t, n=cython.longlong, cap=Py_ssize_t, p=cython.uint, flags=cython.uint,
                    bo=cython.ulonglong, depth=cython.ulonglong, m=cython.ulonglong,
-                   since=cython.ulonglong)
+                   since=cython.ulonglong, tel=tuple, bt=tuple)
     cdef _rec(self, unsigned long long now, unsigned int decision, unsigned int rule, task,
               Py_ssize_t slot, beaten, unsigned long long nbeaten, bint queued)
+    cdef tuple _tel(self, task)
     @cython.locals(b=Py_ssize_t, n=cython.longlong, cap=Py_ssize_t, flags=cython.uint)
     cdef _note(self, now, unsigned int decision, unsigned int rule, task, task_id, text,
                Py_ssize_t slot=*)

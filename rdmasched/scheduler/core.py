@@ -909,15 +909,15 @@ class Scheduler:
         n = self._ev_n
         self._ev_n = n + 1
         b = (n % cap) * _WORDS
-        p = task.priority
-        flags = _F_TASK_JOB
+        tel = task.tel
+        if tel is None:
+            tel = self._tel(task)
+        p = tel[3]
+        flags = tel[4]
         self._ev[b] = now
-        self._ev[b + 2] = task.id
-        self._ev[b + 3] = task.origin
-        try:
-            self._ev[b + 4] = task.job
-        except OverflowError:
-            flags = _F_TASK
+        self._ev[b + 2] = tel[0]
+        self._ev[b + 3] = tel[1]
+        self._ev[b + 4] = tel[2]
         if p == _SYNC_P:
             step = task.step
             group = task.group
@@ -929,8 +929,11 @@ class Scheduler:
                 except OverflowError:
                     pass
         if beaten is not None:
-            bo = beaten.origin
-            self._ev[b + 7] = beaten.id
+            bt = beaten.tel
+            if bt is None:
+                bt = self._tel(beaten)
+            bo = bt[1]
+            self._ev[b + 7] = bt[0]
             self._ev[b + 8] = bo | (nbeaten << 32)
             flags |= _F_BEATEN
         if self._cause_kind:
@@ -950,6 +953,18 @@ class Scheduler:
         m = (m << 16) | flags
         m = (m << 8) | rule
         self._ev[b + 1] = (m << 8) | decision
+
+    def _tel(self, task: Task) -> tuple[int, int, int, int, int]:
+        """``task.tel``: its fields as the ring stores them, made when it is taken in (a
+        job that is not a u64 is recorded as absent)."""
+        job = task.job
+        flags = _F_TASK_JOB
+        if not (type(job) is int and 0 <= job <= _U64):
+            job = 0
+            flags = _F_TASK
+        tel = (task.id, task.origin, job, task.priority, flags)
+        task.tel = tel
+        return tel
 
     def _note(
         self,
@@ -1076,6 +1091,8 @@ class Scheduler:
                 self._reject(
                     DuplicateTaskError(f"task {tid} is already placed on peer {holder}"), tid, now
                 )
+        if self._ev_cap:
+            self._tel(task)
 
     def _admit(self, task: Task, now: int, sync: bool) -> int:
         """Check ``task`` and take it in (it is neither queued nor running yet); its key."""
@@ -1094,6 +1111,8 @@ class Scheduler:
             self._check_task(task, now, sync=sync)  # raises the precise error
         task.enqueued_ns = now
         self._tasks[key] = task
+        if self._ev_cap:
+            self._tel(task)
         return key
 
     def _place(self, task: Task, now: int) -> list[Action]:

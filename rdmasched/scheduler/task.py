@@ -63,6 +63,9 @@ class Task:
     # the scheduler's live heap entries for this task (identity marks an entry live)
     qentry: tuple[int, int, int, int, Task] | None = field(default=None, init=False, repr=False)
     rentry: tuple[int, int, int, Task] | None = field(default=None, init=False, repr=False)
+    #: (id, origin, job word, priority, flags) as the event ring stores them, made once when
+    #: the scheduler takes the task in, so that recording an event reads one attribute
+    tel: tuple[int, int, int, int, int] | None = field(default=None, init=False, repr=False)
 
     @property
     def key(self) -> int:

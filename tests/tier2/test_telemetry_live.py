@@ -115,6 +115,7 @@ def test_a_live_nodes_events_are_read_and_exported(pair: tuple[Node, Node], tmp_
     port = n1.metrics.port
     n1.dispatch(1, job=4, priority=10, cost_ns=10**9)
     n1.dispatch(2, job=4, priority=10, cost_ns=10**9)
+    n1.flush()  # both held on node 1 before the PREEMPT can arrive
     n0.preempt(1, node=1)
     wait_for(lambda: n1.reactions.count >= 1)
     tr = live.fetch(f"127.0.0.1:{port}")
