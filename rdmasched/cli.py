@@ -548,13 +548,21 @@ def _add_telemetry_flags(p: argparse.ArgumentParser) -> None:
         help="measure with the event ring on (--events) and off, side by side in one run, "
         "and print the ratio (docs/TELEMETRY.md)",
     )
+    p.add_argument(
+        "--rounds",
+        type=_int_range(1, 1000, "a number of rounds"),
+        default=5,
+        help="--telemetry-cost: runs of each setting, alternating (default 5)",
+    )
 
 
 def bench_scheduler(args: argparse.Namespace) -> dict[str, Any]:
     from rdmasched.bench import scheduler
 
     if args.telemetry_cost:
-        return scheduler.telemetry_cost(args.decisions, args.exec_slots, events=args.events)
+        return scheduler.telemetry_cost(
+            args.decisions, args.exec_slots, rounds=args.rounds, events=args.events
+        )
     # The baseline in the same run: the same policy source as plain Python.
     ev = args.events
     compiled = scheduler.run(args.decisions, args.exec_slots, impl="auto", quiet=True, events=ev)
@@ -600,7 +608,7 @@ def bench_preempt(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.telemetry_cost:
         return preempt.telemetry_cost(
-            args.preempts, args.interval_us, args.spin_us, events=args.events
+            args.preempts, args.interval_us, args.spin_us, rounds=args.rounds, events=args.events
         )
     return preempt.run(args.preempts, args.interval_us, args.spin_us, events=args.events)
 

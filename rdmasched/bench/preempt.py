@@ -169,9 +169,9 @@ def telemetry_cost(
     ``p99_ratio`` is on / off."""
     on: list[int] = []
     off: list[int] = []
-    for _ in range(rounds):
-        on += run_daemons(n, interval_us, spin_us, slots, events)["samples"]
-        off += run_daemons(n, interval_us, spin_us, slots, 0)["samples"]
+    for k in range(rounds):  # on first in even rounds, off first in odd ones
+        for ev in (events, 0) if k % 2 == 0 else (0, events):
+            (on if ev else off).extend(run_daemons(n, interval_us, spin_us, slots, ev)["samples"])
     res: dict[str, Any] = {"rounds": rounds, "interval_us": interval_us, "spin_us": spin_us}
     for name, s in (("events_on", on), ("events_off", off)):
         res[name] = {
