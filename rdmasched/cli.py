@@ -751,6 +751,12 @@ def cmd_trace_export(args: argparse.Namespace) -> int:
         f"tracks, {counts['slices']} task slices, {counts['instants']} decisions, "
         f"{counts['flows']} flows (open it in https://ui.perfetto.dev)"
     )
+    lost = {t.name: int(t.head.get("dropped", 0)) for t in traces if t.head.get("dropped")}
+    if lost:  # the rings wrapped: the trace starts later on those nodes
+        print(
+            "  events lost to a wrapped ring (only the newest are kept): "
+            + ", ".join(f"{name} {n}" for name, n in lost.items())
+        )
     return 0
 
 

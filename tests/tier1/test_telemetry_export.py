@@ -10,7 +10,7 @@ import pytest
 
 from rdmasched import messages as msg
 from rdmasched.cli import main
-from rdmasched.scheduler import Decision
+from rdmasched.scheduler import Decision, FakeClock, Scheduler
 from rdmasched.telemetry import records
 from rdmasched.telemetry.records import TraceError
 from tests.corenet import MS, Cluster, task
@@ -157,6 +157,20 @@ def test_anchored_traces_are_written_on_the_realtime_clock(tmp_path: Any) -> Non
     assert {(x.clock_id, x.timestamp) for x in snap[0].clocks} == {(1, 5 * 10**18), (3, 0)}
     evs = [p for p in trace.packet if p.HasField("track_event")]
     assert all(p.timestamp_clock_id == 1 and p.timestamp >= 5 * 10**18 for p in evs)
+
+
+def test_export_shows_what_wrapped_rings_lost(tmp_path: Any, capsys: Any) -> None:
+    s = Scheduler(1, clock=FakeClock(0), starvation_us=10, events=4)
+    for i in range(1, 8):
+        s.dispatch(task(i, 0))
+    st = s.stats()
+    assert st.events_dropped == 3
+    head = records.header(
+        0, slots=1, events=4, recorded=st.events_recorded, dropped=st.events_dropped
+    )
+    records.write(str(tmp_path / "rdmasched-node0.jsonl"), head, s.events())
+    assert main(["trace", "export", str(tmp_path), "-o", str(tmp_path / "t.pftrace")]) == 0
+    assert "events lost to a wrapped ring" in capsys.readouterr().out
 
 
 def test_export_reads_old_demo_traces_without_a_header(tmp_path: Any) -> None:
