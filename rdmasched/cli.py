@@ -329,6 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--decisions", type=_int_range(1, 10**9), default=1_000_000, help="decisions per run"
     )
     _add_exec_slots(sched, 8, "execution slots (GPUs) of the scheduler")
+    _add_telemetry_flags(sched)
     _json_flag(sched)
 
     pre = add(bsub, "preempt", "preemption reaction through the node daemon")
@@ -347,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=5_000,
         help="how long the preempted node spins after a message, us",
     )
+    _add_telemetry_flags(pre)
     _json_flag(pre)
 
     idle = add(bsub, "idle", "CPU an idle node daemon costs")
@@ -401,6 +403,35 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("dir", metavar="DIR", help="the directory given to demo --trace")
     trace.add_argument(
         "--task", type=int, default=None, help="only the events that name this task id"
+    )
+    trace.epilog = "rdmasched trace export DIR -o FILE: a Perfetto trace (see its --help)"
+
+    # `rdmasched trace export ...` (main() routes it here: `trace DIR` keeps its meaning)
+    texp = add(
+        sub,
+        "trace export",
+        "write trace records (demo --trace, a node's dump, rdmasched sim) as a Perfetto trace",
+    )
+    texp.description = (
+        "Read the trace records (JSON lines, docs/TELEMETRY.md) in each DIR, and of each "
+        "live node given with --live, and write one Perfetto trace (protobuf; open it in "
+        "ui.perfetto.dev): a track per node slot with its tasks, counters for queue depth "
+        "and load, flow arrows for DISPATCH, SYNC_READY and PREEMPT."
+    )
+    texp.add_argument("dirs", metavar="DIR", nargs="*", help="directories of trace records")
+    texp.add_argument("-o", "--output", metavar="FILE", required=True, help="the trace to write")
+    texp.add_argument(
+        "--prefix",
+        default="",
+        help="only the files whose name starts with this (e.g. rdmasched-node: the demo "
+        "writes central-node* too); default: all",
+    )
+    texp.add_argument(
+        "--live",
+        metavar="HOST:PORT",
+        action="append",
+        default=[],
+        help="also a running node's events, from its metrics port (Node(metrics_port=...))",
     )
 
     doc = add(sub, "doctor", "RDMA devices, ports, GIDs; is Soft-RoCE usable here")
@@ -585,12 +616,38 @@ def cmd_bench_throughput(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_telemetry_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--events",
+        type=_int_range(0, 10**7, "a number of events"),
+        default=4096,
+        help="decision event ring per node (default 4096); 0 turns the telemetry off",
+    )
+    p.add_argument(
+        "--telemetry-cost",
+        action="store_true",
+        help="measure with the event ring on (--events) and off, side by side in one run, "
+        "and print the ratio (docs/TELEMETRY.md)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=_int_range(1, 1000, "a number of rounds"),
+        default=5,
+        help="--telemetry-cost: runs of each setting, alternating (default 5)",
+    )
+
+
 def bench_scheduler(args: argparse.Namespace) -> dict[str, Any]:
     from rdmasched.bench import scheduler
 
+    if args.telemetry_cost:
+        return scheduler.telemetry_cost(
+            args.decisions, args.exec_slots, rounds=args.rounds, events=args.events
+        )
     # The baseline in the same run: the same policy source as plain Python.
-    compiled = scheduler.run(args.decisions, args.exec_slots, impl="auto", quiet=True)
-    python = scheduler.run(args.decisions, args.exec_slots, impl="python", quiet=True)
+    ev = args.events
+    compiled = scheduler.run(args.decisions, args.exec_slots, impl="auto", quiet=True, events=ev)
+    python = scheduler.run(args.decisions, args.exec_slots, impl="python", quiet=True, events=ev)
     return {
         "results": [compiled, python],
         "speedup": compiled["decisions_per_s"] / python["decisions_per_s"],
@@ -606,6 +663,18 @@ def cmd_bench_scheduler(args: argparse.Namespace) -> int:
         f"rdmasched bench scheduler: a realistic mix on a fake clock, {args.exec_slots} "
         "execution slots, one core (rdmasched/bench/scheduler.py)"
     )
+    if args.telemetry_cost:
+        for key, name in (("events_on", f"events {args.events}"), ("events_off", "events off")):
+            r = res[key]
+            print(
+                f"  {name:<12} {r['cpu_decisions_per_s']:>12,} decisions per CPU-second "
+                f"({r['decisions_per_s']:,} wall-clock), best of {res['rounds']}"
+            )
+        print(
+            f"  telemetry on / off: {res['ratio']:.3f} "
+            f"({res['ns_per_decision_added']} ns per decision added)"
+        )
+        return 0
     for r in res["results"]:
         print(
             f"  {r['implementation']:<10} {r['decisions_per_s']:>12,} decisions/s "
@@ -618,13 +687,31 @@ def cmd_bench_scheduler(args: argparse.Namespace) -> int:
 def bench_preempt(args: argparse.Namespace) -> dict[str, Any]:
     from rdmasched.bench import preempt
 
-    return preempt.run(args.preempts, args.interval_us, args.spin_us)
+    if args.telemetry_cost:
+        return preempt.telemetry_cost(
+            args.preempts, args.interval_us, args.spin_us, rounds=args.rounds, events=args.events
+        )
+    return preempt.run(args.preempts, args.interval_us, args.spin_us, events=args.events)
 
 
 def cmd_bench_preempt(args: argparse.Namespace) -> int:
     r = bench_preempt(args)
     if args.json:
         print(json.dumps(r, indent=2))
+        return 0
+    if args.telemetry_cost:
+        print(
+            f"rdmasched bench preempt --telemetry-cost: {r['rounds']} rounds of "
+            f"{args.preempts} PREEMPTs each with the event ring on and off, alternating"
+        )
+        for key, name in (("events_on", f"events {args.events}"), ("events_off", "events off")):
+            x = r[key]
+            print(
+                f"  {name:<12} p50 {x['reaction_p50_us']:.2f} us  p99 "
+                f"{x['reaction_p99_us']:.2f} us  p99.9 {x['reaction_p999_us']:.2f} us "
+                f"({x['preempts']} samples)"
+            )
+        print(f"  telemetry on / off: p50 {r['p50_ratio']:.3f}, p99 {r['p99_ratio']:.3f}")
         return 0
     print(
         f"rdmasched bench preempt: {r['preempts']} PREEMPTs, one every {r['interval_us']} us,"
@@ -742,6 +829,40 @@ def cmd_sim(args: argparse.Namespace) -> int:
     return sim_cli.main(args)
 
 
+def cmd_trace_export(args: argparse.Namespace) -> int:
+    from rdmasched.telemetry import live, perfetto
+    from rdmasched.telemetry.records import read_dir
+
+    if not args.dirs and not args.live:
+        raise _UserError("give at least one DIR (or --live HOST:PORT)")
+    traces = [t for d in args.dirs for t in read_dir(d, args.prefix)]
+    traces += [live.fetch(addr) for addr in args.live]
+    seen: dict[int, str] = {}
+    for t in traces:
+        if t.node in seen:
+            raise _UserError(
+                f"two traces of node {t.node} ({seen[t.node]}, {t.name}): pick one with --prefix"
+            )
+        seen[t.node] = t.name
+    try:
+        counts = perfetto.export(traces, args.output)
+    except OSError as exc:
+        raise _UserError(f"-o {args.output}: {exc.strerror}") from None
+    events = sum(len(t.events) for t in traces)
+    print(
+        f"wrote {args.output}: {len(traces)} nodes, {events} events -> {counts['tracks']} "
+        f"tracks, {counts['slices']} task slices, {counts['instants']} decisions, "
+        f"{counts['flows']} flows (open it in https://ui.perfetto.dev)"
+    )
+    lost = {t.name: int(t.head.get("dropped", 0)) for t in traces if t.head.get("dropped")}
+    if lost:  # the rings wrapped: the trace starts later on those nodes
+        print(
+            "  events lost to a wrapped ring (only the newest are kept): "
+            + ", ".join(f"{name} {n}" for name, n in lost.items())
+        )
+    return 0
+
+
 def cmd_topology(args: argparse.Namespace) -> int:
     from rdmasched import topology
 
@@ -828,6 +949,9 @@ def _demo_error() -> type[Exception]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["trace", "export"]:  # a sub-command of trace, beside `trace DIR`
+        argv[:2] = ["trace export"]
     try:
         args = parser.parse_args(argv)
         _check(parser, args)
@@ -837,6 +961,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "demo": cmd_demo,
         "trace": cmd_trace,
+        "trace export": cmd_trace_export,
         "cleanup": cmd_cleanup,
         "daemon": cmd_daemon,
         "bench latency": cmd_bench_latency,

@@ -31,7 +31,7 @@ def _victim(cfg: dict[str, Any]) -> dict[str, Any]:
     from rdmasched.daemon.node import Node
 
     cluster = local_cluster(2, cfg["slots"], name=cfg["cluster"])
-    node = Node(cluster, 1, spin_us=cfg["spin_us"])
+    node = Node(cluster, 1, spin_us=cfg["spin_us"], events=cfg["events"])
     node.on_dispatch(lambda task, slot: None)  # "runs" until preempted
     node.on_preempt(lambda task, slot, cancel: task.progress_ns + 1000)
     node.open()
@@ -59,7 +59,7 @@ def _preemptor(cfg: dict[str, Any]) -> dict[str, Any]:
     from rdmasched.daemon.node import Node
 
     cluster = local_cluster(2, cfg["slots"], name=cfg["cluster"])
-    node = Node(cluster, 0, spin_us=0)
+    node = Node(cluster, 0, spin_us=0, events=cfg["events"])
     node.open()
     sent = 0
     total = cfg["n"] + cfg["warmup"]
@@ -92,14 +92,18 @@ def _preemptor(cfg: dict[str, Any]) -> dict[str, Any]:
         node.stop()
 
 
-def run_daemons(n: int, interval_us: int, spin_us: int, slots: int) -> dict[str, Any]:
-    """The two node daemons only: the reaction samples, and how each side ended."""
+def run_daemons(
+    n: int, interval_us: int, spin_us: int, slots: int, events: int = 4096
+) -> dict[str, Any]:
+    """The two node daemons only: the reaction samples, and how each side ended.
+    ``events``: each node's decision event ring; 0 turns the telemetry off."""
     cfg = {
         "n": n,
         "warmup": 200,
         "interval_us": interval_us,
         "spin_us": spin_us,
         "slots": slots,
+        "events": events,
         "cluster": f"pb{uuid.uuid4().hex[:8]}",
         # fork: both sides share these; [0] preemptor done, [1] victim done
         "done": mp.get_context("fork").RawArray("i", 2),
@@ -115,11 +119,15 @@ def run_daemons(n: int, interval_us: int, spin_us: int, slots: int) -> dict[str,
 
 
 def run(
-    n: int = 20_000, interval_us: int = 200, spin_us: int = 5_000, slots: int = 4
+    n: int = 20_000,
+    interval_us: int = 200,
+    spin_us: int = 5_000,
+    slots: int = 4,
+    events: int = 4096,
 ) -> dict[str, Any]:
     from rdmasched.bench import latency
 
-    res = run_daemons(n, interval_us, spin_us, slots)
+    res = run_daemons(n, interval_us, spin_us, slots, events)
     s = sorted(res["samples"])
     floor, _ = latency.run_row("c-shm-floor", 100_000, 2_000)
 
@@ -139,3 +147,39 @@ def run(
         "floor_one_way_us": one_way,
         "p50_over_floor": q(0.5) / one_way if one_way else None,
     }
+
+
+def _q(samples: list[int], p: float) -> float:
+    s = sorted(samples)
+    v: int = s[min(len(s) - 1, int(p * len(s)))]
+    return v / 1000.0
+
+
+def telemetry_cost(
+    n: int = 20_000,
+    interval_us: int = 200,
+    spin_us: int = 5_000,
+    slots: int = 4,
+    *,
+    rounds: int = 2,
+    events: int = 4096,
+) -> dict[str, Any]:
+    """The reaction with the event rings on (``events``) and off (0), side by side:
+    ``rounds`` pairs of runs, alternating; the samples of each setting are pooled.
+    ``p99_ratio`` is on / off."""
+    on: list[int] = []
+    off: list[int] = []
+    for k in range(rounds):  # on first in even rounds, off first in odd ones
+        for ev in (events, 0) if k % 2 == 0 else (0, events):
+            (on if ev else off).extend(run_daemons(n, interval_us, spin_us, slots, ev)["samples"])
+    res: dict[str, Any] = {"rounds": rounds, "interval_us": interval_us, "spin_us": spin_us}
+    for name, s in (("events_on", on), ("events_off", off)):
+        res[name] = {
+            "preempts": len(s),
+            "reaction_p50_us": _q(s, 0.5),
+            "reaction_p99_us": _q(s, 0.99),
+            "reaction_p999_us": _q(s, 0.999),
+        }
+    res["p50_ratio"] = res["events_on"]["reaction_p50_us"] / res["events_off"]["reaction_p50_us"]
+    res["p99_ratio"] = res["events_on"]["reaction_p99_us"] / res["events_off"]["reaction_p99_us"]
+    return res

@@ -65,10 +65,12 @@ def run(
     seed: int = 1,
     impl: str = "auto",
     quiet: bool = False,
+    events: int = 4096,
 ) -> dict[str, Any]:
     """Drive a scheduler until it has taken at least ``n`` decisions; return the figures.
 
     ``impl`` picks the build: "auto", "compiled" or "python" (see ``scheduler_class``).
+    ``events``: the decision event ring's size; 0 turns the telemetry off.
     """
     cls = scheduler_class(impl)
     implementation = "python" if cls.__module__ != core.__name__ else core.IMPLEMENTATION
@@ -76,7 +78,7 @@ def run(
     rng = random.Random(seed)
     # a fake clock that moves 250 ns per read: a C-level callable, like time.monotonic_ns
     clock = itertools.count(0, 250).__next__
-    s = cls(nslots, clock=clock, starvation_us=10_000, events=4096)
+    s = cls(nslots, clock=clock, starvation_us=10_000, events=events)
 
     # pre-drawn randomness, so that the timed loop draws none
     mask = CHUNK - 1
@@ -163,6 +165,7 @@ def run(
         "cpu_seconds": round(cpu, 4),
         "cpu_decisions_per_s": round(decisions / cpu),
         "implementation": implementation,
+        "events": events,
         "nslots": nslots,
         "queue_depth": depth,
         "mix": {
@@ -186,6 +189,31 @@ def run(
         )
         print(f"  mix: {out['mix']}")
     return out
+
+
+def telemetry_cost(
+    n: int = 1_000_000, nslots: int = 8, *, rounds: int = 3, events: int = 4096
+) -> dict[str, Any]:
+    """The decision rate with the event ring on (``events``) and off (0), side by side:
+    ``rounds`` runs of each, alternating (which goes first too), the best of each kept;
+    ``ratio`` is on / off."""
+    on: list[dict[str, Any]] = []
+    off: list[dict[str, Any]] = []
+    for k in range(rounds):  # on first in even rounds, off first in odd ones: no order bias
+        for ev in (events, 0) if k % 2 == 0 else (0, events):
+            (on if ev else off).append(run(n, nslots, events=ev, quiet=True))
+    best_on = max(on, key=lambda r: r["cpu_decisions_per_s"])
+    best_off = max(off, key=lambda r: r["cpu_decisions_per_s"])
+    return {
+        "events_on": best_on,
+        "events_off": best_off,
+        "rounds": rounds,
+        # on CPU time: steadier than wall-clock when other work shares the core
+        "ratio": best_on["cpu_decisions_per_s"] / best_off["cpu_decisions_per_s"],
+        "ns_per_decision_added": round(
+            1e9 / best_on["cpu_decisions_per_s"] - 1e9 / best_off["cpu_decisions_per_s"], 1
+        ),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

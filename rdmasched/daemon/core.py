@@ -289,6 +289,8 @@ class NodeCore:
         #: peers that have not acknowledged this node's current incarnation
         self._unacked: set[int] = set()
         self.stale_msgs = 0
+        #: message kind -> messages received (telemetry: docs/TELEMETRY.md)
+        self.received: dict[int, int] = {}
         #: reason -> inputs refused
         self.rejected: dict[str, int] = {}
         self.groups: dict[int, frozenset[int]] = {}
@@ -354,6 +356,7 @@ class NodeCore:
             return self._relay(m, peer)
         src = m.src
         kind = m.kind
+        self.received[kind] = self.received.get(kind, 0) + 1
         out: list[Effect] = []
         far = self._far and src not in self.links
         if kind == _HEARTBEAT:  # Heartbeat: meta = incarnations (and news, summaries)
@@ -374,6 +377,9 @@ class NodeCore:
         if peer != src and not far:  # relayed from a link (around a dead lane): alive
             self.peers.revive(src)
         sched = self.scheduler
+        # the message every decision below records as its cause (docs/TELEMETRY.md)
+        sent = m.arg0 if kind == _PREEMPT else m.arg1 if kind == _SYNC_READY else 0
+        sched.cause(kind, m.src, m.seq, sent)
         try:
             if kind == _PREEMPT:  # Preempt: id=task, job, arg0=trigger_ns, CANCEL, JOB
                 self._trigger_ns = m.arg0
@@ -411,6 +417,8 @@ class NodeCore:
             # Counted by the scheduler too; the message is refused, the node goes on.
             self._trigger_ns = 0
             self._reject(type(exc).__name__, str(exc))
+        finally:
+            sched.cause(0, 0, 0, 0)
         return out
 
     def _relay(self, m: Message, peer: int) -> list[Effect]:

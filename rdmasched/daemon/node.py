@@ -139,6 +139,7 @@ class Node:
         sync_cost_ns: int = 0,
         max_hops: int = 2,
         clock: Callable[[], int] = time.monotonic_ns,
+        metrics_port: int | None = None,
     ) -> None:
         self.cluster = cluster
         self.spec = cluster.node(node)
@@ -166,6 +167,9 @@ class Node:
         )
         self.sync_cost_ns = sync_cost_ns
         self.reactions = Reactions()
+        #: Prometheus metrics and live events over HTTP (docs/TELEMETRY.md); None: off
+        self.metrics_port = metrics_port
+        self.metrics: Any = None
         self._dispatch: DispatchHandler | None = None
         self._preempt: PreemptHandler | None = None
         self._sync: SyncHandler | None = None
@@ -268,6 +272,10 @@ class Node:
         self.loop.on_stall = self._stalled
         # first heartbeats, so that peers know this incarnation before anything else
         self._do(self.core.open(self.clock()))
+        if self.metrics_port is not None and self.metrics is None:
+            from rdmasched.telemetry.metrics import serve
+
+            self.metrics = serve(self, self.metrics_port)
 
     def run(self, until: Callable[[], bool] | None = None) -> None:
         """Run the loop on this thread until `stop()` (or `until()` is true)."""
@@ -309,6 +317,9 @@ class Node:
             loop.stop()
             return
         self._stop_asked = False
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         self._finish_pending(loop)
         loop.stop()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -494,6 +505,17 @@ class Node:
 
     def events_jsonl(self) -> Iterator[str]:
         return self.scheduler.events_jsonl()
+
+    def events_since(self, seq: int = 0) -> tuple[list[Event], int]:
+        """The decision events numbered `seq` and after still in the ring, and how many
+        after `seq` it had overwritten (docs/TELEMETRY.md). Waits for the loop, as `explain`."""
+        seq = check_int("seq", seq)
+        return self._ask(lambda: self.scheduler.events_since(seq))
+
+    def inspect(self, fn: Callable[[Node], _T], timeout_s: float = 10.0) -> _T:
+        """`fn(node)` run on the node's loop after the calls made before it; its result.
+        For readers of the node's state from another thread (telemetry)."""
+        return self._ask(lambda: fn(self), timeout_s)
 
     def stats(self) -> dict[str, Any]:
         loop = self.loop
@@ -742,10 +764,11 @@ class Node:
                         continue
                 effects[i:i] = core.preempted(e.victim, progress, self.clock())
             elif t is Send:
+                enc = e.message.encode()
                 if type(e.message) is _HEARTBEAT_T:  # also to a peer declared dead
-                    self._loop().send(e.peer, *e.message.encode(), force=True, dst=e.dst)
+                    self._loop().send(e.peer, *enc, force=True, dst=e.dst)
                 else:
-                    self._loop().send(e.peer, *e.message.encode(), dst=e.dst)
+                    self._loop().send(e.peer, *enc, dst=e.dst)
             elif t is Relay:  # a message for another node, on to the next hop
                 m = e.message
                 self._loop().send(

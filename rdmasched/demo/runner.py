@@ -311,6 +311,8 @@ def read_traces(directory: str, task: int | None = None) -> Iterator[str]:
         try:
             with open(path, encoding="utf-8") as f:
                 for lineno, line in enumerate(f, 1):
+                    if lineno == 1 and '"rdmasched_trace"' in line:
+                        continue  # a header (docs/TELEMETRY.md): not an event
                     e = _event(line, path, lineno)
                     if task is not None and e["task_id"] != task and task not in e["beaten"]:
                         continue

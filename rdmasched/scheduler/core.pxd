@@ -8,6 +8,10 @@
 
 cimport cython
 
+# the event layout's constants (core.py checks them against events.py at import)
+cdef Py_ssize_t _WORDS
+cdef unsigned int _F_TASK, _F_TASK_JOB, _F_BEATEN, _F_STEP, _F_CAUSE, _SYNC_P
+
 
 cdef class Scheduler:
     cdef readonly Py_ssize_t nslots
@@ -24,8 +28,14 @@ cdef class Scheduler:
     cdef dict _tasks
     cdef Py_ssize_t _nqueued
     cdef long long _seq
-    cdef object _ring
-    cdef Py_ssize_t _ring_max
+    cdef unsigned long long[::1] _ev
+    cdef Py_ssize_t _ev_cap
+    cdef long long _ev_n
+    cdef dict _ev_text
+    cdef unsigned long long[::1] _by_rule
+    cdef int _cause_kind
+    cdef unsigned long long _cause_w
+    cdef unsigned long long _cause_ns
     cdef dict _groups
     cdef object _peers
     cdef str _domain
@@ -62,6 +72,17 @@ cdef class Scheduler:
     @cython.locals(e=tuple)
     cdef _oldest_starved(self, now)
     cdef bint _heads_queue(self, task, now)
-    @cython.locals(heap=list, head=tuple, pick=tuple, nxt=tuple, beaten=tuple)
+    @cython.locals(heap=list, head=tuple, pick=tuple, nxt=tuple, nq=Py_ssize_t, reason=cython.uint)
     cdef _fill(self, Py_ssize_t slot, now, list out)
-    cdef _event(self, now, decision, task_id, str reason, tuple beaten)
+    cpdef cause(self, int kind, src, seq, sent_ns)
+    @cython.locals(b=Py_ssize_t, n=cython.longlong, cap=Py_ssize_t, p=cython.uint, flags=cython.uint,
+                   bo=cython.ulonglong, depth=cython.ulonglong, m=cython.ulonglong,
+                   since=cython.ulonglong, tel=tuple, bt=tuple)
+    cdef _rec(self, unsigned long long now, unsigned int decision, unsigned int rule, task,
+              Py_ssize_t slot, beaten, unsigned long long nbeaten, bint queued)
+    cdef tuple _tel(self, task)
+    @cython.locals(b=Py_ssize_t, n=cython.longlong, cap=Py_ssize_t, flags=cython.uint)
+    cdef _note(self, now, unsigned int decision, unsigned int rule, task, task_id, text,
+               Py_ssize_t slot=*)
+    @cython.locals(b=Py_ssize_t, cap=Py_ssize_t)
+    cdef _peer_note(self, peer, lost, peer_load, lost_load, mine)

@@ -29,6 +29,7 @@ reads the head of a FIFO of the same entries; running tasks sit in a second heap
 from __future__ import annotations
 
 import random
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
@@ -47,7 +48,34 @@ from rdmasched.scheduler.errors import (
     UnknownMemberError,
     UnknownTaskError,
 )
-from rdmasched.scheduler.events import NO_TASK, Decision, Event, RawEvent, to_jsonl
+from rdmasched.scheduler.events import (
+    D_CANCEL,
+    D_COMPLETE,
+    D_FORWARD,
+    D_KEEP,
+    D_PREEMPT,
+    D_QUEUE,
+    D_REDISPATCH,
+    D_REJECT,
+    D_RELEASE,
+    D_REQUEUE,
+    D_START,
+    DECISIONS,
+    F_CAUSE,
+    F_ID,
+    F_JOB,
+    F_PEER,
+    F_STEP,
+    F_TASK,
+    F_TEXT,
+    NO_PEER,
+    NO_TASK,
+    WORDS,
+    Event,
+    Rule,
+    decode,
+    to_jsonl,
+)
 from rdmasched.scheduler.placement import (
     DEFAULT_MAX_HOPS,
     PeerTable,
@@ -87,10 +115,6 @@ _RUNNING = TaskState.RUNNING
 _PREEMPTING = TaskState.PREEMPTING
 _CANCELLING = TaskState.CANCELLING
 
-_START = Decision.START
-_QUEUE = Decision.QUEUE
-_PREEMPT = Decision.PREEMPT
-_COMPLETE = Decision.COMPLETE
 
 #: counters kept as plain int attributes ``_n_<name>`` (cheaper than a dict on the hot path)
 _COUNTERS = (
@@ -112,17 +136,39 @@ _COUNTERS = (
 _NOT_DECISIONS = frozenset({"completions", "sync_reports", "starved_starts"})
 _NEVER = 1 << 127
 
-R_FREE = "free slot"
-R_HEAD = "head of queue"
-R_STARVED = "starvation cap: waited starvation_us"
-R_OUTRANKS = "outranks the lowest-priority running task"
-R_NO_SLOT = "no free slot; does not outrank the lowest-priority running task"
-R_BEHIND = "no free slot; ranks behind the queue head"
-R_VICTIM = "lowest-priority running task (ties: most recently started)"
-R_PEER = "PREEMPT from a peer"
-R_PEER_CANCEL = "PREEMPT(cancel) from a peer"
-R_YIELDED = "preempted task yielded its progress"
-R_DONE = "completed"
+# the rules that decide, as plain ints for the ring (events.Rule names them, RULE_TEXT says them)
+R_FREE = int(Rule.FREE_SLOT)
+R_HEAD = int(Rule.HEAD)
+R_STARVED = int(Rule.STARVED)
+R_OUTRANKS = int(Rule.OUTRANKS)
+R_NO_SLOT = int(Rule.NO_SLOT)
+R_BEHIND = int(Rule.BEHIND)
+R_VICTIM = int(Rule.VICTIM)
+R_PEER = int(Rule.PEER)
+R_PEER_CANCEL = int(Rule.PEER_CANCEL)
+R_YIELDED = int(Rule.YIELDED)
+R_DONE = int(Rule.DONE)
+R_OTHER = int(Rule.OTHER)
+#: the ring's words are u64; a value that does not fit is recorded as absent
+_U64 = U64_MAX
+# the event layout's constants again, as C constants when compiled (core.pxd types them):
+# the hot path must not look a module global up per event
+_WORDS = 15
+_F_TASK = 1
+_F_TASK_JOB = 1 | 32
+_F_BEATEN = 2
+_F_STEP = 16
+_F_CAUSE = 128
+_SYNC_P = 255
+if (_WORDS, _F_TASK, _F_TASK_JOB, _F_STEP, _F_CAUSE, _SYNC_P) != (
+    WORDS,
+    F_TASK,
+    F_TASK | F_JOB,
+    F_STEP,
+    F_CAUSE,
+    SYNC_PRIORITY,
+):
+    raise ImportError("scheduler/core.py and events.py disagree on the event layout")
 
 
 def _help(text: str) -> dict[str, str]:
@@ -180,6 +226,9 @@ class SchedulerStats:
         metadata=_help("events recorded since start (decisions + completions)")
     )
     events_dropped: int = field(metadata=_help("events overwritten in the bounded ring"))
+    events_capacity: int = field(
+        metadata=_help("events the ring holds (the `events` argument; 0: telemetry off)")
+    )
     running: int = field(metadata=_help("tasks running now"))
     queue_len: int = field(metadata=_help("tasks queued now"))
     free_slots: int = field(metadata=_help("slots idle now"))
@@ -215,8 +264,16 @@ class Scheduler:
     """
 
     __slots__ = (
+        "_by_rule",
+        "_cause_kind",
+        "_cause_ns",
+        "_cause_w",
         "_clock",
         "_domain",
+        "_ev",
+        "_ev_cap",
+        "_ev_n",
+        "_ev_text",
         "_fifo",
         "_free",
         "_groups",
@@ -240,8 +297,6 @@ class Scheduler:
         "_offset",
         "_peers",
         "_rejected",
-        "_ring",
-        "_ring_max",
         "_rng",
         "_run",
         "_run_cap",
@@ -275,8 +330,8 @@ class Scheduler:
             raise ValueError(f"starvation_us must be > 0, not {starvation_us}")
         if aging_us is not None and aging_us <= 0:
             raise ValueError(f"aging_us must be > 0 (or None for no aging), not {aging_us}")
-        if events < 1:
-            raise ValueError(f"events must be >= 1, not {events}")
+        if events < 0:
+            raise ValueError(f"events must be >= 0 (0: no event ring), not {events}")
         if max_hops < 0:
             raise ValueError(f"max_hops must be >= 0, not {max_hops}")
         self.nslots = nslots
@@ -297,8 +352,16 @@ class Scheduler:
         self._tasks: dict[int, Task] = {}
         self._nqueued = 0
         self._seq = 0
-        self._ring: deque[RawEvent] = deque(maxlen=events)
-        self._ring_max = events
+        # the event ring: ``events`` records of WORDS u64 each (events.py has the layout)
+        self._ev_cap = events
+        self._ev = array("Q", bytes(8 * WORDS * events))
+        self._ev_n = 0
+        self._ev_text: dict[int, str] = {}  # event seq -> its reason, for Rule.OTHER
+        # events recorded by (decision, rule): decision * 32 + rule (while events are on)
+        self._by_rule = array("Q", bytes(8 * 32 * len(DECISIONS)))
+        self._cause_kind = 0
+        self._cause_w = 0
+        self._cause_ns = 0
         self._groups: dict[int, _Group] = {}
         self._peers = peers
         self._domain = domain
@@ -333,7 +396,7 @@ class Scheduler:
         if free:  # the common case, inlined: start at once
             slot = free.pop()
             self._run_on(task, slot, now)
-            self._ring.append((now, _START, task.id, R_FREE, ()))
+            self._rec(now, D_START, R_FREE, task, slot, None, 0, 0)
             return [_new(Start, (task, slot))]
         return self._place_busy(task, now)
 
@@ -352,7 +415,7 @@ class Scheduler:
         task.rentry = None
         self._slots[slot] = None
         self._n_completions += 1
-        self._ring.append((now, _COMPLETE, task_id, R_DONE, ()))
+        self._rec(now, D_COMPLETE, R_DONE, task, slot, None, 0, 0)
         out: list[Action] = []
         self._fill(slot, now, out)
         return out
@@ -367,7 +430,7 @@ class Scheduler:
             del self._tasks[key]
             task.state = _DONE
             self._n_completions += 1
-            self._event(now, _COMPLETE, task_id, "completed while being preempted", ())
+            self._rec(now, D_COMPLETE, int(Rule.DONE_PREEMPTING), task, -1, None, 0, 0)
             return []
         self._reject(
             TaskStateError(f"complete of task {task_id} that is {state.name.lower()}"),
@@ -394,7 +457,7 @@ class Scheduler:
             del self._tasks[key]
             task.state = TaskState.CANCELLED
             self._n_cancels += 1
-            self._event(now, Decision.CANCEL, task_id, R_PEER_CANCEL, ())
+            self._rec(now, D_CANCEL, R_PEER_CANCEL, task, -1, None, 0, 0)
             return []
         if state is not _PREEMPTING:
             self._reject(
@@ -406,15 +469,15 @@ class Scheduler:
         out: list[Action] = []
         if self._free:  # the queue is empty whenever a slot is free
             self._n_requeues += 1
-            self._event(now, Decision.REQUEUE, task_id, R_YIELDED, ())
+            self._rec(now, D_REQUEUE, R_YIELDED, task, -1, None, 0, 0)
             slot = self._free.pop()
             self._run_on(task, slot, now)
-            self._event(now, _START, task_id, R_FREE, ())
+            self._rec(now, D_START, R_FREE, task, slot, None, 0, 0)
             out.append(_new(Start, (task, slot)))
             return out
         self._enqueue(task, now)
         self._n_requeues += 1
-        self._event(now, Decision.REQUEUE, task_id, R_YIELDED, ())
+        self._rec(now, D_REQUEUE, R_YIELDED, task, -1, None, 0, 0)
         return out
 
     def preempt(
@@ -444,14 +507,21 @@ class Scheduler:
             targets = [t for t in self._tasks.values() if t.job == job]
             if not targets:
                 self._reject(UnknownJobError(f"unknown job {job}"), NO_TASK, now)
-        return self._stop(targets, cancel, R_PEER_CANCEL if cancel else R_PEER, now)
+        return self._stop(targets, cancel, R_PEER_CANCEL if cancel else R_PEER, None, now)
 
     def _stop(
-        self, targets: list[Task], cancel: bool, reason: str, now: int, drop: bool = False
+        self,
+        targets: list[Task],
+        cancel: bool,
+        rule: int,
+        why: str | None,
+        now: int,
+        drop: bool = False,
     ) -> list[Action]:
         """Preempt (or cancel) ``targets``, tasks held here; free slots go to the queue.
 
-        ``drop``: they are dropped because their origin is gone (counted as ``drops``)."""
+        ``rule`` decided it (``why``: its text, for ``Rule.OTHER``).  ``drop``: they are
+        dropped because their origin is gone (counted as ``drops``)."""
         out: list[Action] = []
         freed: list[int] = []
         # queued tasks first, so that a cancelled one cannot take a freed slot
@@ -465,21 +535,21 @@ class Scheduler:
                         self._n_drops += 1
                     else:
                         self._n_cancels += 1
-                    self._event(now, Decision.CANCEL, t.id, reason, ())
+                    self._note(now, D_CANCEL, rule, t, NO_TASK, why)
                     out.append(_new(Cancel, (t,)))
                 else:
                     self._n_keeps += 1
-                    self._event(now, Decision.KEEP, t.id, "PREEMPT of a queued task", ())
+                    self._rec(now, D_KEEP, int(Rule.PREEMPT_QUEUED), t, -1, None, 0, 0)
             elif t.state is _PREEMPTING and cancel:
                 t.state = _CANCELLING  # dropped instead of requeued when it yields
                 if drop:
                     self._n_drops += 1
                 else:
                     self._n_peer_preemptions += 1
-                self._event(now, _PREEMPT, t.id, reason, ())
+                self._note(now, D_PREEMPT, rule, t, NO_TASK, why)
             elif (t.state is _PREEMPTING or t.state is _CANCELLING) and not drop:
                 self._n_keeps += 1
-                self._event(now, Decision.KEEP, t.id, "already being preempted", ())
+                self._rec(now, D_KEEP, int(Rule.ALREADY_PREEMPTING), t, -1, None, 0, 0)
         for t in targets:
             if t.state is _RUNNING:
                 slot: int = t.slot  # type: ignore[assignment]
@@ -490,7 +560,7 @@ class Scheduler:
                     self._n_drops += 1
                 else:
                     self._n_peer_preemptions += 1
-                self._event(now, _PREEMPT, t.id, reason, ())
+                self._note(now, D_PREEMPT, rule, t, NO_TASK, why, slot)
                 out.append(_new(Preempt, (t, slot, None, cancel)))
                 freed.append(slot)
         for slot in freed:
@@ -566,12 +636,13 @@ class Scheduler:
         task = g.step_task(group, step)
         task.priority = SYNC_PRIORITY
         task.group = group
+        task.step = step
         # may raise (a duplicate id): then nothing is released
         self._admit(task, now, True)
         g.pending = {s: m for s, m in g.pending.items() if s > step}
         g.released = step
         self._n_sync_releases += 1
-        self._event(now, Decision.RELEASE, task.id, f"group {group} step {step} complete", ())
+        self._rec(now, D_RELEASE, int(Rule.GROUP_COMPLETE), task, -1, None, 0, 0)
         return self._place(task, now)
 
     def pending_sync(self, group: int) -> dict[int, frozenset[int]]:
@@ -600,6 +671,7 @@ class Scheduler:
         origin = task.origin
         if origin != self.node_id:  # not ours: back to its origin, or here
             loads = {origin: loads[origin]} if origin in loads else {}
+        lost: list[int] = []
         peer = choose_peer(
             loads,
             peers.domains,
@@ -607,6 +679,7 @@ class Scheduler:
             self._rng,
             self_id=self.node_id,
             max_load=mine,
+            lost=lost,
         )
         if peer is None:
             return self.dispatch(task)
@@ -615,13 +688,9 @@ class Scheduler:
         if origin == self.node_id:
             peers.hold(peer, task)  # the origin alone keeps track of where its task is
         self._n_forwards += 1
-        self._event(
-            now,
-            Decision.FORWARD,
-            task.id,
-            f"to peer {peer}: load {loads[peer]} < {mine}",
-            (),
-        )
+        self._rec(now, D_FORWARD, int(Rule.LIGHTER_PEER), task, -1, None, 0, 0)
+        loser = lost[0] if lost else -1
+        self._peer_note(peer, loser, loads[peer], loads[loser] if lost else 0, mine)
         return [_new(Forward, (task, peer))]
 
     def place_on(self, task: Task, peer: int) -> None:
@@ -634,7 +703,8 @@ class Scheduler:
         if self._peers is not None:
             self._peers.hold(peer, task)
         self._n_forwards += 1
-        self._event(now, Decision.FORWARD, task.id, f"dispatched to peer {peer}", ())
+        self._rec(now, D_FORWARD, int(Rule.PLACED_ON), task, -1, None, 0, 0)
+        self._peer_note(peer, -1, 0, 0, 0)
 
     def receive(self, task: Task, peer: int, submitted: bool = True) -> list[Action]:
         """A DISPATCH of ``task`` from ``peer``: placed by ``submit()`` (it may move on,
@@ -658,7 +728,15 @@ class Scheduler:
             task.hops += 1
             task.state = TaskState.FORWARDED
             self._n_forwards += 1
-            self._event(self._clock(), Decision.FORWARD, task.id, f"back to origin: {exc}", ())
+            self._note(
+                self._clock(),
+                D_FORWARD,
+                int(Rule.BACK_TO_ORIGIN),
+                task,
+                NO_TASK,
+                f"back to origin: {exc}",
+            )
+            self._peer_note(origin, -1, 0, 0, 0)
             return [_new(Forward, (task, origin))]
 
     def check_peers(self) -> list[Action]:
@@ -696,7 +774,7 @@ class Scheduler:
             now = self._clock()
             t.state = TaskState.NEW
             self._n_redispatches += 1
-            self._event(now, Decision.REDISPATCH, t.id, why, ())
+            self._note(now, D_REDISPATCH, R_OTHER, t, NO_TASK, why)
             try:
                 out.extend(self.submit(t))
             except SchedulerError:
@@ -715,7 +793,7 @@ class Scheduler:
         if not targets:
             return []
         why = "this node rejoined" if origin is None else f"origin {origin} is gone"
-        return self._stop(targets, True, why, self._clock(), True)
+        return self._stop(targets, True, R_OTHER, why, self._clock(), True)
 
     def remote_complete(self, peer: int, task_id: int) -> None:
         """A task this node forwarded completed on ``peer``."""
@@ -729,7 +807,8 @@ class Scheduler:
                 now,
             )
         self._n_completions += 1
-        self._event(now, _COMPLETE, task_id, f"completed on peer {peer}", ())
+        self._note(now, D_COMPLETE, int(Rule.DONE_ON_PEER), None, task_id, None)
+        self._peer_note(peer, -1, 0, 0, 0)
 
     # --- views ----------------------------------------------------------------------------
 
@@ -785,7 +864,7 @@ class Scheduler:
 
     def events(self) -> list[Event]:
         """The decision ring, oldest first."""
-        return [Event._make(r) for r in self._ring]
+        return list(self._read())
 
     def events_jsonl(self) -> Iterator[str]:
         """The ring as JSON lines (one dict per event; see ``Event.as_dict``)."""
@@ -793,20 +872,21 @@ class Scheduler:
 
     def explain(self, task_id: int) -> list[Event]:
         """Events that name ``task_id``, as subject or among the tasks it beat, oldest first."""
-        return [Event._make(r) for r in self._ring if r[2] == task_id or task_id in r[4]]
+        return [e for e in self._read() if e.task_id == task_id or task_id in e.beaten]
 
     def stats(self) -> SchedulerStats:
         """A snapshot of the counters (see ``SchedulerStats.describe()``)."""
         n = {name: getattr(self, f"_n_{name}") for name in _COUNTERS}
         rejections = sum(self._rejected.values())
         decisions = rejections + sum(v for k, v in n.items() if k not in _NOT_DECISIONS)
-        recorded = decisions + n["completions"]  # every event is one of these
+        recorded = self._ev_n  # every decision and completion, while events are on
         return SchedulerStats(
             decisions=decisions,
             rejections=rejections,
             rejected=dict(self._rejected),
             events_recorded=recorded,
-            events_dropped=max(0, recorded - self._ring_max),
+            events_dropped=max(0, recorded - self._ev_cap),
+            events_capacity=self._ev_cap,
             running=self.nslots - len(self._free),
             queue_len=self._nqueued,
             free_slots=len(self._free),
@@ -820,21 +900,190 @@ class Scheduler:
         busy = self.nslots - len(self._free) + self._nqueued + extra
         return min(LOAD_HINT_MAX, busy * 1000 // self.nslots)
 
-    def _event(
+    def cause(self, kind: int, src: int, seq: int, sent_ns: int) -> None:
+        """The message being handled: the decisions taken until the next ``cause()`` record
+        it (its ``Kind``, sender, lane sequence number and send time).  ``kind`` 0: none
+        (a local call, a timer)."""
+        self._cause_kind = kind
+        self._cause_w = (kind & 0xFF) | ((src & 0xFFFFFF) << 8) | ((seq & 0xFFFFFFFF) << 32)
+        self._cause_ns = sent_ns if 0 <= sent_ns <= _U64 else 0
+
+    def _rec(
         self,
         now: int,
-        decision: Decision,
-        task_id: int,
-        reason: str,
-        beaten: tuple[int, ...],
+        decision: int,
+        rule: int,
+        task: Task,
+        slot: int,
+        beaten: Task | None,
+        nbeaten: int,
+        queued: int,
     ) -> None:
-        self._ring.append((now, decision, task_id, reason, beaten))
+        """Record one event about ``task`` in the ring: a few stores, no object made.
+
+        ``beaten``: the best task it went ahead of, and ``nbeaten`` how many; ``queued``:
+        1 for a start from the queue (its wait is recorded)."""
+        cap = self._ev_cap
+        if cap == 0:
+            return
+        n = self._ev_n
+        self._ev_n = n + 1
+        b = (n % cap) * _WORDS
+        tel = task.tel
+        if tel is None:
+            tel = self._tel(task)
+        p = tel[3]
+        flags = tel[4]
+        self._ev[b] = now
+        self._ev[b + 2] = tel[0]
+        self._ev[b + 3] = tel[1]
+        self._ev[b + 4] = tel[2]
+        if p == _SYNC_P:
+            step = task.step
+            group = task.group
+            if step is not None and group is not None:
+                try:
+                    self._ev[b + 5] = step
+                    self._ev[b + 6] = group
+                    flags |= _F_STEP
+                except OverflowError:
+                    pass
+        if beaten is not None:
+            bt = beaten.tel
+            if bt is None:
+                bt = self._tel(beaten)
+            bo = bt[1]
+            self._ev[b + 7] = bt[0]
+            self._ev[b + 8] = bo | (nbeaten << 32)
+            flags |= _F_BEATEN
+        if self._cause_kind:
+            self._ev[b + 11] = self._cause_w
+            self._ev[b + 12] = self._cause_ns
+            flags |= _F_CAUSE
+        if queued:
+            since = task.waiting_since_ns
+            self._ev[b + 13] = now - since
+        else:
+            self._ev[b + 13] = 0
+        depth = self.nslots - len(self._free)
+        self._ev[b + 14] = self._nqueued | (depth << 32)
+        self._by_rule[decision * 32 + rule] += 1
+        m = slot + 1
+        m = (m << 8) | p
+        m = (m << 16) | flags
+        m = (m << 8) | rule
+        self._ev[b + 1] = (m << 8) | decision
+
+    def _tel(self, task: Task) -> tuple[int, int, int, int, int]:
+        """``task.tel``: its fields as the ring stores them, made when it is taken in (a
+        job that is not a u64 is recorded as absent)."""
+        job = task.job
+        flags = _F_TASK_JOB
+        if not (type(job) is int and 0 <= job <= _U64):
+            job = 0
+            flags = _F_TASK
+        tel = (task.id, task.origin, job, task.priority, flags)
+        task.tel = tel
+        return tel
+
+    def _note(
+        self,
+        now: int,
+        decision: int,
+        rule: int,
+        task: Task | None,
+        task_id: int,
+        text: str | None,
+        slot: int = -1,
+    ) -> None:
+        """Record an event off the hot path: about ``task``, or about a bare ``task_id``
+        (NO_TASK: none) with no task; ``text``, if any, is kept as its reason."""
+        cap = self._ev_cap
+        if cap == 0:
+            return
+        if task is not None:
+            self._rec(now, decision, rule, task, slot, None, 0, 0)
+        else:
+            n = self._ev_n
+            self._ev_n = n + 1
+            b = (n % cap) * _WORDS
+            flags = 0
+            if 0 <= task_id <= _U64:
+                self._ev[b + 2] = task_id
+                flags = F_ID
+            if self._cause_kind:
+                self._ev[b + 11] = self._cause_w
+                self._ev[b + 12] = self._cause_ns
+                flags |= F_CAUSE
+            self._ev[b] = now
+            self._ev[b + 14] = self._nqueued | ((self.nslots - len(self._free)) << 32)
+            self._ev[b + 1] = decision | (rule << 8) | (flags << 16)
+            self._by_rule[decision * 32 + rule] += 1
+        if text is not None:
+            n = self._ev_n - 1
+            b = (n % cap) * _WORDS
+            self._ev[b + 1] |= F_TEXT << 16
+            texts = self._ev_text
+            texts[n] = text
+            if len(texts) > cap:  # keep the texts of events still in the ring
+                for k in [k for k in texts if k <= n - cap]:
+                    del texts[k]
+
+    def _peer_note(self, peer: int, lost: int, peer_load: int, lost_load: int, mine: int) -> None:
+        """Add the placement fields to the last event: the peer chosen (or named), the
+        peer that lost the power-of-two choice (-1: none), their loads and this node's."""
+        cap = self._ev_cap
+        if cap == 0:
+            return
+        b = ((self._ev_n - 1) % cap) * _WORDS
+        self._ev[b + 9] = (peer & NO_PEER) | ((lost & NO_PEER) << 32)
+        self._ev[b + 10] = (
+            (peer_load & 0xFFFF) | ((lost_load & 0xFFFF) << 16) | ((mine & 0xFFFF) << 32)
+        )
+        self._ev[b + 1] |= F_PEER << 16
+
+    def _read(self) -> Iterator[Event]:
+        """The events in the ring, oldest first, decoded."""
+        cap = self._ev_cap
+        n = self._ev_n
+        w = self._ev
+        texts = self._ev_text
+        node = self.node_id
+        for seq in range(max(0, n - cap), n):
+            yield decode(w, (seq % cap) * WORDS, seq, node, texts)
+
+    def events_since(self, seq: int) -> tuple[list[Event], int]:
+        """The events numbered ``seq`` and after that are still in the ring, and how many of
+        those after ``seq`` the ring had already overwritten (a reader that polls with the
+        last ``Event.seq`` + 1 sees every event, or counts what it missed)."""
+        cap = self._ev_cap
+        n = self._ev_n
+        first = max(seq, n - cap, 0)
+        w = self._ev
+        texts = self._ev_text
+        node = self.node_id
+        got = [decode(w, (i % cap) * WORDS, i, node, texts) for i in range(first, n)]
+        return got, max(0, first - max(seq, 0))
+
+    def decisions_by_rule(self) -> dict[tuple[str, str], int]:
+        """(decision, rule name) -> events recorded with it since start (complete counts too;
+        while the event ring is off, nothing is counted)."""
+        out: dict[tuple[str, str], int] = {}
+        for i, n in enumerate(self._by_rule):
+            if n:
+                out[(str(DECISIONS[i // 32]), Rule(i % 32).name.lower())] = n
+        return out
+
+    @property
+    def events_recorded(self) -> int:
+        """Events recorded since start (the next event's ``seq``)."""
+        return self._ev_n
 
     def _reject(self, exc: SchedulerError, task_id: int, now: int) -> NoReturn:
         """Count and record a rejection, then raise it (never returns)."""
         reason = exc.reason
         self._rejected[reason] = self._rejected.get(reason, 0) + 1
-        self._event(now, Decision.REJECT, task_id, f"{reason}: {exc}", ())
+        self._note(now, D_REJECT, R_OTHER, None, task_id, f"{reason}: {exc}")
         raise exc
 
     def _check_task(self, task: Task, now: int, *, sync: bool) -> None:
@@ -862,6 +1111,8 @@ class Scheduler:
                 self._reject(
                     DuplicateTaskError(f"task {tid} is already placed on peer {holder}"), tid, now
                 )
+        if self._ev_cap:
+            self._tel(task)
 
     def _admit(self, task: Task, now: int, sync: bool) -> int:
         """Check ``task`` and take it in (it is neither queued nor running yet); its key."""
@@ -880,6 +1131,8 @@ class Scheduler:
             self._check_task(task, now, sync=sync)  # raises the precise error
         task.enqueued_ns = now
         self._tasks[key] = task
+        if self._ev_cap:
+            self._tel(task)
         return key
 
     def _place(self, task: Task, now: int) -> list[Action]:
@@ -888,7 +1141,7 @@ class Scheduler:
         if free:
             slot = free.pop()
             self._run_on(task, slot, now)
-            self._ring.append((now, _START, task.id, R_FREE, ()))
+            self._rec(now, D_START, R_FREE, task, slot, None, 0, 0)
             return [_new(Start, (task, slot))]
         return self._place_busy(task, now)
 
@@ -908,7 +1161,7 @@ class Scheduler:
             reason = R_NO_SLOT
         self._enqueue(task, now)
         self._n_queued += 1
-        self._ring.append((now, _QUEUE, task.id, reason, ()))
+        self._rec(now, D_QUEUE, reason, task, -1, None, 0, 0)
         return []
 
     def _preempt_for(self, task: Task, victim_entry: REntry, now: int) -> list[Action]:
@@ -917,9 +1170,9 @@ class Scheduler:
         self._off_slot(victim, slot)
         victim.state = _PREEMPTING
         self._n_preemptions += 1
-        self._event(now, _PREEMPT, victim.id, R_VICTIM, ())
+        self._rec(now, D_PREEMPT, R_VICTIM, victim, slot, None, 0, 0)
         self._run_on(task, slot, now)
-        self._event(now, _START, task.id, R_OUTRANKS, (victim.id,))
+        self._rec(now, D_START, R_OUTRANKS, task, slot, victim, 1, 0)
         return [_new(Preempt, (victim, slot, task, False)), _new(Start, (task, slot))]
 
     def _run_on(self, task: Task, slot: int, now: int) -> None:
@@ -1055,20 +1308,20 @@ class Scheduler:
                 pick = starved
                 reason = R_STARVED
                 self._n_starved_starts += 1
+        beaten = None
         if pick is head:
             heappop(heap)
-            beaten: tuple[int, ...] = ()
             while heap:  # the runner-up
                 nxt = heap[0]
                 if nxt[4].qentry is nxt:
-                    beaten = (nxt[4].id,)
+                    beaten = nxt[4]
                     break
                 heappop(heap)
         else:
-            beaten = (head[4].id,)
+            beaten = head[4]
         task = pick[4]
         task.qentry = None
-        self._nqueued -= 1
+        nq = self._nqueued = self._nqueued - 1
         self._run_on(task, slot, now)
-        self._ring.append((now, _START, task.id, reason, beaten))
+        self._rec(now, D_START, reason, task, slot, beaten, nq, 1)
         out.append(_new(Start, (task, slot)))

@@ -30,6 +30,7 @@ def choose_peer(
     self_id: int | None = None,
     dead: Collection[int] = (),
     max_load: int | None = None,
+    lost: list[int] | None = None,
 ) -> int | None:
     """Pick a peer by power-of-two choices on their load hints; None if there is none.
 
@@ -37,6 +38,7 @@ def choose_peer(
     with a load below ``max_load`` when it is given.  If any candidate shares
     ``my_domain``, only those are considered.  Two distinct candidates are drawn at random
     and the one with the lower load wins (ties: the lower id); a lone candidate wins.
+    ``lost``, if given, gets the peer that lost the draw appended (for the decision event).
     """
     same: list[int] = []
     other: list[int] = []
@@ -51,7 +53,11 @@ def choose_peer(
         return pool[0]
     pool.sort()  # the draw depends on the rng only, not on the mapping's order
     a, b = rng.sample(pool, 2)
-    return a if (loads[a], a) <= (loads[b], b) else b
+    if (loads[a], a) > (loads[b], b):
+        a, b = b, a
+    if lost is not None:
+        lost.append(b)
+    return a
 
 
 class _Peer:

@@ -50,6 +50,7 @@ class Task:
     origin: int = 0  #: node id that submitted it; it owns the task (docs/SCHEDULER.md)
     hops: int = 0  #: how many times it was forwarded between peers
     group: int | None = None  #: the sync group, for sync tasks
+    step: int | None = None  #: the sync step, for sync tasks (set when released)
 
     state: TaskState = field(default=TaskState.NEW, init=False)
     slot: int | None = field(default=None, init=False)  #: the slot it runs on, if running
@@ -62,6 +63,9 @@ class Task:
     # the scheduler's live heap entries for this task (identity marks an entry live)
     qentry: tuple[int, int, int, int, Task] | None = field(default=None, init=False, repr=False)
     rentry: tuple[int, int, int, Task] | None = field(default=None, init=False, repr=False)
+    #: (id, origin, job word, priority, flags) as the event ring stores them, made once when
+    #: the scheduler takes the task in, so that recording an event reads one attribute
+    tel: tuple[int, int, int, int, int] | None = field(default=None, init=False, repr=False)
 
     @property
     def key(self) -> int:

@@ -447,7 +447,7 @@ def test_constructor_checks_its_arguments() -> None:
     with pytest.raises(ValueError):
         Scheduler(1, clock=clock, starvation_us=10, aging_us=0)
     with pytest.raises(ValueError):
-        Scheduler(1, clock=clock, starvation_us=10, events=0)
+        Scheduler(1, clock=clock, starvation_us=10, events=-1)  # 0 is events off
 
 
 # --- load hint and stats ----------------------------------------------------------------

@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 import json
+import random
 
-from rdmasched.scheduler import Decision, Event, FakeClock, Scheduler, Task
-from rdmasched.scheduler.events import from_dict, to_jsonl
+import pytest
+
+from rdmasched.scheduler import (
+    Decision,
+    Event,
+    FakeClock,
+    Forward,
+    PeerTable,
+    Preempt,
+    Scheduler,
+    Start,
+    Task,
+    UnknownTaskError,
+)
+from rdmasched.scheduler.events import CAUSE_KIND, RULE_TEXT, Rule, from_dict, to_jsonl
 
 
 def T(tid: int, prio: int = 100) -> Task:
@@ -59,6 +73,149 @@ def test_events_export_as_json_lines() -> None:
         "task_id": 2,
         "reason": dicts[-1]["reason"],
         "beaten": [1],
+        "seq": 2,
+        "node": 0,
+        "rule": "outranks",
+        "slot": 0,
+        "origin": 0,
+        "job": 0,
+        "priority": 50,
+        "n_beaten": 1,
+        "beaten_origin": 0,
+        "wait_ns": 0,
+        "queued": 0,
+        "running": 1,
     }
     assert [from_dict(d) for d in dicts] == s.events()
     assert list(to_jsonl(s.events())) == lines
+
+
+# --- complete decision events (issue 11 item 1) -------------------------------------------
+
+
+def test_a_start_from_the_queue_records_every_field() -> None:
+    clock = FakeClock(1000)
+    s = Scheduler(2, clock=clock, starvation_us=1_000_000, node_id=7)
+    s.dispatch(Task(id=1, job=11, priority=10, cost_ns=1, origin=7))
+    s.dispatch(Task(id=2, job=11, priority=10, cost_ns=1, origin=7))
+    clock.advance(100)
+    s.dispatch(Task(id=3, job=12, priority=10, cost_ns=1, origin=4))  # queued
+    clock.advance(50)
+    s.dispatch(Task(id=4, job=12, priority=5, cost_ns=1, origin=7))  # queued, behind 3
+    s.dispatch(Task(id=5, job=12, priority=5, cost_ns=1, origin=7))  # queued, behind 4
+    clock.advance(250)
+    s.cause(CAUSE_KIND["COMPLETE"], 9, 42, 1234)  # the message being handled
+    s.complete(2)
+    ev = s.events()[-1]
+    assert ev.decision is Decision.START and ev.task_id == 3
+    assert (ev.node, ev.slot, ev.origin, ev.job, ev.priority) == (7, 1, 4, 12, 10)
+    assert ev.rule == "head" and ev.reason == RULE_TEXT[Rule.HEAD]
+    assert ev.beaten == (4,) and ev.beaten_origin == 7 and ev.n_beaten == 2
+    assert ev.wait_ns == 300  # queued at 1100, started at 1400
+    assert (ev.cause, ev.cause_src, ev.cause_seq, ev.cause_sent_ns) == ("COMPLETE", 9, 42, 1234)
+    assert (ev.queued, ev.running) == (2, 2)
+    done = s.events()[-2]
+    assert done.decision is Decision.COMPLETE and done.task_id == 2 and done.slot == 1
+    s.cause(0, 0, 0, 0)  # a local call: no message caused it
+    s.complete(1)
+    assert s.events()[-1].cause is None and s.events()[-1].task_id == 4
+
+
+def test_preemption_records_the_victim_and_the_slot() -> None:
+    clock = FakeClock(0)
+    s = Scheduler(1, clock=clock, starvation_us=1_000_000)
+    s.dispatch(Task(id=1, job=0, priority=10, cost_ns=1))
+    acts = s.dispatch(Task(id=2, job=0, priority=90, cost_ns=1))
+    assert isinstance(acts[0], Preempt)
+    pre, start = s.events()[-2:]
+    assert (pre.decision, pre.task_id, pre.rule, pre.slot) == (Decision.PREEMPT, 1, "victim", 0)
+    assert (start.rule, start.beaten, start.n_beaten, start.slot) == ("outranks", (1,), 1, 0)
+
+
+def test_sync_tasks_record_their_group_and_step() -> None:
+    clock = FakeClock(0)
+    s = Scheduler(1, clock=clock, starvation_us=1_000_000)
+    s.define_group(5, [0, 1], lambda g, step: Task(id=1000 + step, job=g, priority=0, cost_ns=1))
+    s.sync_ready(5, 3, 0)
+    acts = s.sync_ready(5, 3, 1)
+    assert isinstance(acts[0], Start)
+    rel, start = s.events()[-2:]
+    assert rel.decision is Decision.RELEASE and rel.reason == "group 5 step 3 complete"
+    assert (rel.group, rel.step, start.group, start.step) == (5, 3, 5, 3)
+    assert start.priority == 255
+
+
+def test_a_forward_records_the_peer_that_lost_the_power_of_two_choice() -> None:
+    clock = FakeClock(0)
+    pt = PeerTable(clock=clock, dead_after_us=1000)
+    for p in (1, 2, 3):
+        pt.add(p, "a")
+    s = Scheduler(
+        1, clock=clock, starvation_us=1000, node_id=0, peers=pt, domain="a", rng=random.Random(1)
+    )
+    pt.seen(1, 900)
+    pt.seen(2, 100)
+    pt.seen(3, 300)
+    s.submit(Task(id=1, job=0, priority=10, cost_ns=1))
+    acts = s.submit(Task(id=2, job=0, priority=10, cost_ns=1))
+    assert isinstance(acts[0], Forward)
+    ev = s.events()[-1]
+    loads = {1: 900, 2: 100, 3: 300}
+    assert ev.decision is Decision.FORWARD and ev.rule == "lighter_peer"
+    assert ev.peer == acts[0].peer and ev.lost_peer in loads and ev.lost_peer != ev.peer
+    assert (ev.peer_load, ev.lost_load) == (loads[ev.peer], loads[ev.lost_peer])
+    assert ev.peer_load <= ev.lost_load and ev.my_load == 2000
+    assert ev.reason == f"to peer {ev.peer}: load {ev.peer_load} < 2000"
+
+
+def test_a_wrapped_ring_counts_and_reports_what_it_lost() -> None:
+    clock = FakeClock(0)
+    s = Scheduler(1, clock=clock, starvation_us=10, events=3)
+    for i in range(1, 6):
+        s.dispatch(T(i))  # start, then four queues
+    assert [e.seq for e in s.events()] == [2, 3, 4]
+    got, missed = s.events_since(0)
+    assert [e.seq for e in got] == [2, 3, 4] and missed == 2
+    got, missed = s.events_since(4)
+    assert [e.seq for e in got] == [4] and missed == 0
+    assert s.events_since(5) == ([], 0)
+    st = s.stats()
+    assert (st.events_recorded, st.events_dropped) == (5, 2)
+
+
+def test_texts_of_rejections_are_kept_while_their_event_is_in_the_ring() -> None:
+    clock = FakeClock(0)
+    s = Scheduler(1, clock=clock, starvation_us=10, events=2)
+    for i in range(5):
+        with pytest.raises(UnknownTaskError):
+            s.complete(100 + i)
+    evs = s.events()
+    assert [e.task_id for e in evs] == [103, 104]
+    assert all(e.decision is Decision.REJECT and e.reason.startswith("unknown task") for e in evs)
+    s.dispatch(T(1))
+    s.dispatch(T(2))  # the rejections' slots now hold a start and a queue: their own reasons
+    assert [e.reason for e in s.events()] == [RULE_TEXT[Rule.FREE_SLOT], RULE_TEXT[Rule.NO_SLOT]]
+
+
+def test_events_off_records_nothing_and_decides_the_same() -> None:
+    runs = []
+    for n in (0, 64):
+        clock = FakeClock(0)
+        s = Scheduler(2, clock=clock, starvation_us=10, events=n)
+        acts = []
+        for i in range(1, 20):
+            clock.advance(3)
+            acts.append([type(a).__name__ for a in s.dispatch(T(i, 10 * (i % 4)))])
+            if i % 3 == 0:
+                running = s.running()
+                acts.append([type(a).__name__ for a in s.complete(running[0].id)])
+        runs.append((acts, s.stats().starts, s.stats().queued))
+        if n == 0:
+            assert s.events() == [] and s.stats().events_recorded == 0
+    assert runs[0] == runs[1]
+
+
+def test_old_traces_without_the_new_fields_still_read() -> None:
+    d = {"t_ns": 5, "decision": "start", "task_id": 3, "reason": "free slot", "beaten": []}
+    ev = from_dict(d)
+    assert ev.slot is None and ev.rule is None and ev.as_dict() == d
