@@ -55,6 +55,8 @@ COMPUTE_PRIORITY = 200
 COLOCATED_PRIORITY = 10
 #: the sync groups of a job's buckets: GROUP_BASE + bucket index
 GROUP_BASE = 1 << 20
+#: `rank_node`'s starvation cap: in effect none (strict priorities; see there)
+STRICT_STARVATION_US = 1 << 40
 #: task ids of the integration's own tasks start here (ids are unique per origin node)
 TASK_BASE = 1 << 48
 
@@ -184,7 +186,9 @@ class RankScheduler:
         self._error: TorchSyncError | None = None
         self._closed = False
         #: what happened, in order: (event, step, bucket index, monotonic ns), event one of
-        #: "report", "release", "start", "done" (bounded)
+        #: "report" (the hook), "release" (the sync handler), "choose" (rank 0 picked it, in
+        #: the same critical section as the releases), "start" (its all-reduce started),
+        #: "done" (bounded)
         self.log: deque[tuple[str, int, int, int]] = deque(maxlen=100_000)
         self._compute: dict[int, threading.Event] = {}
         self._colocated: dict[int, Colocated] = {}
@@ -286,6 +290,7 @@ class RankScheduler:
                     if leader:
                         _, _, b = heapq.heappop(self._ready)
                         choice[0], choice[1] = b.index, b.step
+                        self.log.append(("choose", b.step, b.index, time.monotonic_ns()))
                 if self.world > 1:
                     dist.broadcast(choice, src=0, group=self._ctrl)
                 if not leader:
@@ -443,7 +448,9 @@ class RankScheduler:
     def compute(self, *, cost_ns: int = 0, timeout_s: float | None = None) -> Iterator[int]:
         """Run the body as a compute task of the training job: dispatched (preempting
         lower-priority work on the rank's slot: the co-located job is frozen before the body
-        starts) and completed when the body ends. Yields the task id."""
+        starts) and completed when the body ends. Yields the task id. If the job's syncs
+        failed, the body's error (``loss.backward()`` raising) becomes the `TorchSyncError`
+        that says why."""
         self._check()
         tid = self._new_id()
         ev = threading.Event()
@@ -465,7 +472,14 @@ class RankScheduler:
             self._fail(err)
         try:
             self._check()
-            yield tid
+            try:
+                yield tid
+            except Exception as exc:
+                # DDP reports a failed hook future as a RuntimeError that names the error's
+                # text only ("Unable to cast ... to Tensor"): raise the typed error instead
+                if self._error is not None and exc is not self._error:
+                    raise self._error from exc
+                raise
         finally:
             with self._lock:
                 self._compute.pop(tid, None)
@@ -612,7 +626,14 @@ def rank_node(
     `dead_after_ms` (default 3 s): a rank's loop thread needs the GIL, which the training
     step holds for long stretches (tens to hundreds of ms on a loaded machine; torch's
     start-up, the model's construction): the 500 ms of a cluster file's default would make
-    nodes declare each other dead while they train."""
+    nodes declare each other dead while they train.
+
+    Strict priorities (no aging, a starvation cap of ~12 days, unless given): the co-located
+    work gets the slot only when the training job leaves it free. With the scheduler's
+    defaults (a 1 s cap, aging) a co-located task that waited would take the slot the
+    moment a bucket sync freed it, from the step's own compute task, and keep it: the step
+    would then wait for the co-located work, the inversion this integration is there to
+    prevent."""
     from rdmasched.cluster import ClusterConfig
     from rdmasched.daemon.node import Node
 
@@ -628,6 +649,8 @@ def rank_node(
         },
         source="rank_node",
     )
+    kw.setdefault("starvation_us", STRICT_STARVATION_US)
+    kw.setdefault("aging_us", None)
     return Node(config, rank, **kw)
 
 
