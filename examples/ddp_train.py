@@ -262,11 +262,6 @@ def _trace(args: argparse.Namespace, step: Any, rank: int) -> None:
 
 
 # ---- the measurement -----------------------------------------------------------------------------
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
 def run_once(args: argparse.Namespace, mode: str, trace: str | None) -> dict[str, Any]:
     """One torchrun of `mode`; rank 0's result."""
     with tempfile.TemporaryDirectory(prefix="ddp_compare") as tmp:
@@ -302,6 +297,8 @@ def _rank_args(args: argparse.Namespace) -> list[str]:
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    from rdmasched.bench.freeze import summary_us
+
     """Per mode, over its runs: each run's median step time, its tokens/s (steps over the
     measured wall time), its co-located MB/s; the spread is min..max over the runs."""
     per: dict[str, Any] = {}
@@ -312,19 +309,16 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         step_ms = [statistics.median(r["step_s"]) * 1e3 for r in rs]
         tok = [r["tokens_per_step"] * r["steps"] / r["wall_s"] for r in rs]
         colo = [r["colocated_bytes"] / r["wall_s"] / 1e6 for r in rs]
-        freeze = [x / 1e3 for r in rs for x in r["freeze_ns"]]
-        thaw = [x / 1e3 for r in rs for x in r["thaw_ns"]]
+        freeze = [x for r in rs for x in r["freeze_ns"]]
+        thaw = [x for r in rs for x in r["thaw_ns"]]
         per[mode] = {
             "runs": len(rs),
             "step_ms": step_ms,
             "tokens_per_s": tok,
             "colocated_mb_per_s": colo,
-            "freeze_us": {"n": len(freeze), "p50": _pct(freeze, 0.5), "p99": _pct(freeze, 0.99)}
-            if freeze
-            else None,
-            "thaw_us": {"n": len(thaw), "p50": _pct(thaw, 0.5), "p99": _pct(thaw, 0.99)}
-            if thaw
-            else None,
+            # the freezer benchmark's summary (n, min, p50, p90, p99, max; us)
+            "freeze_us": summary_us(freeze) if freeze else None,
+            "thaw_us": summary_us(thaw) if thaw else None,
             "mechanism": rs[0]["mechanism"],
             "errors": [e for r in rs for e in r["errors"]],
             "same_bucket_order_on_every_rank": all(
