@@ -31,8 +31,8 @@ if importlib.util.find_spec("torch") is None:
         )
     pytest.skip("torch is not installed (pip install -e '.[torch]')", allow_module_level=True)
 
-from rdmasched.integrations.freeze import cgroup_available  # noqa: E402
-from rdmasched.transport import shm  # noqa: E402
+from rdmasched.integrations.freeze import cgroup_available
+from rdmasched.transport import shm
 
 pytestmark = pytest.mark.torch
 
