@@ -364,6 +364,7 @@ class RankScheduler:
 
     # ---- bounded waits -------------------------------------------------------------------
     def _watchdog(self) -> None:
+        next_peer_check = 0.0
         while True:
             with self._lock:
                 self._lock.wait(0.05)
@@ -378,7 +379,10 @@ class RankScheduler:
                 err = SchedulerGoneError(
                     f"rank {self.rank}: the scheduler (node {self.node.id}) stopped or failed"
                 )
-            else:
+            elif time.monotonic() >= next_peer_check:
+                # stats() is a read of the node's state from this thread (on a client, a
+                # round trip to its daemon): a few times a second is enough
+                next_peer_check = time.monotonic() + 0.25
                 dead = self._dead_members()
                 if dead:
                     err = RankLostError(
