@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what rdmasched needs on a Debian machine and build it; safe to run twice.
 #
-#   scripts/setup.sh          apt packages (as root), a venv in .venv, the Cython build
+#   scripts/setup.sh          apt packages (as root), a venv in .venv, the Cython build,
+#                             torch 2.13.0 (CPU) for the PyTorch integration
 #
 # The venv is made from Debian's own python3 with --system-site-packages, because pyverbs
 # (the verbs control plane) comes from Debian's python3-pyverbs, not from PyPI.
@@ -49,7 +50,9 @@ importable() {
     "$VENV/bin/python" - <<'PY'
 import rdmasched, rdmasched._ring, rdmasched._shm, rdmasched._bench  # noqa: E401
 import rdmasched.scheduler.core as core
+import importlib.util
 assert core.IMPLEMENTATION != "python", "the scheduler core is not compiled"
+assert importlib.util.find_spec("torch"), "torch (the [torch] extra) is not installed"
 print(f"setup: rdmasched {rdmasched.__version__} built and importable")
 PY
 }
@@ -67,5 +70,8 @@ echo "setup: installing the Python dependencies and building (about 1.5 minutes)
 # -e: the compiled modules land next to the sources, where the VM (which mounts this
 # checkout and uses its own Debian python3) imports them too.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[dev]'
+# the [torch] extra (rdmasched.integrations.torch, examples/ddp_train.py, its tests): torch
+# 2.13.0 is the CPU build on these machines (elsewhere: your own torch >= 2.3 will do)
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[torch]' 'torch==2.13.0'
 importable
 "$VENV/bin/python" scripts/setup_stamp.py write "$STAMP"

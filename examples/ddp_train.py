@@ -1,0 +1,463 @@
+"""A real DDP training job beside a real CPU-hungry co-located job, with and without rdmasched.
+
+    python examples/ddp_train.py --compare --repeat 3          # the measurement (docs/TORCH.md)
+    torchrun --nproc-per-node 2 examples/ddp_train.py --mode managed --steps 30
+
+The training job: a small transformer language model from torch.nn (examples/make_trace.py's
+TinyLM: embedding, causal nn.TransformerEncoder, linear head) on random tokens, one process
+per rank, DistributedDataParallel over gloo on the CPU, one torch thread per rank.
+
+The co-located job (modes `linux` and `managed`): per rank, a pool of `--colo-workers`
+processes compressing data with zlib as fast as they can, each counting the bytes it has
+compressed in a shared file (no lock: nothing the training job could wait on).
+
+Modes:
+- `alone`: training only;
+- `linux`: the co-located job runs beside it, left to the Linux scheduler (same nice level);
+- `managed`: each rank's scheduler (rdmasched.integrations.torch) runs the job: the training
+  step is a compute task (priority 200), each gradient bucket a sync task (its all-reduce
+  started in priority order, first layers first), the co-located job a task of priority 10
+  whose preemption freezes its processes (cgroup v2, else SIGSTOP) and whose dispatch
+  thaws them. It runs only when the rank's slot is free: between steps.
+
+`--compare` runs every mode `--repeat` times, interleaved (alone, linux, managed, alone, ...),
+each under `torchrun --nproc-per-node 2` (as a subprocess, `python -m torch.distributed.run`),
+and prints a table: step time, tokens/s, the co-located job's throughput, freeze and thaw
+latencies. `--trace OUT` makes the last managed run also record a torch.profiler trace of
+rank 0 (after its measured steps, so the profiler costs the figures nothing) as
+OUT.json.gz, which `python -m rdmasched.workload OUT.json.gz` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import mmap
+import os
+import platform
+import shutil
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import zlib
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+MODES = ("alone", "linux", "managed")
+_BLOCK = b"".join(
+    b"%d,%x;step %d loss %.4f\n" % (i, i * 7919, i % 97, 1 / (i + 1)) for i in range(8000)
+)
+
+
+# ---- the co-located job (no torch in these processes) -----------------------------------------
+def colocated_job(workers: int, counter: str) -> None:
+    """`workers` processes compressing data forever; worker i adds the bytes it compressed
+    to the i-th u64 of file `counter`."""
+    fd = os.open(counter, os.O_RDWR)
+    mem = mmap.mmap(fd, 8 * workers)
+    kids = []
+    for i in range(workers):
+        pid = os.fork()
+        if pid == 0:
+            done = 0
+            n = 0
+            while True:
+                data = _BLOCK[n % 64 :]
+                zlib.compress(data, 6)
+                done += len(data)
+                n += 1
+                struct.pack_into("<Q", mem, 8 * i, done)
+        kids.append(pid)
+    for pid in kids:
+        os.waitpid(pid, 0)
+
+
+def start_colocated(workers: int, counter: Path) -> subprocess.Popen[bytes]:
+    counter.write_bytes(b"\0" * (8 * workers))
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--colocated-job",
+            str(workers),
+            str(counter),
+        ],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def colocated_bytes(counter: Path) -> int:
+    data = counter.read_bytes()
+    return sum(struct.unpack_from("<Q", data, o)[0] for o in range(0, len(data), 8))
+
+
+def stop_colocated(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+
+
+# ---- one rank (under torchrun) -----------------------------------------------------------------
+def run_rank(args: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.profiler import record_function
+
+    sys.path.insert(0, str(HERE))
+    from make_trace import TinyLM
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)
+    model = TinyLM(args.vocab, args.d_model, args.layers, 4, args.seq)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    g = torch.Generator().manual_seed(args.seed + rank)
+
+    tmp = Path(tempfile.mkdtemp(prefix="ddp_train"))
+    colo_proc = None
+    counter = tmp / "counter"
+    node = sched = colo = None
+    if args.mode != "alone":
+        colo_proc = start_colocated(args.colo_workers, counter)
+    try:
+        if args.mode == "managed":
+            from rdmasched.integrations.torch import Colocated, RankScheduler, rank_node
+
+            cluster = os.environ.get("RDMASCHED_CLUSTER") or f"ddp{os.environ['MASTER_PORT']}"
+            node = rank_node(rank, world, cluster)
+            node.start()
+            sched = RankScheduler(node)
+            ddp.register_comm_hook(None, sched.hook)
+            colo = Colocated(sched)
+            colo.add(colo_proc.pid)  # type: ignore[union-attr]
+            colo.start()
+
+        def step() -> float:
+            tok = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g)
+            if args.io_ms:
+                time.sleep(args.io_ms / 1000)  # waiting for the next batch (storage, network)
+            t0 = time.perf_counter()
+            with sched.compute() if sched is not None else contextlib.nullcontext():
+                opt.zero_grad(set_to_none=True)
+                with record_function("forward"):
+                    out = ddp(tok[:, :-1])
+                    loss = loss_fn(out.reshape(-1, out.shape[-1]), tok[:, 1:].reshape(-1))
+                with record_function("backward"):
+                    loss.backward()
+                with record_function("optimizer"):
+                    opt.step()
+            return time.perf_counter() - t0
+
+        for _ in range(args.warmup):
+            step()
+        dist.barrier()
+        bytes0 = colocated_bytes(counter) if colo_proc else 0
+        t_start = time.perf_counter()
+        times = [step() for _ in range(args.steps)]
+        dist.barrier()
+        wall = time.perf_counter() - t_start
+        done = (colocated_bytes(counter) - bytes0) if colo_proc else 0
+
+        if args.trace and rank == 0 and sched is None:
+            print("--trace records the managed mode only", file=sys.stderr)
+        if args.trace and sched is not None:
+            _trace(args, step, rank)
+
+        total = torch.tensor([done], dtype=torch.int64)
+        dist.all_reduce(total)
+        local = {
+            "freeze_ns": list(colo.freeze_ns) if colo else [],
+            "thaw_ns": list(colo.thaw_ns) if colo else [],
+            "mechanism": colo.mechanism if colo else None,
+            "errors": list(colo.errors) if colo else [],
+            "starts": [(e[1], e[2]) for e in sched.log if e[0] == "start"] if sched else [],
+        }
+        every: list[Any] = [None] * world
+        dist.all_gather_object(every, local)
+        if rank == 0:
+            result = {
+                "mode": args.mode,
+                "world": world,
+                "steps": args.steps,
+                "tokens_per_step": args.batch * args.seq * world,
+                "step_s": times,
+                "wall_s": wall,
+                "colocated_bytes": int(total.item()),
+                "colocated_workers": args.colo_workers * world if colo_proc else 0,
+                "freeze_ns": [x for r in every for x in r["freeze_ns"]],
+                "thaw_ns": [x for r in every for x in r["thaw_ns"]],
+                "mechanism": every[0]["mechanism"],
+                "errors": [x for r in every for x in r["errors"]],
+                "same_bucket_order_on_every_rank": all(
+                    r["starts"] == every[0]["starts"] for r in every
+                ),
+            }
+            text = json.dumps(result)
+            if args.result:
+                Path(args.result).write_text(text)
+            else:
+                print(text)
+    finally:
+        if colo is not None:
+            colo.close()
+        if colo_proc is not None:
+            stop_colocated(colo_proc)
+        if sched is not None:
+            sched.close()
+        if node is not None:
+            node.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+        dist.destroy_process_group()
+    return 0
+
+
+def _trace(args: argparse.Namespace, step: Any, rank: int) -> None:
+    """A few more steps under torch.profiler; rank 0's trace to args.trace + .json.gz."""
+    from torch._C._profiler import _ExperimentalConfig
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    raw = Path(tempfile.mkdtemp(prefix="ddp_trace")) / "trace.json"
+
+    def ready(prof: Any) -> None:
+        if rank == 0:
+            prof.export_chrome_trace(str(raw))
+
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+        on_trace_ready=ready,
+        record_shapes=True,
+        # the buckets' all-reduces start on the scheduler's comm thread: record it too
+        experimental_config=_ExperimentalConfig(profile_all_threads=True),
+    ) as prof:
+        for _ in range(5):
+            step()
+            prof.step()
+    if rank == 0:
+        out = Path(f"{args.trace}.json.gz")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with (
+            raw.open("rb") as src,
+            open(out, "wb") as f,
+            gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as dst,
+        ):
+            shutil.copyfileobj(src, dst)
+        shutil.rmtree(raw.parent, ignore_errors=True)
+        print(f"wrote {out}", file=sys.stderr)
+
+
+# ---- the measurement -----------------------------------------------------------------------------
+def run_once(args: argparse.Namespace, mode: str, trace: str | None) -> dict[str, Any]:
+    """One torchrun of `mode`; rank 0's result."""
+    with tempfile.TemporaryDirectory(prefix="ddp_compare") as tmp:
+        result = Path(tmp) / "result.json"
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(args.nproc), str(Path(__file__).resolve()),
+            "--mode", mode, "--result", str(result), *_rank_args(args),
+        ]  # fmt: skip
+        if trace:
+            cmd += ["--trace", trace]
+        env = {
+            **os.environ,
+            "RDMASCHED_CLUSTER": f"ddp{os.getpid()}{uuid.uuid4().hex[:6]}",
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
+            ),
+        }
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        if proc.returncode != 0 or not result.exists():
+            sys.stderr.write(proc.stderr[-4000:])
+            raise SystemExit(f"ddp_train: the {mode} run failed (exit {proc.returncode})")
+        out: dict[str, Any] = json.loads(result.read_text())
+        return out
+
+
+def _rank_args(args: argparse.Namespace) -> list[str]:
+    out = []
+    for name in ("steps", "warmup", "batch", "seq", "vocab", "d_model", "layers",
+                 "bucket_cap_mb", "colo_workers", "io_ms", "seed"):  # fmt: skip
+        out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return out
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    from rdmasched.bench.freeze import summary_us
+
+    """Per mode, over its runs: each run's median step time, its tokens/s (steps over the
+    measured wall time), its co-located MB/s; the spread is min..max over the runs."""
+    per: dict[str, Any] = {}
+    for mode in MODES:
+        rs = [r for r in runs if r["mode"] == mode]
+        if not rs:
+            continue
+        step_ms = [statistics.median(r["step_s"]) * 1e3 for r in rs]
+        tok = [r["tokens_per_step"] * r["steps"] / r["wall_s"] for r in rs]
+        colo = [r["colocated_bytes"] / r["wall_s"] / 1e6 for r in rs]
+        freeze = [x for r in rs for x in r["freeze_ns"]]
+        thaw = [x for r in rs for x in r["thaw_ns"]]
+        per[mode] = {
+            "runs": len(rs),
+            "step_ms": step_ms,
+            "tokens_per_s": tok,
+            "colocated_mb_per_s": colo,
+            # the freezer benchmark's summary (n, min, p50, p90, p99, max; us)
+            "freeze_us": summary_us(freeze) if freeze else None,
+            "thaw_us": summary_us(thaw) if thaw else None,
+            "mechanism": rs[0]["mechanism"],
+            "errors": [e for r in rs for e in r["errors"]],
+            "same_bucket_order_on_every_rank": all(
+                r["same_bucket_order_on_every_rank"] for r in rs
+            ),
+        }
+    return per
+
+
+def _spread(xs: list[float], fmt: str) -> str:
+    mid = statistics.median(xs)
+    if len(xs) == 1:
+        return format(mid, fmt)
+    return f"{format(mid, fmt)} ({format(min(xs), fmt)}-{format(max(xs), fmt)})"
+
+
+def table(per: dict[str, Any], meta: dict[str, Any]) -> str:
+    lines = [
+        f"{meta['date']}, {meta['cpus']} CPUs, load {meta['load_before']:.1f} -> "
+        f"{meta['load_after']:.1f}, torch {meta['torch']}, commit {meta['commit']}: "
+        f"`{meta['command']}`",
+        "",
+        "| run | step time, ms | tokens/s | co-located job, MB/s | freeze p50 / p99, us | "
+        "thaw p50 / p99, us |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    names = {
+        "alone": "training alone",
+        "linux": "+ co-located job, left to Linux",
+        "managed": "+ co-located job, managed by rdmasched",
+    }
+    for mode, v in per.items():
+        fr = v["freeze_us"]
+        th = v["thaw_us"]
+        name = names[mode] + (
+            f" ({v['mechanism']})" if v["mechanism"] and mode == "managed" else ""
+        )
+        colo = _spread(v["colocated_mb_per_s"], ".1f") if mode != "alone" else "-"
+        frz = f"{fr['p50']:,.0f} / {fr['p99']:,.0f}" if fr else "-"
+        thw = f"{th['p50']:,.0f} / {th['p99']:,.0f}" if th else "-"
+        lines.append(
+            f"| {name} | {_spread(v['step_ms'], '.1f')} | {_spread(v['tokens_per_s'], ',.0f')} "
+            f"| {colo} | {frz} | {thw} |"
+        )
+    lines.append("")
+    lines.append(
+        "median over the runs (min-max in brackets); step time: each run's median step; "
+        "tokens/s and MB/s: over each run's measured steps"
+    )
+    return "\n".join(lines)
+
+
+def compare(args: argparse.Namespace) -> int:
+    import torch
+
+    modes = args.modes or list(MODES)
+    load0 = os.getloadavg()[0]
+    runs = []
+    t0 = time.monotonic()
+    for r in range(args.repeat):
+        for mode in modes:
+            trace = args.trace if (mode == "managed" and r == args.repeat - 1) else None
+            print(f"ddp_train: run {r + 1}/{args.repeat}: {mode}", file=sys.stderr, flush=True)
+            runs.append(run_once(args, mode, trace))
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    meta = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "cpu": platform.processor() or platform.machine(),
+        "load_before": load0,
+        "load_after": os.getloadavg()[0],
+        "torch": torch.__version__,
+        "commit": commit or "unknown",
+        "seconds": round(time.monotonic() - t0),
+        "command": "python examples/ddp_train.py " + " ".join(sys.argv[1:]),
+    }
+    per = summarize(runs)
+    print(table(per, meta))
+    if args.json_out:
+        Path(args.json_out).write_text(
+            json.dumps({"meta": meta, "summary": per, "runs": runs}, indent=1) + "\n"
+        )
+    bad = [m for m, v in per.items() if v["errors"] or not v["same_bucket_order_on_every_rank"]]
+    if bad:
+        print(f"ddp_train: errors in {bad}: {[per[m]['errors'] for m in bad]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--colocated-job"]:
+        colocated_job(int(argv[1]), argv[2])
+        return 0
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--compare", action="store_true", help="run every mode --repeat times, print the table"
+    )
+    p.add_argument("--repeat", type=int, default=3, help="runs per mode with --compare (default 3)")
+    p.add_argument("--modes", nargs="+", choices=MODES, help="with --compare: these modes only")
+    p.add_argument(
+        "--mode", choices=MODES, default="managed", help="one run, under torchrun (default managed)"
+    )
+    p.add_argument("--nproc", type=int, default=2, help="ranks with --compare (default 2)")
+    p.add_argument("--steps", type=int, default=30, help="measured steps (default 30)")
+    p.add_argument("--warmup", type=int, default=3, help="steps before measuring (default 3)")
+    p.add_argument("--batch", type=int, default=8, help="sequences per rank per step (default 8)")
+    p.add_argument("--seq", type=int, default=64, help="tokens per sequence (default 64)")
+    p.add_argument("--vocab", type=int, default=2000, help="default 2000")
+    p.add_argument("--d-model", type=int, default=128, help="default 128")
+    p.add_argument("--layers", type=int, default=2, help="default 2")
+    p.add_argument(
+        "--bucket-cap-mb", type=float, default=0.25, help="DDP's bucket size (default 0.25)"
+    )
+    p.add_argument(
+        "--colo-workers", type=int, default=1, help="co-located processes per rank (default 1)"
+    )
+    p.add_argument(
+        "--io-ms",
+        type=float,
+        default=0.0,
+        help="per step, time waiting for the batch outside the compute task (default 0)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="default 0")
+    p.add_argument("--trace", help="OUT: a torch.profiler trace of a managed run -> OUT.json.gz")
+    p.add_argument("--result", help="(one run) write rank 0's result JSON here")
+    p.add_argument("--json-out", help="(--compare) every run and the summary as JSON")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per run (default 900)")
+    args = p.parse_args(argv)
+    if args.compare:
+        return compare(args)
+    if "RANK" not in os.environ:
+        p.error("one run goes under torchrun (torchrun --nproc-per-node 2 ...), or use --compare")
+    return run_rank(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

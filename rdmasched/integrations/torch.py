@@ -1,0 +1,679 @@
+"""PyTorch DistributedDataParallel under rdmasched (issue 10): docs/TORCH.md.
+
+Optional: needs torch >= 2.3 (`pip install 'rdmasched[torch]'`). Three pieces, all driven by
+one rank's scheduler (today a `Node` per rank; see `SchedulerClient` for what is used):
+
+- `RankScheduler.hook` (``ddp.register_comm_hook(None, sched.hook)``): each gradient bucket
+  is a sync task. The hook announces the bucket (`sync_ready(group_of_bucket, step)`); once
+  every rank has, the scheduler releases the sync task and calls the sync handler, which
+  hands the bucket to the comm queue. The queue starts the released buckets' all-reduces
+  (gloo, ``async_op=True``) in priority order, the bucket holding the first layers first
+  (P3, ByteScheduler: priority = bucket index, since DDP's bucket 0 holds the last layers),
+  at most `max_inflight` at a time, in one order on every rank (rank 0 chooses among the
+  buckets released, as ByteScheduler's coordinator does, and broadcasts its choice); the
+  hook's future is completed with the averaged gradients when the collective is done.
+- `RankScheduler.compute()`: a context manager around the training step; a compute task of
+  the training job at `compute_priority` holds the rank's slot while the step runs, so
+  low-priority work is preempted before the step starts and dispatched again after it.
+- `Colocated`: co-located low-priority work (data preparation, evaluation, a second job) as
+  a task whose preempt handler freezes its processes (`rdmasched.integrations.freeze`:
+  cgroup v2 ``cgroup.freeze``, else SIGSTOP/SIGCONT) and whose dispatch thaws them.
+
+Every wait is bounded: a bucket not released within `sync_timeout_s`, a rank whose node is
+declared dead, a scheduler that is gone or failed, a collective that fails: the hook's
+future fails with a `TorchSyncError` saying which, so ``loss.backward()`` raises instead of
+hanging, and every later call raises the same error at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from rdmasched.errors import ArgumentError, RdmaschedError
+from rdmasched.integrations.freeze import Freezer
+from rdmasched.scheduler import Task
+
+if TYPE_CHECKING:
+    from rdmasched.daemon.node import Node
+
+_log = logging.getLogger("rdmasched.torch")
+
+#: priority of the training step's compute task (sync tasks are 255, above every compute)
+COMPUTE_PRIORITY = 200
+#: priority of co-located work by default
+COLOCATED_PRIORITY = 10
+#: the sync groups of a job's buckets: GROUP_BASE + bucket index
+GROUP_BASE = 1 << 20
+#: `rank_node`'s starvation cap: in effect none (strict priorities; see there)
+STRICT_STARVATION_US = 1 << 40
+#: task ids of the integration's own tasks start here (ids are unique per origin node)
+TASK_BASE = 1 << 48
+
+
+class TorchSyncError(RdmaschedError, RuntimeError):
+    """A bucket's sync could not complete: the scheduler is gone, a rank is lost, it timed
+    out, or the collective failed. The hook's future fails with it; later calls raise it."""
+
+
+class SchedulerGoneError(TorchSyncError):
+    """The rank's scheduler (its node daemon) stopped or failed."""
+
+
+class RankLostError(TorchSyncError, ConnectionError):
+    """The node of another rank of the job was declared dead."""
+
+
+class SyncTimeoutError(TorchSyncError, TimeoutError):
+    """A bucket was not released (not every rank reported it) within the timeout."""
+
+
+class SchedulerClient(Protocol):
+    """What the integration uses of a rank's scheduler: `Node`'s methods and handler
+    contracts (the one-daemon-per-host client keeps them)."""
+
+    id: int
+
+    @property
+    def healthy(self) -> bool: ...
+
+    def define_group(self, group: int, members: Iterable[int | str]) -> None: ...
+
+    def sync_ready(self, group: int, step: int) -> None: ...
+
+    def dispatch(
+        self,
+        task_id: int,
+        *,
+        to: int | str | None = None,
+        job: int = 0,
+        priority: int = 0,
+        cost_ns: int = 0,
+        payload: dict[str, Any] | None = None,
+    ) -> None: ...
+
+    def complete(self, task_id: int, *, origin: int | None = None, runtime_ns: int = 0) -> None: ...
+
+    def on_sync(self, fn: Callable[[Task, int], object]) -> Any: ...
+
+    def on_dispatch(self, fn: Callable[[Task, int], None]) -> Any: ...
+
+    def on_preempt(self, fn: Callable[[Task, int, bool], int]) -> Any: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+class _Bucket:
+    """One bucket's sync of one step, from the hook to the future."""
+
+    __slots__ = ("done", "fut", "index", "priority", "released_ns", "reported_ns", "step", "tensor")
+
+    def __init__(self, index: int, step: int, priority: int, tensor: torch.Tensor) -> None:
+        self.index, self.step, self.priority, self.tensor = index, step, priority, tensor
+        self.fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        self.reported_ns = time.monotonic_ns()
+        self.released_ns = 0
+        self.done = False
+
+
+class RankScheduler:
+    """The training job of one rank, under that rank's scheduler `node`.
+
+    Takes over the node's dispatch, preempt and sync handlers. `members`: the node ids (or
+    names) of every rank's node (default: ranks 0..world-1, as `Node.from_env` numbers
+    them). `priority(index)`: a bucket's priority (default its index: the bucket holding the
+    first layers first). `max_inflight`: collectives started at once. `sync_timeout_s`: how
+    long a bucket may wait for every rank. `job`: the training job's id in the scheduler.
+    """
+
+    def __init__(
+        self,
+        node: SchedulerClient,
+        *,
+        members: Iterable[int | str] | None = None,
+        priority: Callable[[int], int] | None = None,
+        max_inflight: int = 1,
+        sync_timeout_s: float = 60.0,
+        collective_timeout_s: float = 60.0,
+        job: int = 1,
+        compute_priority: int = COMPUTE_PRIORITY,
+    ) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise ArgumentError("RankScheduler needs torch.distributed initialised first")
+        if isinstance(max_inflight, bool) or not isinstance(max_inflight, int) or max_inflight < 1:
+            raise ArgumentError(f"max_inflight must be an int >= 1, not {max_inflight!r}")
+        for name, value in (
+            ("sync_timeout_s", sync_timeout_s),
+            ("collective_timeout_s", collective_timeout_s),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e6:
+                raise ArgumentError(f"{name} must be a number of seconds > 0, not {value!r}")
+        if not 0 <= compute_priority <= 254:
+            raise ArgumentError(f"compute_priority must be 0..254, not {compute_priority!r}")
+        self.node = node
+        self.world = dist.get_world_size()
+        self.rank = dist.get_rank()
+        self.members = list(range(self.world)) if members is None else list(members)
+        self.priority_of = priority or (lambda index: index)
+        self.max_inflight = max_inflight
+        self.sync_timeout_s = float(sync_timeout_s)
+        self.collective_timeout_s = float(collective_timeout_s)
+        self.job = job
+        self.compute_priority = compute_priority
+        self._lock = threading.Condition()
+        self._ids = itertools.count(TASK_BASE)
+        self._defined: set[int] = set()  # bucket indexes whose sync group is declared
+        # the buckets' all-reduces, and the leader's choices of their order (not the default
+        # group: DDP's own collectives run there, from the training thread)
+        timeout = _timedelta(self.collective_timeout_s)
+        self._comm_pg: Any = dist.new_group(backend="gloo", timeout=timeout)
+        self._ctrl: Any = dist.new_group(backend="gloo", timeout=timeout)
+        self._steps: dict[int, int] = {}  # bucket index -> next step
+        self._pending: dict[tuple[int, int], _Bucket] = {}  # (index, step), not yet released
+        self._ready: list[tuple[int, int, _Bucket]] = []  # released: (-priority, seq, bucket)
+        self._inflight: dict[tuple[int, int], _Bucket] = {}
+        self._seq = itertools.count()
+        self._error: TorchSyncError | None = None
+        self._closed = False
+        #: what happened, in order: (event, step, bucket index, monotonic ns), event one of
+        #: "report" (the hook), "release" (the sync handler), "choose" (rank 0 picked it, in
+        #: the same critical section as the releases), "start" (its all-reduce started),
+        #: "done" (bounded)
+        self.log: deque[tuple[str, int, int, int]] = deque(maxlen=100_000)
+        self._compute: dict[int, threading.Event] = {}
+        self._colocated: dict[int, Colocated] = {}
+        node.on_sync(self._on_sync)
+        node.on_dispatch(self._on_dispatch)
+        node.on_preempt(self._on_preempt)
+        self._comm = threading.Thread(target=self._comm_loop, name="rdmasched-comm", daemon=True)
+        self._comm.start()
+        self._watch = threading.Thread(target=self._watchdog, name="rdmasched-watch", daemon=True)
+        self._watch.start()
+
+    # ---- the DDP communication hook ------------------------------------------------------
+    def hook(self, state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """The DDP comm hook: ``ddp.register_comm_hook(None, sched.hook)``."""
+        index = bucket.index()
+        tensor = bucket.buffer()
+        with self._lock:
+            step = self._steps.get(index, 0)
+            self._steps[index] = step + 1
+        b = _Bucket(index, step, int(self.priority_of(index)), tensor)
+        try:
+            self._check()
+            self._group(index)
+            tensor.div_(self.world)
+            with self._lock:
+                self._check()
+                self._pending[(index, step)] = b
+                self.log.append(("report", step, index, b.reported_ns))
+            self.node.sync_ready(GROUP_BASE + index, step)
+        except Exception as exc:
+            self._fail(self._as_sync_error(exc, f"bucket {index} step {step}"))
+            with self._lock:
+                self._pending.pop((index, step), None)
+            self._finish(b, error=self._error)
+        return b.fut
+
+    def _group(self, index: int) -> None:
+        """Declare bucket `index`'s sync group the first time the bucket is seen."""
+        if index not in self._defined:
+            self.node.define_group(GROUP_BASE + index, self.members)
+            self._defined.add(index)
+
+    # ---- the scheduler's handlers (on the node's loop thread) ----------------------------
+    def _on_sync(self, task: Task, slot: int) -> None:
+        group = task.group if task.group is not None else task.job
+        index = group - GROUP_BASE
+        step = int((task.payload or {}).get("step", -1))
+        now = time.monotonic_ns()
+        with self._lock:
+            b = self._pending.pop((index, step), None)
+            if b is None:
+                _log.warning("sync task for bucket %d step %d, which no hook reported", index, step)
+                return
+            b.released_ns = now
+            self.log.append(("release", step, index, now))
+            heapq.heappush(self._ready, (-b.priority, next(self._seq), b))
+            self._lock.notify_all()
+
+    def _on_dispatch(self, task: Task, slot: int) -> None:
+        ev = self._compute.get(task.id)
+        if ev is not None:
+            ev.set()
+            return
+        colo = self._colocated.get(task.id)
+        if colo is not None:
+            colo._dispatched()
+
+    def _on_preempt(self, task: Task, slot: int, cancel: bool) -> int:
+        colo = self._colocated.get(task.id)
+        if colo is not None:
+            return colo._preempted(task)
+        # the step's compute task yields its slot to the step's own bucket syncs in the
+        # scheduler's books: nothing is stopped (the step's compute and its all-reduces
+        # overlap); it takes the slot back when they are done
+        return task.progress_ns
+
+    # ---- the comm queue ------------------------------------------------------------------
+    def _comm_loop(self) -> None:
+        """Start the released buckets' all-reduces, in one order on every rank.
+
+        Collectives of one process group must start in the same order on every rank, and a
+        rank may see a release before another does (the last SYNC_READY reaches each rank at
+        its own time). So rank 0 (the leader) chooses: the released bucket of highest
+        priority, and broadcasts its choice on a control group; every rank then starts
+        that bucket's all-reduce once its own scheduler has released it too. (With each rank
+        choosing by itself, two ranks each waiting for the other's choice deadlock.)"""
+        choice = torch.zeros(2, dtype=torch.int64)
+        leader = self.rank == 0
+        try:
+            while True:
+                with self._lock:
+                    while not self._closed and (
+                        len(self._inflight) >= self.max_inflight
+                        or not (self._ready if leader else (self._ready or self._pending))
+                    ):
+                        self._lock.wait()
+                    if self._closed:
+                        return
+                    if leader:
+                        _, _, b = heapq.heappop(self._ready)
+                        choice[0], choice[1] = b.index, b.step
+                        self.log.append(("choose", b.step, b.index, time.monotonic_ns()))
+                if self.world > 1:
+                    dist.broadcast(choice, src=0, group=self._ctrl)
+                if not leader:
+                    index, step = int(choice[0]), int(choice[1])
+                    with self._lock:
+                        while (
+                            not self._closed
+                            and self._error is None
+                            and not any(
+                                x[2].index == index and x[2].step == step for x in self._ready
+                            )
+                        ):
+                            self._lock.wait()
+                        if self._closed or self._error is not None:
+                            return
+                        entry = next(
+                            x for x in self._ready if x[2].index == index and x[2].step == step
+                        )
+                        self._ready.remove(entry)
+                        heapq.heapify(self._ready)
+                        b = entry[2]
+                with self._lock:
+                    if b.done:
+                        continue
+                    self._inflight[(b.index, b.step)] = b
+                    self.log.append(("start", b.step, b.index, time.monotonic_ns()))
+                try:
+                    work = dist.all_reduce(b.tensor, group=self._comm_pg, async_op=True)
+                    assert work is not None
+                    work.get_future().then(lambda f, b=b: self._collective_done(b, f))
+                except Exception as exc:
+                    self._collective_failed(b, exc)
+        except Exception as exc:  # the control broadcast failed: a rank is gone
+            if not self._closed:
+                err = TorchSyncError(
+                    f"rank {self.rank}: the buckets' order could not be agreed: {exc}"
+                )
+                err.__cause__ = exc
+                self._fail(err)
+
+    def _collective_done(self, b: _Bucket, f: torch.futures.Future[Any]) -> None:
+        try:
+            f.value()
+        except Exception as exc:
+            self._collective_failed(b, exc)
+            return
+        with self._lock:
+            self._inflight.pop((b.index, b.step), None)
+            self.log.append(("done", b.step, b.index, time.monotonic_ns()))
+            self._lock.notify_all()
+        self._finish(b)
+
+    def _collective_failed(self, b: _Bucket, exc: BaseException) -> None:
+        err = TorchSyncError(f"the all-reduce of bucket {b.index} step {b.step} failed: {exc}")
+        err.__cause__ = exc
+        self._fail(err)
+        with self._lock:
+            self._inflight.pop((b.index, b.step), None)
+            self._lock.notify_all()
+        self._finish(b, error=self._error)
+
+    def _finish(self, b: _Bucket, error: BaseException | None = None) -> None:
+        with self._lock:
+            if b.done:
+                return
+            b.done = True
+        if error is None:
+            b.fut.set_result(b.tensor)
+        else:
+            b.fut.set_exception(error)
+
+    # ---- bounded waits -------------------------------------------------------------------
+    def _watchdog(self) -> None:
+        next_peer_check = 0.0
+        while True:
+            with self._lock:
+                self._lock.wait(0.05)
+                if self._closed:
+                    return
+                waiting = list(self._pending.values())
+                busy = bool(waiting or self._inflight or self._ready or self._compute)
+            if not busy:
+                continue
+            err: TorchSyncError | None = None
+            if not self.node.healthy:
+                err = SchedulerGoneError(
+                    f"rank {self.rank}: the scheduler (node {self.node.id}) stopped or failed"
+                )
+            elif time.monotonic() >= next_peer_check:
+                # stats() is a read of the node's state from this thread (on a client, a
+                # round trip to its daemon): a few times a second is enough
+                next_peer_check = time.monotonic() + 0.25
+                dead = self._dead_members()
+                if dead:
+                    err = RankLostError(
+                        f"rank {self.rank}: the node of rank(s) {dead} was declared dead; "
+                        "the job's syncs cannot complete"
+                    )
+            now = time.monotonic_ns()
+            late = [b for b in waiting if now - b.reported_ns > self.sync_timeout_s * 1e9]
+            if err is None and late:
+                b = late[0]
+                err = SyncTimeoutError(
+                    f"rank {self.rank}: bucket {b.index} step {b.step} was not released within "
+                    f"{self.sync_timeout_s:g} s: not every rank reported it"
+                )
+            if err is not None:
+                self._fail(err)
+
+    def _dead_members(self) -> list[int]:
+        try:
+            dead = self.node.stats().get("dead_peers", [])
+        except Exception:
+            return []
+        return sorted(set(dead) & {m for m in self.members if isinstance(m, int)})
+
+    def _fail(self, err: TorchSyncError) -> None:
+        """The job cannot go on: fail every outstanding bucket and compute wait with `err`."""
+        with self._lock:
+            if self._error is None:
+                self._error = err
+                _log.error("%s", err)
+            err = self._error
+            buckets = [
+                *self._pending.values(),
+                *self._inflight.values(),
+                *(b for _, _, b in self._ready),
+            ]
+            self._pending.clear()
+            self._inflight.clear()
+            self._ready.clear()
+            waits = list(self._compute.values())
+            self._lock.notify_all()
+        for b in buckets:
+            self._finish(b, error=err)
+        for ev in waits:
+            ev.set()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise SchedulerGoneError("this RankScheduler is closed")
+
+    def _as_sync_error(self, exc: BaseException, what: str) -> TorchSyncError:
+        if isinstance(exc, TorchSyncError):
+            return exc
+        err = SchedulerGoneError(f"rank {self.rank}: {what}: the scheduler refused it: {exc}")
+        err.__cause__ = exc
+        return err
+
+    @property
+    def error(self) -> TorchSyncError | None:
+        """The error that stopped the job's syncs, if any."""
+        return self._error
+
+    # ---- the training step's compute task --------------------------------------------------
+    @contextlib.contextmanager
+    def compute(self, *, cost_ns: int = 0, timeout_s: float | None = None) -> Iterator[int]:
+        """Run the body as a compute task of the training job: dispatched (preempting
+        lower-priority work on the rank's slot: the co-located job is frozen before the body
+        starts) and completed when the body ends. Yields the task id. If the job's syncs
+        failed, the body's error (``loss.backward()`` raising) becomes the `TorchSyncError`
+        that says why."""
+        self._check()
+        tid = self._new_id()
+        ev = threading.Event()
+        with self._lock:
+            self._compute[tid] = ev
+        try:
+            self.node.dispatch(tid, job=self.job, priority=self.compute_priority, cost_ns=cost_ns)
+        except Exception as exc:
+            with self._lock:
+                self._compute.pop(tid, None)
+            err = self._as_sync_error(exc, "the step's compute task")
+            self._fail(err)
+            raise err from exc
+        limit = self.sync_timeout_s if timeout_s is None else timeout_s
+        if not ev.wait(limit):
+            err = SyncTimeoutError(
+                f"rank {self.rank}: the step's compute task was not dispatched within {limit:g} s"
+            )
+            self._fail(err)
+        try:
+            self._check()
+            try:
+                yield tid
+            except Exception as exc:
+                # DDP reports a failed hook future as a RuntimeError that names the error's
+                # text only ("Unable to cast ... to Tensor"): raise the typed error instead
+                if self._error is not None and exc is not self._error:
+                    raise self._error from exc
+                raise
+        finally:
+            with self._lock:
+                self._compute.pop(tid, None)
+            if self._error is None:
+                self.node.complete(tid)
+
+    def _new_id(self) -> int:
+        with self._lock:
+            return next(self._ids)
+
+    def close(self) -> None:
+        """Stop the comm and watchdog threads (outstanding buckets fail). Safe twice."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._lock.notify_all()
+        if self._pending or self._inflight or self._ready:
+            self._fail(SchedulerGoneError("the RankScheduler was closed with syncs outstanding"))
+        self._comm.join(5)
+        self._watch.join(5)
+
+    def __enter__(self) -> RankScheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# DDP checks the hook's annotations against the classes themselves (this module's are strings)
+RankScheduler.hook.__annotations__.update(
+    state=object, bucket=dist.GradBucket, **{"return": torch.futures.Future[torch.Tensor]}
+)
+
+
+class Colocated:
+    """Co-located low-priority work under `sched`: its processes run while its task holds
+    the rank's slot and are frozen (for real: `Freezer`) while it is preempted.
+
+    ``Colocated(sched).add(pid).start()``: `start` freezes the processes added, then
+    dispatches the task; the scheduler's dispatch thaws them (at once if the slot is free).
+    `freezer`: a `Freezer` to use (default: a new one, `mechanism`). Freeze and thaw
+    latencies are kept in `freeze_ns` and `thaw_ns`; `mechanism` says which was used.
+    """
+
+    def __init__(
+        self,
+        sched: RankScheduler,
+        *,
+        priority: int = COLOCATED_PRIORITY,
+        job: int = 2,
+        freezer: Freezer | None = None,
+        mechanism: str = "auto",
+    ) -> None:
+        if not 0 <= priority <= 254:
+            raise ArgumentError(f"priority must be 0..254, not {priority!r}")
+        self.sched = sched
+        self.priority = priority
+        self.job = job
+        self.freezer = freezer if freezer is not None else Freezer(mechanism)
+        self.task_id = sched._new_id()
+        self.freeze_ns: list[int] = []
+        self.thaw_ns: list[int] = []
+        self.errors: list[str] = []
+        self.running = False
+        self._ran_ns = 0
+        self._since = 0
+        self._started = False
+
+    @property
+    def mechanism(self) -> str:
+        """``"cgroup"`` or ``"signal"``: how the processes are frozen."""
+        return self.freezer.mechanism
+
+    def add(self, pid: int) -> Colocated:
+        """Hold process `pid` and its children."""
+        self.freezer.add(pid)
+        return self
+
+    def start(self) -> Colocated:
+        """Freeze the work, and dispatch its task: it runs when the scheduler says so."""
+        if self._started:
+            return self
+        self.freezer.freeze()
+        self.sched._colocated[self.task_id] = self
+        self._started = True
+        self.sched.node.dispatch(self.task_id, job=self.job, priority=self.priority)
+        return self
+
+    def _dispatched(self) -> None:
+        t0 = time.perf_counter_ns()
+        try:
+            self.freezer.thaw()
+        except Exception as exc:  # counted, reported; the scheduler goes on
+            self.errors.append(f"thaw: {exc}")
+            raise
+        self.thaw_ns.append(time.perf_counter_ns() - t0)
+        self.running = True
+        self._since = time.monotonic_ns()
+
+    def _preempted(self, task: Task) -> int:
+        t0 = time.perf_counter_ns()
+        try:
+            self.freezer.freeze()
+        except Exception as exc:
+            self.errors.append(f"freeze: {exc}")
+            raise
+        self.freeze_ns.append(time.perf_counter_ns() - t0)
+        if self.running:
+            self._ran_ns += time.monotonic_ns() - self._since
+        self.running = False
+        return self._ran_ns
+
+    def close(self) -> None:
+        """Complete the task and release the processes (thawed, left running)."""
+        if self._started and self.sched.error is None:
+            with contextlib.suppress(RdmaschedError):
+                self.sched.node.complete(self.task_id)
+        self.sched._colocated.pop(self.task_id, None)
+        self.freezer.close()
+
+    def __enter__(self) -> Colocated:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def rank_node(
+    rank: int,
+    world: int,
+    cluster: str,
+    *,
+    slots: int = 1,
+    heartbeat_ms: int = 100,
+    dead_after_ms: int = 3000,
+    **kw: Any,
+) -> Node:
+    """A `Node` for `rank` of a one-host job of `world` ranks over shm (node ids = ranks,
+    names ``rank0`` ...), `slots` execution slots each; `cluster` names its lanes (unique
+    per job: /dev/shm/rdmasched.<cluster>.*). Start it (``with`` or `start()`) on every
+    rank. Until the one-daemon-per-host client exists, each rank runs its own node.
+
+    `dead_after_ms` (default 3 s): a rank's loop thread needs the GIL, which the training
+    step holds for long stretches (tens to hundreds of ms on a loaded machine; torch's
+    start-up, the model's construction): the 500 ms of a cluster file's default would make
+    nodes declare each other dead while they train.
+
+    Strict priorities (no aging, a starvation cap of ~12 days, unless given): the co-located
+    work gets the slot only when the training job leaves it free. With the scheduler's
+    defaults (a 1 s cap, aging) a co-located task that waited would take the slot the
+    moment a bucket sync freed it, from the step's own compute task, and keep it: the step
+    would then wait for the co-located work, the inversion this integration is there to
+    prevent."""
+    from rdmasched.cluster import ClusterConfig
+    from rdmasched.daemon.node import Node
+
+    config = ClusterConfig.from_dict(
+        {
+            "cluster": {
+                "name": cluster,
+                "transport": "shm",
+                "heartbeat_ms": heartbeat_ms,
+                "dead_after_ms": dead_after_ms,
+            },
+            "node": [{"name": f"rank{r}", "slots": slots} for r in range(world)],
+        },
+        source="rank_node",
+    )
+    kw.setdefault("starvation_us", STRICT_STARVATION_US)
+    kw.setdefault("aging_us", None)
+    return Node(config, rank, **kw)
+
+
+def _timedelta(seconds: float) -> Any:
+    import datetime
+
+    return datetime.timedelta(seconds=seconds)
+
+
+__all__ = [
+    "COLOCATED_PRIORITY",
+    "COMPUTE_PRIORITY",
+    "GROUP_BASE",
+    "Colocated",
+    "RankLostError",
+    "RankScheduler",
+    "SchedulerClient",
+    "SchedulerGoneError",
+    "SyncTimeoutError",
+    "TorchSyncError",
+    "rank_node",
+]

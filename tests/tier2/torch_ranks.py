@@ -1,0 +1,204 @@
+"""One rank of a test scenario of rdmasched.integrations.torch (run by tests/tier2/test_torch.py).
+
+    python -m tests.tier2.torch_ranks SCENARIO OUT      (env: RANK, WORLD_SIZE, MASTER_ADDR,
+                                                          MASTER_PORT, RDMASCHED_CLUSTER)
+
+Writes what the rank saw to OUT (JSON); the test asserts on it. Scenarios:
+
+- ``order``: DDP over gloo, a stack of linear layers in several buckets, tiny batches (the
+  all-reduces, not the compute, take the time, so released buckets wait for the comm queue),
+  under the hook with compute(); beside it the same model under plain DDP on the same data.
+- ``node_gone``: the rank's node is stopped between two steps.
+- ``rank_killed``: rank 1 kills itself (SIGKILL) before its third step.
+- ``freeze MECHANISM``: a real burning process as a `Colocated` job; CPU time while the
+  training step's compute task holds the slot, and after.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from rdmasched.integrations.freeze import read_stat
+from rdmasched.integrations.torch import Colocated, RankScheduler, rank_node
+
+BURN = "import zlib\nd = bytes(range(256)) * 4096\nwhile True: zlib.compress(d, 6)"
+
+
+def model(width: int, depth: int) -> nn.Module:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.Tanh()]
+    return nn.Sequential(*layers, nn.Linear(width, 4))
+
+
+def train(
+    ddp: nn.Module, steps: int, sched: RankScheduler | None, seed: int, width: int = 256
+) -> None:
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(2, width, generator=g)
+        y = torch.randint(0, 4, (2,), generator=g)
+        opt.zero_grad()
+        if sched is not None:
+            with sched.compute():
+                nn.functional.cross_entropy(ddp(x), y).backward()
+                opt.step()
+        else:
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+
+
+def flat(m: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in m.parameters()])
+
+
+def cpu_ticks(pid: int) -> int:
+    st = read_stat(pid)
+    assert st is not None
+    return st.utime + st.stime
+
+
+def main() -> int:
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    node = rank_node(rank, world, os.environ["RDMASCHED_CLUSTER"], dead_after_ms=1500)
+    node.start()
+    result: dict[str, Any] = {"rank": rank}
+    sched = RankScheduler(node, sync_timeout_s=30, collective_timeout_s=30)
+    t0 = time.monotonic()
+    try:
+        if scenario == "order":
+            a = model(256, 8)
+            ddp = DistributedDataParallel(a, bucket_cap_mb=0.25)
+            ddp.register_comm_hook(None, sched.hook)
+            b = model(256, 8)
+            plain = DistributedDataParallel(b, bucket_cap_mb=0.25)
+            train(ddp, 8, sched, seed=rank)
+            train(plain, 8, None, seed=rank)
+            result["log"] = list(sched.log)
+            result["params"] = flat(a).tolist()[:64]
+            result["max_diff_vs_plain_ddp"] = float((flat(a) - flat(b)).abs().max())
+        elif scenario == "node_gone":
+            ddp = DistributedDataParallel(model(64, 2))
+            ddp.register_comm_hook(None, sched.hook)
+            train(ddp, 2, None, seed=rank, width=64)
+            node.stop()
+            for what in ("backward", "compute"):
+                try:
+                    train(ddp, 1, sched if what == "compute" else None, seed=rank, width=64)
+                except Exception as exc:
+                    result[what] = f"{type(exc).__name__}: {exc}"
+            result["sched_error"] = f"{type(sched.error).__name__}: {sched.error}"
+        elif scenario == "rank_killed":
+            ddp = DistributedDataParallel(model(64, 2))
+            ddp.register_comm_hook(None, sched.hook)
+            train(ddp, 2, sched, seed=rank, width=64)
+            if rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            t0 = time.monotonic()
+            try:
+                train(ddp, 5, sched, seed=rank, width=64)
+            except Exception as exc:
+                result["error"] = f"{type(exc).__name__}: {exc}"
+            result["sched_error"] = f"{type(sched.error).__name__}: {sched.error}"
+        elif scenario == "managed":
+            # longer than the scheduler's default starvation cap (1 s), co-located job waiting
+            proc = subprocess.Popen([sys.executable, "-c", BURN], start_new_session=True)
+            try:
+                colo = Colocated(sched).add(proc.pid).start()
+                ddp = DistributedDataParallel(model(256, 4), bucket_cap_mb=0.25)
+                ddp.register_comm_hook(None, sched.hook)
+                opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+                seen = []
+                end = time.monotonic() + 3.0
+                steps = 0
+                while True:
+                    x = torch.randn(2, 256)
+                    with sched.compute():
+                        seen.append(colo.running)
+                        nn.functional.cross_entropy(
+                            ddp(x), torch.zeros(2, dtype=torch.long)
+                        ).backward()
+                        opt.step()
+                    steps += 1
+                    dist.barrier()  # the same number of steps on both ranks
+                    if rank == 0 and time.monotonic() >= end and steps >= 5:
+                        flag = torch.ones(1)
+                    else:
+                        flag = torch.zeros(1)
+                    dist.broadcast(flag, 0)
+                    if flag.item():
+                        break
+                result["steps"] = steps
+                result["colocated_ran_during_a_step"] = any(seen)
+                result["errors"] = colo.errors
+                colo.close()
+            finally:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        elif scenario == "freeze":
+            proc = subprocess.Popen([sys.executable, "-c", BURN], start_new_session=True)
+            try:
+                colo = Colocated(sched, mechanism=sys.argv[3]).add(proc.pid).start()
+                result["mechanism"] = colo.mechanism
+                _wait(lambda: colo.running, "the co-located job dispatched")
+                t = cpu_ticks(proc.pid)
+                _wait(lambda: cpu_ticks(proc.pid) > t, "it burns CPU once dispatched")
+                with sched.compute():
+                    result["running_in_compute"] = colo.running
+                    time.sleep(0.05)  # the last task may still be on its way into the trap
+                    t = cpu_ticks(proc.pid)
+                    time.sleep(0.5)
+                    result["ticks_while_frozen"] = cpu_ticks(proc.pid) - t
+                _wait(lambda: colo.running, "dispatched again after the step")
+                t = cpu_ticks(proc.pid)
+                _wait(lambda: cpu_ticks(proc.pid) > t, "it burns CPU again")
+                result["freezes"] = len(colo.freeze_ns)
+                result["thaws"] = len(colo.thaw_ns)
+                result["errors"] = colo.errors
+                colo.close()
+            finally:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        else:
+            raise SystemExit(f"unknown scenario {scenario}")
+    except Exception:
+        result["crash"] = traceback.format_exc()
+    result["seconds_after_failure"] = time.monotonic() - t0
+    out.write_text(json.dumps(result))
+    sched.close()
+    node.stop()
+    if scenario == "rank_killed":
+        os._exit(0)  # the gloo groups still name a dead peer: do not wait on their teardown
+    dist.destroy_process_group()
+    return 0
+
+
+def _wait(cond: Any, what: str, deadline_s: float = 60.0) -> None:
+    end = time.monotonic() + deadline_s
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {deadline_s} s: {what}")
+        time.sleep(0.01)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
