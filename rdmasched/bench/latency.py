@@ -295,18 +295,17 @@ def run(
     samples, and each round's rows.
     """
     per_round: list[dict[str, Row]] = []
-    raw: dict[str, list[bytes]] = {name: [] for name in rows}
     for r in range(rounds):
         this: dict[str, Row] = {}
         for name in rows:
             count = max(1, (slow_n if name in ("zmq-ipc", "unix-socket") else n) // rounds)
-            row, data = run_row(name, count, min(warmup, count), nslots)
+            row, _ = run_row(name, count, min(warmup, count), nslots)
             this[name] = row
-            raw[name].append(data)
             if progress:
                 progress(r, name, row)
         per_round.append(this)
-    return [_to_row(name, b"".join(raw[name])) for name in rows], per_round
+    # over all rounds: the rounds' histograms merged (exact percentiles of every sample)
+    return [Row.merged([rr[name] for rr in per_round]) for name in rows], per_round
 
 
 def round_ratios(per_round: list[dict[str, Row]], name: str, ref: str) -> list[float]:

@@ -24,6 +24,7 @@ import uuid
 from typing import Any
 
 from rdmasched.bench.common import run_pair
+from rdmasched.stats import Histogram
 
 
 def _victim(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -120,22 +121,20 @@ def run(
     from rdmasched.bench import latency
 
     res = run_daemons(n, interval_us, spin_us, slots)
-    s = sorted(res["samples"])
+    h = Histogram(res["samples"])
+    s = h.summary()
     floor, _ = latency.run_row("c-shm-floor", 100_000, 2_000)
-
-    def q(p: float) -> float:
-        v: int = s[min(len(s) - 1, int(p * len(s)))]
-        return v / 1000.0
-
     one_way = floor.p50_us / 2
     return {
-        "preempts": len(s),
+        "preempts": s["n"],
         "interval_us": interval_us,
         "spin_us": spin_us,
-        "reaction_p50_us": q(0.5),
-        "reaction_p99_us": q(0.99),
-        "reaction_p999_us": q(0.999),
-        "reaction_max_us": s[-1] / 1000.0,
+        "reaction_p50_us": s["p50"],
+        "reaction_p99_us": s["p99"],
+        "reaction_p999_us": s["p999"],
+        "reaction_max_us": s["max"],
+        "reaction_mean_us": s["mean"],
+        "reaction_stddev_us": s["stddev"],
         "floor_one_way_us": one_way,
-        "p50_over_floor": q(0.5) / one_way if one_way else None,
+        "p50_over_floor": s["p50"] / one_way if one_way else None,
     }

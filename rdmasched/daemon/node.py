@@ -65,6 +65,7 @@ from rdmasched.errors import (
     RdmaschedError,
 )
 from rdmasched.scheduler import Event, PeerTable, Scheduler, Start, Task
+from rdmasched.stats import percentile_us
 from rdmasched.wire import Kind
 
 _log = logging.getLogger("rdmasched.daemon")
@@ -115,10 +116,8 @@ class Reactions:
                 self.samples[j] = ns
 
     def percentile_us(self, q: float) -> float | None:
-        if not self.samples:
-            return None
-        s = sorted(self.samples)
-        return s[min(len(s) - 1, int(q * len(s)))] / 1000.0
+        """The `q` (0..1) quantile, us (rdmasched.stats); None without samples."""
+        return percentile_us(self.samples, q * 100.0)
 
 
 class Node:
