@@ -14,6 +14,7 @@ import os
 import signal
 import statistics
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -75,6 +76,29 @@ def _float_range(lo: float, hi: float, *, lo_open: bool = True) -> Callable[[str
         return value
 
     return parse
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    """`all` or a comma-separated list of metadata sizes in bytes (0, or 5..4096)."""
+    from rdmasched.bench import latency
+
+    if text.strip() == "all":
+        return latency.SIZES_ALL
+    out: list[int] = []
+    for part in text.split(","):
+        try:
+            size = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be 'all' or sizes in bytes like 0,64,4096, not {text!r}"
+            ) from None
+        try:
+            latency.meta_of_size(size)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if size not in out:
+            out.append(size)
+    return tuple(out)
 
 
 def _lane_slots(text: str) -> int:
@@ -224,6 +248,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_lane_slots(lat, 256)
     _json_flag(lat)
+    lat.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=(),
+        metavar="all|N,N,...",
+        help="metadata-size sweep (like perftest's -a): the rows that have a metadata path "
+        f"({', '.join(latency.SIZED_ROWS)}) are measured once per size, in bytes of msgpack "
+        f"metadata per message; all: {','.join(map(str, latency.SIZES_ALL))} "
+        "(default: no metadata)",
+    )
+    lat.add_argument(
+        "--duration",
+        type=_float_range(0.01, MAX_SECONDS),
+        default=None,
+        metavar="SECONDS",
+        help="run each row about this long per round instead of a count of round trips "
+        "(the count comes from a short probe of the row); None: --iterations",
+    )
+    lat.add_argument("--csv", metavar="FILE", help="also write every row and round as CSV")
+    lat.add_argument(
+        "--hdr-log",
+        metavar="FILE",
+        help="also write an HdrHistogram log (one interval histogram per row and round)",
+    )
+    lat.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw each row's latency CDF and histogram into a PNG (needs matplotlib)",
+    )
     # --transport verbs (rdmasched/bench/verbs_latency.py): inside the Soft-RoCE VM
     lat.add_argument(
         "--device",
@@ -397,6 +450,13 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 f"--batch ({args.batch}) must be at most half of --lane-slots "
                 f"({args.lane_slots}): a sender gets credit back every quarter lane"
             )
+    if args.command == "bench" and args.bench == "latency" and args.sizes:
+        need = 2 * (1 + -(-max(args.sizes) // 51))  # a message may take half the lane
+        if args.lane_slots < need:
+            parser.error(
+                f"--sizes up to {max(args.sizes)} B needs --lane-slots >= {need} "
+                f"(a message of 1 + ceil(size / 51) slots may take at most half the lane)"
+            )
     trace_dir = getattr(args, "trace", None) if args.command == "demo" else None
     if trace_dir is not None and os.path.exists(trace_dir) and not os.path.isdir(trace_dir):
         parser.error(f"--trace {args.trace}: not a directory")
@@ -415,11 +475,14 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 # ---- bench ----------------------------------------------------------------------------------
 def bench_latency(args: argparse.Namespace, quiet: bool = False) -> dict[str, Any]:
-    """The latency rows, their ratios within rounds; progress on stderr unless `quiet`."""
+    """The latency rows, their ratios within rounds; progress on stderr unless `quiet` or
+    stderr is not a terminal."""
     from rdmasched.bench import latency
     from rdmasched.bench.common import pick_cores
 
     rows = list(args.rows)
+    sizes: tuple[int, ...] = tuple(getattr(args, "sizes", None) or ())
+    quiet = quiet or not sys.stderr.isatty()
 
     def progress(r: int, name: str, row: Any) -> None:
         if not quiet:
@@ -436,8 +499,15 @@ def bench_latency(args: argparse.Namespace, quiet: bool = False) -> dict[str, An
         args.rounds,
         args.lane_slots,
         progress,
+        sizes=sizes,
+        duration_s=getattr(args, "duration", None),
     )
-    refs = [r for r in ("c-shm-floor", "rdmasched-shm") if r in rows]
+    # in a size sweep the sized rows are renamed (row@<size>B): only the floor is a reference
+    refs = [
+        r
+        for r in ("c-shm-floor", "rdmasched-shm")
+        if r in rows and not (r in latency.SIZED_ROWS and sizes)
+    ]
     ratios = {
         row.name: {
             ref: statistics.median(latency.round_ratios(per_round, row.name, ref)) for ref in refs
@@ -450,6 +520,7 @@ def bench_latency(args: argparse.Namespace, quiet: bool = False) -> dict[str, An
         "refs": refs,
         "rounds": args.rounds,
         "cores": list(pick_cores()),
+        "per_round": per_round,
     }
 
 
@@ -460,10 +531,28 @@ def cmd_bench_latency(args: argparse.Namespace) -> int:
         from rdmasched.bench import verbs_latency
 
         return verbs_latency.main(args)
+    from rdmasched.bench import output
+
+    started = time.time()
     r = bench_latency(args, quiet=args.json)
+    floor = "c-shm-floor" if "c-shm-floor" in r["refs"] else None
+    sizes = {
+        row.name: int(row.name.rsplit("@", 1)[1][:-1]) for row in r["results"] if "@" in row.name
+    }
+    if args.csv:
+        output.write_csv(args.csv, r["results"], r["per_round"], sizes, floor)
+    if args.hdr_log:
+        output.write_hdr_log(args.hdr_log, r["per_round"], started)
+    if args.plot:
+        output.plot(
+            args.plot,
+            r["results"],
+            f"rdmasched bench latency, {args.rounds} rounds, cores {tuple(r['cores'])}",
+        )
     if args.json:
         extra = {k: r[k] for k in ("ratios_p50_median_of_rounds", "rounds", "cores")}
-        print(dump_json(r["results"], extra))
+        config = {k: v for k, v in vars(args).items() if k not in ("func",)}
+        print(dump_json(r["results"], {**extra, **output.run_info(config)}))
         return 0
     print_table(
         f"rdmasched bench latency: round trip (us) of a 64-byte message each way, two "
