@@ -251,12 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     lat.add_argument(
         "--sizes",
         type=_sizes,
-        default=(),
+        default=None,
         metavar="all|N,N,...",
         help="metadata-size sweep (like perftest's -a): the rows that have a metadata path "
         f"({', '.join(latency.SIZED_ROWS)}) are measured once per size, in bytes of msgpack "
-        f"metadata per message; all: {','.join(map(str, latency.SIZES_ALL))} "
-        "(default: no metadata)",
+        f"metadata per message; all: {','.join(map(str, latency.SIZES_ALL))}; "
+        "None: no metadata",
     )
     lat.add_argument(
         "--duration",
