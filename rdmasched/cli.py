@@ -289,6 +289,25 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="verbs: GID index (None: $RDMASCHED_GID_INDEX, else RoCE v2 IPv4)",
     )
+    two = lat.add_mutually_exclusive_group()
+    two.add_argument(
+        "--server",
+        action="store_true",
+        help="verbs, two hosts: be the echo side and wait for one --client (as perftest's "
+        "server; the client gives the parameters)",
+    )
+    two.add_argument(
+        "--client",
+        metavar="HOST",
+        default=None,
+        help="verbs, two hosts: measure against the --server at HOST; None: both sides here",
+    )
+    lat.add_argument(
+        "--port",
+        type=_int_range(1, 65_000),
+        default=None,
+        help="verbs, two hosts: the control port (rows use the next three); None: 18520",
+    )
     lat.add_argument(
         "--perftest-iterations",
         type=_positive,
@@ -450,6 +469,10 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 f"--batch ({args.batch}) must be at most half of --lane-slots "
                 f"({args.lane_slots}): a sender gets credit back every quarter lane"
             )
+    if args.command == "bench" and args.bench == "latency" and args.transport != "verbs":
+        for opt in ("server", "client", "port"):
+            if getattr(args, opt) not in (None, False):
+                parser.error(f"--{opt} is for --transport verbs (two hosts)")
     if args.command == "bench" and args.bench == "latency" and args.sizes:
         need = 2 * (1 + -(-max(args.sizes) // 51))  # a message may take half the lane
         if args.lane_slots < need:
