@@ -351,7 +351,33 @@ def build_parser() -> argparse.ArgumentParser:
         default=5_000,
         help="how long the preempted node spins after a message, us",
     )
+    pre.add_argument(
+        "--jitter",
+        action="store_true",
+        help="instead: compare the loop thread's options (pinned CPU, SCHED_FIFO, gc "
+        "frozen, all) with none, processes unpinned, in interleaved rounds",
+    )
+    pre.add_argument(
+        "--stages",
+        action="store_true",
+        help="also time each stage of the path (written -> polled -> taken -> decided -> "
+        "handler) with a probe on the node (a few clock reads per message)",
+    )
     _json_flag(pre)
+
+    stg = add(
+        bsub,
+        "stages",
+        "instructions per message of each stage of the daemon's path (PREEMPT: poll, core, "
+        "driver, handler return), counted by callgrind (needs valgrind)",
+    )
+    stg.add_argument(
+        "--messages",
+        type=_int_range(10, 10_000_000),
+        default=20_000,
+        help="PREEMPTs per stage run (each stage is one run under valgrind)",
+    )
+    _json_flag(stg)
 
     idle = add(bsub, "idle", "CPU an idle node daemon costs")
     idle.add_argument(
@@ -649,10 +675,14 @@ def cmd_bench_scheduler(args: argparse.Namespace) -> int:
 def bench_preempt(args: argparse.Namespace) -> dict[str, Any]:
     from rdmasched.bench import preempt
 
-    return preempt.run(args.preempts, args.interval_us, args.spin_us)
+    return preempt.run(
+        args.preempts, args.interval_us, args.spin_us, stages=getattr(args, "stages", False)
+    )
 
 
 def cmd_bench_preempt(args: argparse.Namespace) -> int:
+    if getattr(args, "jitter", False):
+        return cmd_bench_jitter(args)
     r = bench_preempt(args)
     if args.json:
         print(json.dumps(r, indent=2))
@@ -670,6 +700,62 @@ def cmd_bench_preempt(args: argparse.Namespace) -> int:
         f"  C floor one-way (same run) {r['floor_one_way_us']:.3f} us; "
         f"reaction p50 / floor: {r['p50_over_floor']:.1f}x"
     )
+    if r.get("stages"):
+        print("  stages of the path (rdmasched/daemon/probe.py), us, this run with the probe on:")
+        print(f"    {'stage':<22} {'p50':>8} {'p99':>8} {'p99.9':>9} {'mean':>8}")
+        for name, st in r["stages"].items():
+            print(
+                f"    {name:<22} {st['p50']:8.2f} {st['p99']:8.2f} {st['p999']:9.2f} "
+                f"{st['mean']:8.2f}"
+            )
+    return 0
+
+
+def cmd_bench_jitter(args: argparse.Namespace) -> int:
+    from rdmasched.bench import preempt
+
+    r = preempt.jitter(args.preempts, args.interval_us, args.spin_us)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(
+        f"rdmasched bench preempt --jitter: the victim's loop-thread options, processes "
+        f"unpinned, {r['rounds']} interleaved rounds of {r['preempts_per_round']} PREEMPTs"
+    )
+    print(f"  {'variant':<10} {'p50':>8} {'p99':>9} {'p99.9':>9} {'max':>10}   options")
+    base = r["variants"]["none"]
+    for name, v in r["variants"].items():
+        if "refused" in v:
+            print(f"  {name:<10} refused: {v['refused']}")
+            continue
+        ratio = f" (p99 {v['p99'] / base['p99']:.2f}x none)" if "p99" in base else ""
+        print(
+            f"  {name:<10} {v['p50']:8.2f} {v['p99']:9.2f} {v['p999']:9.2f} {v['max']:10.1f}"
+            f"   {v['options']}{ratio}"
+        )
+    return 0
+
+
+def bench_stages(args: argparse.Namespace) -> dict[str, Any]:
+    from rdmasched.bench import stages
+
+    return stages.run(args.messages)
+
+
+def cmd_bench_stages(args: argparse.Namespace) -> int:
+    r = bench_stages(args)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(
+        f"rdmasched bench stages: instructions per PREEMPT on the daemon's path, callgrind, "
+        f"{r['messages']} messages per stage (probe on/off pair: "
+        f"{r['probe_pair_instructions']:.0f} instructions, subtracted)"
+    )
+    print(f"  {'stage':<10} {'instr/msg':>10}  what")
+    for name, st in r["stages"].items():
+        print(f"  {name:<10} {st['instructions_per_message']:10.0f}  {st['what']}")
+    print(f"  {'path':<10} {r['path_instructions_per_message']:10.0f}  (the sum)")
     return 0
 
 
@@ -803,6 +889,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bench throughput": cmd_bench_throughput,
         "bench scheduler": cmd_bench_scheduler,
         "bench preempt": cmd_bench_preempt,
+        "bench stages": cmd_bench_stages,
         "bench idle": cmd_bench_idle,
         "bench all": cmd_bench_all,
         "bench freeze": cmd_bench_freeze,

@@ -36,14 +36,17 @@ def _child(fn: Side, arg: Any, cpu: int | None, out: Any) -> None:
         out.close()
 
 
-def run_pair(a: Side, b: Side, arg: Any, timeout_s: float = 120.0) -> tuple[Any, Any]:
-    """Run `a(arg)` and `b(arg)` in two new processes pinned to two cores; their results.
+def run_pair(
+    a: Side, b: Side, arg: Any, timeout_s: float = 120.0, pin: bool = True
+) -> tuple[Any, Any]:
+    """Run `a(arg)` and `b(arg)` in two new processes pinned to two cores (unless not
+    `pin`: then where the kernel puts them); their results.
 
     Both sides must be importable functions. Raises RuntimeError with the child's traceback
     if either failed, or if either is still running after `timeout_s`.
     """
     ctx = mp.get_context("fork")
-    cpu_a, cpu_b = pick_cores()
+    cpu_a, cpu_b = pick_cores() if pin else (None, None)
     pipes = [ctx.Pipe(duplex=False) for _ in range(2)]
     procs = [
         ctx.Process(target=_child, args=(a, arg, cpu_a, pipes[0][1]), daemon=True),

@@ -24,6 +24,8 @@ import uuid
 from typing import Any
 
 from rdmasched.bench.common import run_pair
+from rdmasched.daemon.probe import StageClock
+from rdmasched.daemon.tuning import LoopTuning
 from rdmasched.stats import Histogram
 
 
@@ -32,16 +34,25 @@ def _victim(cfg: dict[str, Any]) -> dict[str, Any]:
     from rdmasched.daemon.node import Node
 
     cluster = local_cluster(2, cfg["slots"], name=cfg["cluster"])
-    node = Node(cluster, 1, spin_us=cfg["spin_us"])
+    tuning = LoopTuning(**cfg["tuning"]) if cfg.get("tuning") else None
+    node = Node(cluster, 1, spin_us=cfg["spin_us"], tuning=tuning)
     node.on_dispatch(lambda task, slot: None)  # "runs" until preempted
     node.on_preempt(lambda task, slot, cancel: task.progress_ns + 1000)
+    probe = StageClock(node.clock) if cfg.get("stages") else None
+    node.probe = probe
     node.open()
     done, total = cfg["done"], cfg["n"] + cfg["warmup"]
     try:
         for k in range(cfg["slots"]):
             node.dispatch(k + 1, job=1, priority=10, cost_ns=10**12)
         node.run(until=lambda: node.reactions.count >= total or bool(done[0]))
-        return {"samples": node.reactions.samples[cfg["warmup"] :], "stats": _end(node, 1, cfg)}
+        out: dict[str, Any] = {
+            "samples": node.reactions.samples[cfg["warmup"] :],
+            "stats": _end(node, 1, cfg),
+        }
+        if probe is not None:
+            out["stages"] = {k: v[cfg["warmup"] :] for k, v in probe.stages_ns().items()}
+        return out
     finally:
         node.stop()
 
@@ -93,9 +104,21 @@ def _preemptor(cfg: dict[str, Any]) -> dict[str, Any]:
         node.stop()
 
 
-def run_daemons(n: int, interval_us: int, spin_us: int, slots: int) -> dict[str, Any]:
-    """The two node daemons only: the reaction samples, and how each side ended."""
+def run_daemons(
+    n: int,
+    interval_us: int,
+    spin_us: int,
+    slots: int,
+    stages: bool = False,
+    tuning: dict[str, Any] | None = None,
+    pin: bool = True,
+) -> dict[str, Any]:
+    """The two node daemons only: the reaction samples, and how each side ended; with
+    `stages`, the victim's stage probe too (rdmasched/daemon/probe.py); `tuning`: the
+    victim's LoopTuning fields; `pin`: the two processes pinned to two cores."""
     cfg = {
+        "stages": stages,
+        "tuning": tuning,
         "n": n,
         "warmup": 200,
         "interval_us": interval_us,
@@ -106,21 +129,30 @@ def run_daemons(n: int, interval_us: int, spin_us: int, slots: int) -> dict[str,
         "done": mp.get_context("fork").RawArray("i", 2),
         "stopped": mp.get_context("fork").Barrier(2),
     }
-    victim, preemptor = run_pair(_victim, _preemptor, cfg, timeout_s=120 + n * interval_us / 1e6)
+    victim, preemptor = run_pair(
+        _victim, _preemptor, cfg, timeout_s=120 + n * interval_us / 1e6, pin=pin
+    )
     sides = {"victim": victim["stats"], "preemptor": preemptor["stats"]}
     return {
         "samples": victim["samples"],
+        "stages": victim.get("stages"),
         "dead_peers": {k: st["dead_peers"] for k, st in sides.items()},
         "dropped": {k: st["dropped"] for k, st in sides.items()},
     }
 
 
 def run(
-    n: int = 20_000, interval_us: int = 200, spin_us: int = 5_000, slots: int = 4
+    n: int = 20_000,
+    interval_us: int = 200,
+    spin_us: int = 5_000,
+    slots: int = 4,
+    stages: bool = False,
 ) -> dict[str, Any]:
+    """The reaction figures beside the C floor of the same run; with `stages`, the
+    breakdown per stage of the path (each stage's p50/p99, us) from the victim's probe."""
     from rdmasched.bench import latency
 
-    res = run_daemons(n, interval_us, spin_us, slots)
+    res = run_daemons(n, interval_us, spin_us, slots, stages)
     h = Histogram(res["samples"])
     s = h.summary()
     floor, _ = latency.run_row("c-shm-floor", 100_000, 2_000)
@@ -137,4 +169,66 @@ def run(
         "reaction_stddev_us": s["stddev"],
         "floor_one_way_us": one_way,
         "p50_over_floor": s["p50"] / one_way if one_way else None,
+        "stages": None
+        if not res["stages"]
+        else {name: _stage(v) for name, v in res["stages"].items()},
     }
+
+
+def _stage(samples_ns: list[int]) -> dict[str, float]:
+    """A stage's p50, p99, p99.9 and mean, us. Stages across two processes (written ->
+    polled) read the same CLOCK_MONOTONIC; a negative value would be a clock problem and
+    counts as 0."""
+    h = Histogram(max(0, v) for v in samples_ns)
+    s = h.summary()
+    return {k: s[k] for k in ("n", "p50", "p99", "p999", "mean")}
+
+
+#: `bench preempt --jitter`: the victim's loop-thread options compared, processes unpinned
+#: (so that pinning the loop thread is what is measured)
+JITTER_VARIANTS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "cpu": {"cpu": -1},  # -1: the last CPU this process may use (filled in below)
+    "gc-freeze": {"gc_freeze": True},
+    "fifo": {"fifo": 50},
+    "all": {"cpu": -1, "fifo": 50, "gc_freeze": True},
+}
+
+
+def jitter(
+    n: int = 10_000, interval_us: int = 200, spin_us: int = 5_000, rounds: int = 2, slots: int = 4
+) -> dict[str, Any]:
+    """Reaction p50/p99/p99.9 of each JITTER_VARIANTS option of the victim's loop thread,
+    in `rounds` interleaved rounds; each variant's samples over all rounds merged. Variants
+    the system refuses (SCHED_FIFO without privilege) are reported as such."""
+    import os
+
+    last_cpu = max(os.sched_getaffinity(0))
+    hists: dict[str, Histogram] = {k: Histogram() for k in JITTER_VARIANTS}
+    refused: dict[str, str] = {}
+    for _ in range(rounds):
+        for name, opts in JITTER_VARIANTS.items():
+            if name in refused:
+                continue
+            tuning = {k: (last_cpu if k == "cpu" else v) for k, v in opts.items()}
+            try:
+                res = run_daemons(n, interval_us, spin_us, slots, tuning=tuning, pin=False)
+            except RuntimeError as exc:
+                if "SCHED_FIFO" not in str(exc):
+                    raise
+                refused[name] = str(exc).splitlines()[0]
+                continue
+            hists[name].merge(Histogram(res["samples"]))
+    out: dict[str, Any] = {"preempts_per_round": n, "rounds": rounds, "variants": {}}
+    for name, h in hists.items():
+        if name in refused or not h.count:
+            out["variants"][name] = {"refused": refused.get(name, "no samples")}
+            continue
+        s = h.summary()
+        out["variants"][name] = {
+            "options": {
+                k: (last_cpu if k == "cpu" else v) for k, v in JITTER_VARIANTS[name].items()
+            },
+            **{k: s[k] for k in ("n", "p50", "p99", "p999", "max", "mean")},
+        }
+    return out

@@ -57,6 +57,8 @@ from rdmasched.daemon.core import (
 from rdmasched.daemon.links import Links, ShmLinks, VerbsLinks, close_quietly
 from rdmasched.daemon.loop import Loop
 from rdmasched.daemon.membership import Membership
+from rdmasched.daemon.probe import Probe
+from rdmasched.daemon.tuning import LoopTuning
 from rdmasched.errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -77,6 +79,7 @@ SyncHandler = Callable[[Task, int], object]
 CompleteHandler = Callable[[int, int], None]
 
 _COMPLETE = int(Kind.COMPLETE)
+_PREEMPT = int(Kind.PREEMPT)
 _HEARTBEAT_T = msg.Heartbeat
 
 __all__ = ["EARLY_SYNC_MAX", "LATER", "SYNC_ID_BASE", "Node", "Reactions", "sync_task_id"]
@@ -134,8 +137,11 @@ class Node:
         sync_cost_ns: int = 0,
         max_hops: int = 2,
         clock: Callable[[], int] = time.monotonic_ns,
+        tuning: LoopTuning | None = None,
     ) -> None:
         self.cluster = cluster
+        #: the loop thread's CPU, SCHED_FIFO priority and gc freeze (daemon/tuning.py)
+        self.tuning = tuning
         self.spec = cluster.node(node)
         self.id = self.spec.id
         self.clock = clock
@@ -165,6 +171,7 @@ class Node:
         self._sync: SyncHandler | None = None
         self._complete: CompleteHandler | None = None
         self.loop: Loop | None = None
+        self._probe: Probe | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._init_api_state()
@@ -247,6 +254,7 @@ class Node:
                 nslots=self.cluster.slots_per_lane,
             )
         self.loop = Loop(links, spin_us=self._spin_us, clock=self.clock)
+        self.loop.probe = self._probe
         self.loop.keep_on_death = frozenset({_COMPLETE})
         self.loop.stall_ns = self.members.stall_ns
         self.loop.on_stall = self._stalled
@@ -257,6 +265,8 @@ class Node:
         """Run the loop on this thread until `stop()` (or `until()` is true)."""
         self.open()
         assert self.loop is not None
+        if self.tuning:
+            _log.info("node %d: loop thread %s", self.id, ", ".join(self.tuning.apply()))
         try:
             self.loop.run(self._on_message, until)
         except Exception as exc:  # raised here; later calls raise NodeFailedError
@@ -685,9 +695,32 @@ class Node:
 
     # ---- the driver: carrying out the core's effects ----------------------------------------
     def _on_message(self, m: Message, peer: int) -> None:
+        probe = self._probe
+        if probe is None:
+            effects = self.core.receive(m, peer, self.clock())
+            if effects:
+                self._do(effects)
+            return
+        # the same, with the stage probe's points 2, 3 and 5 (rdmasched/daemon/probe.py)
+        probe.mark(2)
+        if m.kind == _PREEMPT:
+            probe.preempt_seen(m.arg0)
         effects = self.core.receive(m, peer, self.clock())
+        probe.mark(3)
         if effects:
             self._do(effects)
+        probe.mark(5)
+
+    @property
+    def probe(self) -> Probe | None:
+        """The stage probe of this node's message path (benchmarks; None: no probe)."""
+        return self._probe
+
+    @probe.setter
+    def probe(self, probe: Probe | None) -> None:
+        self._probe = probe
+        if self.loop is not None:
+            self.loop.probe = probe
 
     def _do(self, effects: list[Effect]) -> None:
         """Carry out the core's effects, in order. A handler's answer goes back to the core
@@ -706,6 +739,8 @@ class Node:
                     except Exception as exc:  # the task keeps its slot: complete or preempt it
                         self._handler_failed("on_dispatch", exc, e.task.id)
             elif t is PreemptTask:
+                if self._probe is not None:
+                    self._probe.mark(4)
                 if e.trigger_ns:
                     self.reactions.add(self.clock() - e.trigger_ns)
                 progress = e.victim.progress_ns
