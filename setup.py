@@ -5,7 +5,8 @@ file runs as Python.
 
 Cython warnings are errors, and so are the C compiler's. The verbs module is built only where
 libibverbs' headers are installed (Debian: libibverbs-dev); without it rdmasched still works
-on the shm transport and `rdmasched doctor` says why verbs is missing.
+on the shm transport and `rdmasched doctor` says why verbs is missing. Likewise the callgrind
+client requests (rdmasched._callgrind, for `rdmasched bench stages`) need valgrind's headers.
 """
 
 import os
@@ -35,6 +36,10 @@ def have_verbs():
     return os.path.exists("/usr/include/infiniband/verbs.h")
 
 
+def have_valgrind():
+    return os.path.exists("/usr/include/valgrind/callgrind.h")
+
+
 extensions = [ext("_wire"), ext("_ring"), ext("_shm"), ext("_bench"),
               Extension("rdmasched.scheduler.core", ["rdmasched/scheduler/core.py"],
                         extra_compile_args=CFLAGS)]
@@ -44,6 +49,12 @@ if os.path.exists("cython/rdmasched/_verbs.pyx"):
     else:
         print("setup.py: libibverbs headers not found; building without the verbs transport "
               "(apt-get install libibverbs-dev)", file=sys.stderr)
+
+if have_valgrind():
+    extensions.append(ext("_callgrind"))
+else:
+    print("setup.py: valgrind headers not found; building without rdmasched._callgrind "
+          "(`rdmasched bench stages` needs it: apt-get install valgrind)", file=sys.stderr)
 
 setup(
     ext_modules=cythonize(

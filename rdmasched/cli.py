@@ -14,6 +14,7 @@ import os
 import signal
 import statistics
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -84,6 +85,29 @@ def _float_range(lo: float, hi: float, *, lo_open: bool = True) -> Callable[[str
         return value
 
     return parse
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    """`all` or a comma-separated list of metadata sizes in bytes (0, or 5..4096)."""
+    from rdmasched.bench import latency
+
+    if text.strip() == "all":
+        return latency.SIZES_ALL
+    out: list[int] = []
+    for part in text.split(","):
+        try:
+            size = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be 'all' or sizes in bytes like 0,64,4096, not {text!r}"
+            ) from None
+        try:
+            latency.meta_of_size(size)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if size not in out:
+            out.append(size)
+    return tuple(out)
 
 
 def _lane_slots(text: str) -> int:
@@ -292,6 +316,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_lane_slots(lat, 256)
     _json_flag(lat)
+    lat.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=None,
+        metavar="all|N,N,...",
+        help="metadata-size sweep (like perftest's -a): the rows that have a metadata path "
+        f"({', '.join(latency.SIZED_ROWS)}) are measured once per size, in bytes of msgpack "
+        f"metadata per message; all: {','.join(map(str, latency.SIZES_ALL))}; "
+        "None: no metadata",
+    )
+    lat.add_argument(
+        "--duration",
+        type=_float_range(0.01, MAX_SECONDS),
+        default=None,
+        metavar="SECONDS",
+        help="run each row about this long per round instead of a count of round trips "
+        "(the count comes from a short probe of the row); None: --iterations",
+    )
+    lat.add_argument("--csv", metavar="FILE", help="also write every row and round as CSV")
+    lat.add_argument(
+        "--hdr-log",
+        metavar="FILE",
+        help="also write an HdrHistogram log (one interval histogram per row and round)",
+    )
+    lat.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw each row's latency CDF and histogram into a PNG (needs matplotlib)",
+    )
     # --transport verbs (rdmasched/bench/verbs_latency.py): inside the Soft-RoCE VM
     lat.add_argument(
         "--device",
@@ -303,6 +356,25 @@ def build_parser() -> argparse.ArgumentParser:
         type=_int_range(0, 255),
         default=None,
         help="verbs: GID index (None: $RDMASCHED_GID_INDEX, else RoCE v2 IPv4)",
+    )
+    two = lat.add_mutually_exclusive_group()
+    two.add_argument(
+        "--server",
+        action="store_true",
+        help="verbs, two hosts: be the echo side and wait for one --client (as perftest's "
+        "server; the client gives the parameters)",
+    )
+    two.add_argument(
+        "--client",
+        metavar="HOST",
+        default=None,
+        help="verbs, two hosts: measure against the --server at HOST; None: both sides here",
+    )
+    lat.add_argument(
+        "--port",
+        type=_int_range(1, 65_000),
+        default=None,
+        help="verbs, two hosts: the control port (rows use the next three); None: 18520",
     )
     lat.add_argument(
         "--perftest-iterations",
@@ -349,7 +421,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long the preempted node spins after a message, us",
     )
     _add_telemetry_flags(pre)
+    pre.add_argument(
+        "--jitter",
+        action="store_true",
+        help="instead: compare the loop thread's options (pinned CPU, SCHED_FIFO, gc "
+        "frozen, all) with none, processes unpinned, in interleaved rounds",
+    )
+    pre.add_argument(
+        "--stages",
+        action="store_true",
+        help="also time each stage of the path (written -> polled -> taken -> decided -> "
+        "handler) with a probe on the node (a few clock reads per message)",
+    )
     _json_flag(pre)
+
+    stg = add(
+        bsub,
+        "stages",
+        "instructions per message of each stage of the daemon's path (PREEMPT: poll, core, "
+        "driver, handler return), counted by callgrind (needs valgrind)",
+    )
+    stg.add_argument(
+        "--messages",
+        type=_int_range(10, 10_000_000),
+        default=20_000,
+        help="PREEMPTs per stage run (each stage is one run under valgrind)",
+    )
+    _json_flag(stg)
 
     idle = add(bsub, "idle", "CPU an idle node daemon costs")
     idle.add_argument(
@@ -509,6 +607,17 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         hb, dead = demo_liveness(args)
         if dead <= 2 * hb:
             parser.error(f"--dead-after-ms ({dead}) must be more than 2 x --heartbeat-ms ({hb})")
+    if args.command == "bench" and args.bench == "latency" and args.transport != "verbs":
+        for opt in ("server", "client", "port"):
+            if getattr(args, opt) not in (None, False):
+                parser.error(f"--{opt} is for --transport verbs (two hosts)")
+    if args.command == "bench" and args.bench == "latency" and args.sizes:
+        need = 2 * (1 + -(-max(args.sizes) // 51))  # a message may take half the lane
+        if args.lane_slots < need:
+            parser.error(
+                f"--sizes up to {max(args.sizes)} B needs --lane-slots >= {need} "
+                f"(a message of 1 + ceil(size / 51) slots may take at most half the lane)"
+            )
     trace_dir = getattr(args, "trace", None) if args.command == "demo" else None
     if trace_dir is not None and os.path.exists(trace_dir) and not os.path.isdir(trace_dir):
         parser.error(f"--trace {args.trace}: not a directory")
@@ -527,11 +636,14 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 # ---- bench ----------------------------------------------------------------------------------
 def bench_latency(args: argparse.Namespace, quiet: bool = False) -> dict[str, Any]:
-    """The latency rows, their ratios within rounds; progress on stderr unless `quiet`."""
+    """The latency rows, their ratios within rounds; progress on stderr unless `quiet` or
+    stderr is not a terminal."""
     from rdmasched.bench import latency
     from rdmasched.bench.common import pick_cores
 
     rows = list(args.rows)
+    sizes: tuple[int, ...] = tuple(getattr(args, "sizes", None) or ())
+    quiet = quiet or not sys.stderr.isatty()
 
     def progress(r: int, name: str, row: Any) -> None:
         if not quiet:
@@ -548,8 +660,15 @@ def bench_latency(args: argparse.Namespace, quiet: bool = False) -> dict[str, An
         args.rounds,
         args.lane_slots,
         progress,
+        sizes=sizes,
+        duration_s=getattr(args, "duration", None),
     )
-    refs = [r for r in ("c-shm-floor", "rdmasched-shm") if r in rows]
+    # in a size sweep the sized rows are renamed (row@<size>B): only the floor is a reference
+    refs = [
+        r
+        for r in ("c-shm-floor", "rdmasched-shm")
+        if r in rows and not (r in latency.SIZED_ROWS and sizes)
+    ]
     ratios = {
         row.name: {
             ref: statistics.median(latency.round_ratios(per_round, row.name, ref)) for ref in refs
@@ -562,6 +681,7 @@ def bench_latency(args: argparse.Namespace, quiet: bool = False) -> dict[str, An
         "refs": refs,
         "rounds": args.rounds,
         "cores": list(pick_cores()),
+        "per_round": per_round,
     }
 
 
@@ -572,10 +692,28 @@ def cmd_bench_latency(args: argparse.Namespace) -> int:
         from rdmasched.bench import verbs_latency
 
         return verbs_latency.main(args)
+    from rdmasched.bench import output
+
+    started = time.time()
     r = bench_latency(args, quiet=args.json)
+    floor = "c-shm-floor" if "c-shm-floor" in r["refs"] else None
+    sizes = {
+        row.name: int(row.name.rsplit("@", 1)[1][:-1]) for row in r["results"] if "@" in row.name
+    }
+    if args.csv:
+        output.write_csv(args.csv, r["results"], r["per_round"], sizes, floor)
+    if args.hdr_log:
+        output.write_hdr_log(args.hdr_log, r["per_round"], started)
+    if args.plot:
+        output.plot(
+            args.plot,
+            r["results"],
+            f"rdmasched bench latency, {args.rounds} rounds, cores {tuple(r['cores'])}",
+        )
     if args.json:
         extra = {k: r[k] for k in ("ratios_p50_median_of_rounds", "rounds", "cores")}
-        print(dump_json(r["results"], extra))
+        config = {k: v for k, v in vars(args).items() if k not in ("func",)}
+        print(dump_json(r["results"], {**extra, **output.run_info(config)}))
         return 0
     print_table(
         f"rdmasched bench latency: round trip (us) of a 64-byte message each way, two "
@@ -691,10 +829,18 @@ def bench_preempt(args: argparse.Namespace) -> dict[str, Any]:
         return preempt.telemetry_cost(
             args.preempts, args.interval_us, args.spin_us, rounds=args.rounds, events=args.events
         )
-    return preempt.run(args.preempts, args.interval_us, args.spin_us, events=args.events)
+    return preempt.run(
+        args.preempts,
+        args.interval_us,
+        args.spin_us,
+        stages=getattr(args, "stages", False),
+        events=args.events,
+    )
 
 
 def cmd_bench_preempt(args: argparse.Namespace) -> int:
+    if getattr(args, "jitter", False):
+        return cmd_bench_jitter(args)
     r = bench_preempt(args)
     if args.json:
         print(json.dumps(r, indent=2))
@@ -726,6 +872,62 @@ def cmd_bench_preempt(args: argparse.Namespace) -> int:
         f"  C floor one-way (same run) {r['floor_one_way_us']:.3f} us; "
         f"reaction p50 / floor: {r['p50_over_floor']:.1f}x"
     )
+    if r.get("stages"):
+        print("  stages of the path (rdmasched/daemon/probe.py), us, this run with the probe on:")
+        print(f"    {'stage':<22} {'p50':>8} {'p99':>8} {'p99.9':>9} {'mean':>8}")
+        for name, st in r["stages"].items():
+            print(
+                f"    {name:<22} {st['p50']:8.2f} {st['p99']:8.2f} {st['p999']:9.2f} "
+                f"{st['mean']:8.2f}"
+            )
+    return 0
+
+
+def cmd_bench_jitter(args: argparse.Namespace) -> int:
+    from rdmasched.bench import preempt
+
+    r = preempt.jitter(args.preempts, args.interval_us, args.spin_us)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(
+        f"rdmasched bench preempt --jitter: the victim's loop-thread options, processes "
+        f"unpinned, {r['rounds']} interleaved rounds of {r['preempts_per_round']} PREEMPTs"
+    )
+    print(f"  {'variant':<10} {'p50':>8} {'p99':>9} {'p99.9':>9} {'max':>10}   options")
+    base = r["variants"]["none"]
+    for name, v in r["variants"].items():
+        if "refused" in v:
+            print(f"  {name:<10} refused: {v['refused']}")
+            continue
+        ratio = f" (p99 {v['p99'] / base['p99']:.2f}x none)" if "p99" in base else ""
+        print(
+            f"  {name:<10} {v['p50']:8.2f} {v['p99']:9.2f} {v['p999']:9.2f} {v['max']:10.1f}"
+            f"   {v['options']}{ratio}"
+        )
+    return 0
+
+
+def bench_stages(args: argparse.Namespace) -> dict[str, Any]:
+    from rdmasched.bench import stages
+
+    return stages.run(args.messages)
+
+
+def cmd_bench_stages(args: argparse.Namespace) -> int:
+    r = bench_stages(args)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(
+        f"rdmasched bench stages: instructions per PREEMPT on the daemon's path, callgrind, "
+        f"{r['messages']} messages per stage (probe on/off pair: "
+        f"{r['probe_pair_instructions']:.0f} instructions, subtracted)"
+    )
+    print(f"  {'stage':<10} {'instr/msg':>10}  what")
+    for name, st in r["stages"].items():
+        print(f"  {name:<10} {st['instructions_per_message']:10.0f}  {st['what']}")
+    print(f"  {'path':<10} {r['path_instructions_per_message']:10.0f}  (the sum)")
     return 0
 
 
@@ -968,6 +1170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bench throughput": cmd_bench_throughput,
         "bench scheduler": cmd_bench_scheduler,
         "bench preempt": cmd_bench_preempt,
+        "bench stages": cmd_bench_stages,
         "bench idle": cmd_bench_idle,
         "bench all": cmd_bench_all,
         "bench freeze": cmd_bench_freeze,

@@ -190,7 +190,7 @@ def host_cluster(env: Mapping[str, str] | None = None) -> tuple[ClusterConfig, i
 def _from_store(env: Mapping[str, str]) -> tuple[ClusterConfig, int]:
     """Every host's entry through the launcher's TCPStore (torchrun's rendezvous store)."""
     try:
-        from torch.distributed import TCPStore  # type: ignore[attr-defined]
+        from torch.distributed import TCPStore  # type: ignore[attr-defined,unused-ignore]
     except ImportError:
         raise ConfigError(
             "torchrun's variables are set (MASTER_ADDR, GROUP_RANK) but torch is not "

@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 exec 1>&2  # set-up chatter, and pip's, goes to stderr
 
 APT_PACKAGES=(python3 python3-venv python3-dev gcc libc6-dev
-              libibverbs-dev rdma-core ibverbs-providers ibverbs-utils python3-pyverbs)
+              libibverbs-dev rdma-core ibverbs-providers ibverbs-utils python3-pyverbs valgrind)
 VENV=${RDMASCHED_VENV:-.venv}
 STAMP="$VENV/.rdmasched-setup-stamp"
 

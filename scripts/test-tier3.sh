@@ -2,7 +2,8 @@
 # Tier 3: the verbs transport on real Soft-RoCE (rdma_rxe), in qemu VMs with Debian's
 # kernel (this host's kernel has no RDMA; see tests/vm/README.md). Two runs:
 #   one VM  : tests/tier3 and the conformance suite's verbs parameter, on one rxe device
-#   two VMs : tests/tier3/test_two_hosts.py, one node per kernel, over a virtual wire
+#   two VMs : tests/tier3/test_two_hosts*.py, one node per kernel over a virtual wire, and
+#             bench latency's server and client
 #
 # With CI=true a tier that cannot run fails (never a silent skip). Elsewhere, when this
 # machine cannot start the VM (not root and no qemu), it skips and says how to run it;
@@ -34,7 +35,7 @@ fi
 mkdir -p "$RESULTS/vm1" "$RESULTS/vm2"
 echo "-- one VM: tier 3 and the verbs conformance tests"
 tests/vm/run-in-vm.sh --results "$RESULTS/vm1" --env RDMASCHED_REQUIRE_RDMA=1 -- \
-    'python3 -m pytest -p no:cacheprovider -q -m tier3 tests/tier3 tests/conformance --ignore=tests/tier3/test_two_hosts.py --junitxml=$RDMASCHED_RESULTS/tier3.xml'
+    'python3 -m pytest -p no:cacheprovider -q -m tier3 tests/tier3 tests/conformance --ignore=tests/tier3/test_two_hosts.py --ignore=tests/tier3/test_two_hosts_bench.py --junitxml=$RDMASCHED_RESULTS/tier3.xml'
 echo "-- two VMs: one node per kernel over a virtual wire"
 tests/vm/run-in-vm.sh --hosts 2 --results "$RESULTS/vm2" --env RDMASCHED_REQUIRE_RDMA=1 -- \
-    'python3 -m pytest -p no:cacheprovider -q tests/tier3/test_two_hosts.py --junitxml=$RDMASCHED_RESULTS/two-hosts.xml'
+    'python3 -m pytest -p no:cacheprovider -q tests/tier3/test_two_hosts.py tests/tier3/test_two_hosts_bench.py --junitxml=$RDMASCHED_RESULTS/two-hosts.xml'

@@ -9,8 +9,10 @@ import sys
 import traceback
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from rdmasched.stats import Histogram
 
 Side = Callable[[Any], Any]
 
@@ -34,14 +36,17 @@ def _child(fn: Side, arg: Any, cpu: int | None, out: Any) -> None:
         out.close()
 
 
-def run_pair(a: Side, b: Side, arg: Any, timeout_s: float = 120.0) -> tuple[Any, Any]:
-    """Run `a(arg)` and `b(arg)` in two new processes pinned to two cores; their results.
+def run_pair(
+    a: Side, b: Side, arg: Any, timeout_s: float = 120.0, pin: bool = True
+) -> tuple[Any, Any]:
+    """Run `a(arg)` and `b(arg)` in two new processes pinned to two cores (unless not
+    `pin`: then where the kernel puts them); their results.
 
     Both sides must be importable functions. Raises RuntimeError with the child's traceback
     if either failed, or if either is still running after `timeout_s`.
     """
     ctx = mp.get_context("fork")
-    cpu_a, cpu_b = pick_cores()
+    cpu_a, cpu_b = pick_cores() if pin else (None, None)
     pipes = [ctx.Pipe(duplex=False) for _ in range(2)]
     procs = [
         ctx.Process(target=_child, args=(a, arg, cpu_a, pipes[0][1]), daemon=True),
@@ -71,6 +76,8 @@ def run_pair(a: Side, b: Side, arg: Any, timeout_s: float = 120.0) -> tuple[Any,
 
 @dataclass
 class Row:
+    """One benchmark row: the summary of its samples (one HdrHistogram, rdmasched.stats)."""
+
     name: str
     what: str
     n: int
@@ -80,31 +87,56 @@ class Row:
     p999_us: float
     max_us: float
     msgs_per_s: float
+    mean_us: float = 0.0
+    stddev_us: float = 0.0
+    p90_us: float = 0.0
+    #: the sum of the samples, ns (the rate's denominator; not in JSON)
+    total_ns: int = 0
+    #: the samples, for merging rounds, CSV, HdrHistogram logs and plots (not in JSON)
+    hist: Histogram = field(default_factory=Histogram, repr=False, compare=False)
 
     @classmethod
     def from_samples(
         cls, name: str, what: str, samples_ns: Sequence[int], msgs_per_sample: int = 2
     ) -> Row:
-        s = sorted(samples_ns)
-        n = len(s)
-        if n == 0:
+        if not len(samples_ns):
             raise ValueError(f"{name}: no samples")
+        return cls.from_hist(name, what, Histogram(samples_ns), sum(samples_ns), msgs_per_sample)
 
-        def q(p: float) -> float:
-            return s[min(n - 1, int(p * n))] / 1000.0
-
-        total_s = sum(s) / 1e9
+    @classmethod
+    def from_hist(
+        cls, name: str, what: str, hist: Histogram, total_ns: int, msgs_per_sample: int = 2
+    ) -> Row:
+        """A row from a histogram and the exact sum of its samples (for the rate)."""
+        if not hist.count:
+            raise ValueError(f"{name}: no samples")
+        s = hist.summary()
+        total_s = total_ns / 1e9
         return cls(
             name,
             what,
-            n,
-            s[0] / 1000.0,
-            q(0.50),
-            q(0.99),
-            q(0.999),
-            s[-1] / 1000.0,
-            msgs_per_sample * n / total_s if total_s else 0.0,
+            s["n"],
+            s["min"],
+            s["p50"],
+            s["p99"],
+            s["p999"],
+            s["max"],
+            msgs_per_sample * s["n"] / total_s if total_s else 0.0,
+            mean_us=s["mean"],
+            stddev_us=s["stddev"],
+            p90_us=s["p90"],
+            total_ns=total_ns,
+            hist=hist,
         )
+
+    @classmethod
+    def merged(cls, rows: Sequence[Row], msgs_per_sample: int = 2) -> Row:
+        """One row over the samples of `rows` (rounds of the same row): exact percentiles."""
+        if not rows:
+            raise ValueError("no rows to merge")
+        hist = Histogram.merged(r.hist for r in rows)
+        total_ns = sum(r.total_ns for r in rows)
+        return cls.from_hist(rows[0].name, rows[0].what, hist, total_ns, msgs_per_sample)
 
 
 def samples_array(n: int) -> array[int]:
@@ -138,24 +170,25 @@ def print_table(
         print(line, file=file)
 
 
+JSON_FIELDS = (
+    "name",
+    "p50_us",
+    "p99_us",
+    "p999_us",
+    "max_us",
+    "msgs_per_s",
+    "min_us",
+    "mean_us",
+    "stddev_us",
+    "p90_us",
+    "n",
+    "what",
+)
+
+
+def row_dict(r: Row) -> dict[str, Any]:
+    return {k: getattr(r, k) for k in JSON_FIELDS}
+
+
 def dump_json(rows: list[Row], extra: dict[str, Any] | None = None) -> str:
-    results = []
-    for r in rows:
-        d = asdict(r)
-        results.append(
-            {
-                k: d[k]
-                for k in (
-                    "name",
-                    "p50_us",
-                    "p99_us",
-                    "p999_us",
-                    "max_us",
-                    "msgs_per_s",
-                    "min_us",
-                    "n",
-                    "what",
-                )
-            }
-        )
-    return json.dumps({"results": results, **(extra or {})}, indent=2)
+    return json.dumps({"results": [row_dict(r) for r in rows], **(extra or {})}, indent=2)

@@ -39,6 +39,7 @@ from rdmasched.integrations.freeze import (
     proc_table,
     read_stat,
 )
+from rdmasched.stats import Histogram
 
 PROG = "python -m rdmasched.bench.freeze"
 DEADLINE_S = 60.0
@@ -93,23 +94,9 @@ def _cpu(pids: Sequence[int]) -> tuple[int, int]:
 
 
 def summary_us(samples_ns: Sequence[int]) -> dict[str, float]:
-    """n, min, p50, p90, p99, max of a sample in microseconds (nearest rank)."""
-    s = sorted(samples_ns)
-    n = len(s)
-    if not n:
-        raise ValueError("no samples")
-
-    def q(p: float) -> float:
-        return s[min(n - 1, int(p * n))] / 1000.0
-
-    return {
-        "n": n,
-        "min": s[0] / 1000.0,
-        "p50": q(0.50),
-        "p90": q(0.90),
-        "p99": q(0.99),
-        "max": s[-1] / 1000.0,
-    }
+    """n, min, mean, stddev, p50, p90, p99, p999, p9999, max of a sample, us
+    (rdmasched.stats, the project's one percentile implementation)."""
+    return Histogram(samples_ns).summary()
 
 
 def _cycles(fz: Freezer, n: int, hold_s: float, gap_s: float, out: dict[str, list[int]]) -> None:

@@ -45,6 +45,32 @@ WHAT = {
     "unix-socket": "Unix socketpair, blocking send/recv",
 }
 TIMEOUT_US = 10_000_000
+#: metadata sizes of the size sweep (`--sizes all`, like perftest's -a): bytes of msgpack
+#: metadata per message, 0 (a lone head slot) to the protocol's 4096
+SIZES_ALL = (0, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+#: the rows that carry metadata in the sweep (both sides through the Python API)
+SIZED_ROWS = ("rdmasched-shm",)
+
+
+def meta_of_size(size: int) -> dict[str, Any] | None:
+    """Metadata whose msgpack encoding is exactly `size` bytes: {"p": <bin of zeros>};
+    None for 0. Sizes 1-4 are too small for a map with a payload."""
+    if size == 0:
+        return None
+    if not 5 <= size <= 4096:
+        raise ValueError(f"metadata size {size}: must be 0 or 5..4096 bytes")
+    pad = size - 5 if size - 5 < 256 else size - 6  # bin 8 header: 2 bytes; bin 16: 3
+    meta = {"p": bytes(pad)}
+    import msgpack
+
+    if len(msgpack.packb(meta, use_bin_type=True)) != size:
+        raise ValueError(f"metadata size {size} cannot be made exactly (bin 8/16 boundary)")
+    return meta
+
+
+def sized_name(name: str, size: int) -> str:
+    """The row name of `name` measured with `size` bytes of metadata."""
+    return f"{name}@{size}B"
 
 
 # ---- rdmasched lanes ------------------------------------------------------------------------
@@ -73,17 +99,18 @@ def _sync(rx: Any, tx: Any) -> None:
         raise TimeoutError("peer did not answer the start-up message")
 
 
-def ping_loop(tx: Any, rx: Any, n: int, warmup: int) -> bytes:
+def ping_loop(tx: Any, rx: Any, n: int, warmup: int, meta: dict[str, Any] | None = None) -> bytes:
     """The pinger through the public Python API, on any transport: send, then poll for the
-    echo; one sample per round trip, timed from the previous sample's end."""
+    echo; one sample per round trip, timed from the previous sample's end. With `meta`,
+    every message carries that metadata (the size sweep)."""
     send, poll, perf = tx.send, rx.poll, time.perf_counter_ns
     out = samples_array(n)
     for i in range(warmup):
-        send(PING, i)
+        send(PING, i, meta=meta)
         poll(TIMEOUT_US)
     t_prev = perf()
     for i in range(n):
-        send(PING, i)
+        send(PING, i, meta=meta)
         if poll(TIMEOUT_US) is None:
             raise TimeoutError(f"no echo for message {i}")
         t = perf()
@@ -93,20 +120,21 @@ def ping_loop(tx: Any, rx: Any, n: int, warmup: int) -> bytes:
 
 
 def echo_loop(tx: Any, rx: Any, count: int) -> None:
-    """The echo side through the public Python API: poll, send the fields straight back."""
+    """The echo side through the public Python API: poll, send the fields (and the
+    metadata, if any) straight back."""
     send, poll = tx.send, rx.poll
     for _ in range(count):
         m = poll(TIMEOUT_US)
         if m is None:
             raise TimeoutError("pinger went quiet")
-        send(m.kind, m.id, m.job, m.priority)
+        send(m.kind, m.id, m.job, m.priority, meta=m.meta)
 
 
 def py_ping(cfg: dict[str, Any]) -> bytes:
     rx, tx = _lanes(cfg, "a", "b")
     with rx, tx:
         _sync(rx, tx)
-        return ping_loop(tx, rx, cfg["n"], cfg["warmup"])
+        return ping_loop(tx, rx, cfg["n"], cfg["warmup"], cfg.get("meta"))
 
 
 def py_echo(cfg: dict[str, Any]) -> None:
@@ -242,14 +270,34 @@ def _to_row(name: str, raw: bytes) -> Row:
     return Row.from_samples(name, WHAT[name], samples)
 
 
-def run_row(name: str, n: int, warmup: int, nslots: int = 256) -> tuple[Row, bytes]:
-    """Measure one row: `n` round trips after `warmup`; the row and its raw samples."""
+def run_row(
+    name: str, n: int, warmup: int, nslots: int = 256, meta_bytes: int | None = None
+) -> tuple[Row, bytes]:
+    """Measure one row: `n` round trips after `warmup`; the row and its raw samples. With
+    `meta_bytes` (rows in SIZED_ROWS only), every message carries that much metadata, and
+    the row is named `row@<size>B` (also for 0)."""
     cfg: dict[str, Any] = {
         "n": n,
         "warmup": warmup,
         "nslots": nslots,
         "prefix": f"bench-{os.getpid()}-{uuid.uuid4().hex[:8]}",
     }
+    if meta_bytes is not None:
+        if name not in SIZED_ROWS:
+            raise ValueError(f"row {name} has no metadata path; sized rows: {SIZED_ROWS}")
+        cfg["meta"] = meta_of_size(meta_bytes)
+        row, raw = run_row_cfg(name, cfg)
+        sized = Row.from_hist(
+            sized_name(name, meta_bytes),
+            f"{WHAT[name]}, {meta_bytes} B of metadata",
+            row.hist,
+            row.total_ns,
+        )
+        return sized, raw
+    return run_row_cfg(name, cfg)
+
+
+def run_row_cfg(name: str, cfg: dict[str, Any]) -> tuple[Row, bytes]:
     if name == "rdmasched-shm":
         a, _ = run_pair(py_ping, py_echo, cfg)
     elif name == "rdmasched-shm-hot":
@@ -278,6 +326,21 @@ def run_row(name: str, n: int, warmup: int, nslots: int = 256) -> tuple[Row, byt
     return _to_row(name, a), a
 
 
+SLOW_ROWS = ("zmq-ipc", "unix-socket")
+#: round trips of the probe that sizes a row in duration mode
+PROBE = 500
+
+
+def count_for(
+    name: str, seconds: float, nslots: int, meta_bytes: int | None = None, probe: int = PROBE
+) -> int:
+    """Duration mode: how many round trips of `name` fill about `seconds`, from a probe
+    of `probe` round trips of the same row (its mean, not its median: the time it takes)."""
+    row, _ = run_row(name, probe, min(probe, 100), nslots, meta_bytes)
+    mean_ns = row.total_ns / max(1, row.n)
+    return max(1, int(seconds * 1e9 / mean_ns)) if mean_ns > 0 else probe
+
+
 def run(
     rows: list[str],
     n: int,
@@ -286,27 +349,41 @@ def run(
     rounds: int = 5,
     nslots: int = 256,
     progress: Any = None,
+    sizes: tuple[int, ...] = (),
+    duration_s: float | None = None,
 ) -> tuple[list[Row], list[dict[str, Row]]]:
     """Measure `rows` in `rounds` interleaved rounds of n/rounds samples each.
 
     The host may move the two vCPUs between physical cores at any time (the floor here was
     seen to jump between 0.1 and 0.45 us within a minute). Interleaving gives every row the
     same mix of placements; ratios are taken within a round. Returns the rows over all
-    samples, and each round's rows.
+    samples (the rounds' histograms merged: exact percentiles of every sample), and each
+    round's rows.
+
+    `sizes`: the rows in SIZED_ROWS are measured once per metadata size (named
+    `row@<size>B`), the others once. `duration_s`: each row runs about that long per round
+    (the count from a probe of the row, at the round's start) instead of n/rounds.
     """
+    plan: list[tuple[str, str, int | None]] = []  # (result name, row, metadata bytes)
+    for name in rows:
+        if sizes and name in SIZED_ROWS:
+            plan += [(sized_name(name, k), name, k) for k in sizes]
+        else:
+            plan.append((name, name, None))
     per_round: list[dict[str, Row]] = []
-    raw: dict[str, list[bytes]] = {name: [] for name in rows}
     for r in range(rounds):
         this: dict[str, Row] = {}
-        for name in rows:
-            count = max(1, (slow_n if name in ("zmq-ipc", "unix-socket") else n) // rounds)
-            row, data = run_row(name, count, min(warmup, count), nslots)
-            this[name] = row
-            raw[name].append(data)
+        for key, name, k in plan:
+            if duration_s is not None:
+                count = count_for(name, duration_s, nslots, k)
+            else:
+                count = max(1, (slow_n if name in SLOW_ROWS else n) // rounds)
+            row, _ = run_row(name, count, min(warmup, count), nslots, k)
+            this[key] = row
             if progress:
-                progress(r, name, row)
+                progress(r, key, row)
         per_round.append(this)
-    return [_to_row(name, b"".join(raw[name])) for name in rows], per_round
+    return [Row.merged([rr[key] for rr in per_round]) for key, _, _ in plan], per_round
 
 
 def round_ratios(per_round: list[dict[str, Row]], name: str, ref: str) -> list[float]:

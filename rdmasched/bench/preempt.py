@@ -24,6 +24,9 @@ import uuid
 from typing import Any
 
 from rdmasched.bench.common import run_pair
+from rdmasched.daemon.probe import StageClock
+from rdmasched.daemon.tuning import LoopTuning
+from rdmasched.stats import Histogram
 
 
 def _victim(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -31,16 +34,25 @@ def _victim(cfg: dict[str, Any]) -> dict[str, Any]:
     from rdmasched.daemon.node import Node
 
     cluster = local_cluster(2, cfg["slots"], name=cfg["cluster"])
-    node = Node(cluster, 1, spin_us=cfg["spin_us"], events=cfg["events"])
+    tuning = LoopTuning(**cfg["tuning"]) if cfg.get("tuning") else None
+    node = Node(cluster, 1, spin_us=cfg["spin_us"], events=cfg["events"], tuning=tuning)
     node.on_dispatch(lambda task, slot: None)  # "runs" until preempted
     node.on_preempt(lambda task, slot, cancel: task.progress_ns + 1000)
+    probe = StageClock(node.clock) if cfg.get("stages") else None
+    node.probe = probe
     node.open()
     done, total = cfg["done"], cfg["n"] + cfg["warmup"]
     try:
         for k in range(cfg["slots"]):
             node.dispatch(k + 1, job=1, priority=10, cost_ns=10**12)
         node.run(until=lambda: node.reactions.count >= total or bool(done[0]))
-        return {"samples": node.reactions.samples[cfg["warmup"] :], "stats": _end(node, 1, cfg)}
+        out: dict[str, Any] = {
+            "samples": node.reactions.samples[cfg["warmup"] :],
+            "stats": _end(node, 1, cfg),
+        }
+        if probe is not None:
+            out["stages"] = {k: v[cfg["warmup"] :] for k, v in probe.stages_ns().items()}
+        return out
     finally:
         node.stop()
 
@@ -93,11 +105,22 @@ def _preemptor(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_daemons(
-    n: int, interval_us: int, spin_us: int, slots: int, events: int = 4096
+    n: int,
+    interval_us: int,
+    spin_us: int,
+    slots: int,
+    stages: bool = False,
+    tuning: dict[str, Any] | None = None,
+    pin: bool = True,
+    events: int = 4096,
 ) -> dict[str, Any]:
-    """The two node daemons only: the reaction samples, and how each side ended.
-    ``events``: each node's decision event ring; 0 turns the telemetry off."""
+    """The two node daemons only: the reaction samples, and how each side ended; with
+    `stages`, the victim's stage probe too (rdmasched/daemon/probe.py); `tuning`: the
+    victim's LoopTuning fields; `pin`: the two processes pinned to two cores; `events`:
+    each node's decision event ring (0 turns the telemetry off)."""
     cfg = {
+        "stages": stages,
+        "tuning": tuning,
         "n": n,
         "warmup": 200,
         "interval_us": interval_us,
@@ -109,10 +132,13 @@ def run_daemons(
         "done": mp.get_context("fork").RawArray("i", 2),
         "stopped": mp.get_context("fork").Barrier(2),
     }
-    victim, preemptor = run_pair(_victim, _preemptor, cfg, timeout_s=120 + n * interval_us / 1e6)
+    victim, preemptor = run_pair(
+        _victim, _preemptor, cfg, timeout_s=120 + n * interval_us / 1e6, pin=pin
+    )
     sides = {"victim": victim["stats"], "preemptor": preemptor["stats"]}
     return {
         "samples": victim["samples"],
+        "stages": victim.get("stages"),
         "dead_peers": {k: st["dead_peers"] for k, st in sides.items()},
         "dropped": {k: st["dropped"] for k, st in sides.items()},
     }
@@ -123,36 +149,93 @@ def run(
     interval_us: int = 200,
     spin_us: int = 5_000,
     slots: int = 4,
+    stages: bool = False,
     events: int = 4096,
 ) -> dict[str, Any]:
+    """The reaction figures beside the C floor of the same run; with `stages`, the
+    breakdown per stage of the path (each stage's p50/p99, us) from the victim's probe."""
     from rdmasched.bench import latency
 
-    res = run_daemons(n, interval_us, spin_us, slots, events)
-    s = sorted(res["samples"])
+    res = run_daemons(n, interval_us, spin_us, slots, stages, events=events)
+    h = Histogram(res["samples"])
+    s = h.summary()
     floor, _ = latency.run_row("c-shm-floor", 100_000, 2_000)
-
-    def q(p: float) -> float:
-        v: int = s[min(len(s) - 1, int(p * len(s)))]
-        return v / 1000.0
-
     one_way = floor.p50_us / 2
     return {
-        "preempts": len(s),
+        "preempts": s["n"],
         "interval_us": interval_us,
         "spin_us": spin_us,
-        "reaction_p50_us": q(0.5),
-        "reaction_p99_us": q(0.99),
-        "reaction_p999_us": q(0.999),
-        "reaction_max_us": s[-1] / 1000.0,
+        "reaction_p50_us": s["p50"],
+        "reaction_p99_us": s["p99"],
+        "reaction_p999_us": s["p999"],
+        "reaction_max_us": s["max"],
+        "reaction_mean_us": s["mean"],
+        "reaction_stddev_us": s["stddev"],
         "floor_one_way_us": one_way,
-        "p50_over_floor": q(0.5) / one_way if one_way else None,
+        "p50_over_floor": s["p50"] / one_way if one_way else None,
+        "stages": None
+        if not res["stages"]
+        else {name: _stage(v) for name, v in res["stages"].items()},
     }
 
 
-def _q(samples: list[int], p: float) -> float:
-    s = sorted(samples)
-    v: int = s[min(len(s) - 1, int(p * len(s)))]
-    return v / 1000.0
+def _stage(samples_ns: list[int]) -> dict[str, float]:
+    """A stage's p50, p99, p99.9 and mean, us. Stages across two processes (written ->
+    polled) read the same CLOCK_MONOTONIC; a negative value would be a clock problem and
+    counts as 0."""
+    h = Histogram(max(0, v) for v in samples_ns)
+    s = h.summary()
+    return {k: s[k] for k in ("n", "p50", "p99", "p999", "mean")}
+
+
+#: `bench preempt --jitter`: the victim's loop-thread options compared, processes unpinned
+#: (so that pinning the loop thread is what is measured)
+JITTER_VARIANTS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "cpu": {"cpu": -1},  # -1: the last CPU this process may use (filled in below)
+    "gc-freeze": {"gc_freeze": True},
+    "fifo": {"fifo": 50},
+    "all": {"cpu": -1, "fifo": 50, "gc_freeze": True},
+}
+
+
+def jitter(
+    n: int = 10_000, interval_us: int = 200, spin_us: int = 5_000, rounds: int = 2, slots: int = 4
+) -> dict[str, Any]:
+    """Reaction p50/p99/p99.9 of each JITTER_VARIANTS option of the victim's loop thread,
+    in `rounds` interleaved rounds; each variant's samples over all rounds merged. Variants
+    the system refuses (SCHED_FIFO without privilege) are reported as such."""
+    import os
+
+    last_cpu = max(os.sched_getaffinity(0))
+    hists: dict[str, Histogram] = {k: Histogram() for k in JITTER_VARIANTS}
+    refused: dict[str, str] = {}
+    for _ in range(rounds):
+        for name, opts in JITTER_VARIANTS.items():
+            if name in refused:
+                continue
+            tuning = {k: (last_cpu if k == "cpu" else v) for k, v in opts.items()}
+            try:
+                res = run_daemons(n, interval_us, spin_us, slots, tuning=tuning, pin=False)
+            except RuntimeError as exc:
+                if "SCHED_FIFO" not in str(exc):
+                    raise
+                refused[name] = str(exc).splitlines()[0]
+                continue
+            hists[name].merge(Histogram(res["samples"]))
+    out: dict[str, Any] = {"preempts_per_round": n, "rounds": rounds, "variants": {}}
+    for name, h in hists.items():
+        if name in refused or not h.count:
+            out["variants"][name] = {"refused": refused.get(name, "no samples")}
+            continue
+        s = h.summary()
+        out["variants"][name] = {
+            "options": {
+                k: (last_cpu if k == "cpu" else v) for k, v in JITTER_VARIANTS[name].items()
+            },
+            **{k: s[k] for k in ("n", "p50", "p99", "p999", "max", "mean")},
+        }
+    return out
 
 
 def telemetry_cost(
@@ -165,20 +248,21 @@ def telemetry_cost(
     events: int = 4096,
 ) -> dict[str, Any]:
     """The reaction with the event rings on (``events``) and off (0), side by side:
-    ``rounds`` pairs of runs, alternating; the samples of each setting are pooled.
+    ``rounds`` pairs of runs, alternating; the samples of each setting are merged.
     ``p99_ratio`` is on / off."""
-    on: list[int] = []
-    off: list[int] = []
+    on, off = Histogram(), Histogram()
     for k in range(rounds):  # on first in even rounds, off first in odd ones
         for ev in (events, 0) if k % 2 == 0 else (0, events):
-            (on if ev else off).extend(run_daemons(n, interval_us, spin_us, slots, ev)["samples"])
+            got = run_daemons(n, interval_us, spin_us, slots, events=ev)["samples"]
+            (on if ev else off).merge(Histogram(got))
     res: dict[str, Any] = {"rounds": rounds, "interval_us": interval_us, "spin_us": spin_us}
-    for name, s in (("events_on", on), ("events_off", off)):
+    for name, h in (("events_on", on), ("events_off", off)):
+        s = h.summary()
         res[name] = {
-            "preempts": len(s),
-            "reaction_p50_us": _q(s, 0.5),
-            "reaction_p99_us": _q(s, 0.99),
-            "reaction_p999_us": _q(s, 0.999),
+            "preempts": s["n"],
+            "reaction_p50_us": s["p50"],
+            "reaction_p99_us": s["p99"],
+            "reaction_p999_us": s["p999"],
         }
     res["p50_ratio"] = res["events_on"]["reaction_p50_us"] / res["events_off"]["reaction_p50_us"]
     res["p99_ratio"] = res["events_on"]["reaction_p99_us"] / res["events_off"]["reaction_p99_us"]

@@ -49,7 +49,6 @@ from rdmasched import Kind
 from rdmasched._ring import Batch, LaneSet, RxLane, TxLane
 from rdmasched._shm import read_header
 from rdmasched.daemon.core import SYNC_ID_BASE as _SYNC_ID_BASE
-from rdmasched.daemon.loop import Outgoing
 from rdmasched.errors import (
     ArgumentError,
     ConfigError,
@@ -67,6 +66,10 @@ if TYPE_CHECKING:
     from rdmasched.daemon.node import Node
 
 _log = logging.getLogger("rdmasched.clients")
+
+#: a message for a client, queued while its lane is full: `TxLane.send`'s arguments before
+#: timeout_us (a client lane is local: no dst, src or relays)
+ClientOut = tuple[int, int, int, int, int, int, int, int, int, dict[str, Any] | None]
 
 __all__ = ["ClientHub", "down_lane", "endpoint_name", "up_lane"]
 
@@ -138,7 +141,7 @@ class _Client:
         self.pid = pid
         self.start = start
         self.tx = tx
-        self.outbox: deque[Outgoing] = deque()
+        self.outbox: deque[ClientOut] = deque()
         self.groups: set[int] = set()
 
 
@@ -616,7 +619,7 @@ class ClientHub:
         c = self.clients.get(k)
         if c is None:
             return
-        args: Outgoing = (kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta)
+        args: ClientOut = (kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta)
         if c.outbox:
             c.outbox.append(args)
             return

@@ -36,6 +36,7 @@ from typing import Any
 from rdmasched._ring import Batch, TxLane
 from rdmasched._wire import Message
 from rdmasched.daemon.links import Links
+from rdmasched.daemon.probe import Probe
 from rdmasched.errors import EpochError, LaneError, LaneFullError, PeerDeadError
 
 _log = logging.getLogger("rdmasched.daemon")
@@ -89,6 +90,8 @@ class Loop:
         self.lost: list[tuple[int, str]] = []
         #: a gap in this loop's own running longer than this is reported to `on_stall`
         self.stall_ns: int | None = None
+        #: stage probe (rdmasched/daemon/probe.py; benchmarks only): marks around `wait`
+        self.probe: Probe | None = None
         self.on_stall: Callable[[int], None] | None = None
         self.stalls = 0
         #: the last time every inbound lane had been read (clock of this loop)
@@ -355,7 +358,13 @@ class Loop:
                         timeout_ns = max(0, min(timeout_ns, timers[0][0] - now))
                 batch.clear()
                 before = clock()
-                got = inbound.wait(batch, timeout_ns / 1000, self.spin_us)
+                probe = self.probe
+                if probe is None:
+                    got = inbound.wait(batch, timeout_ns / 1000, self.spin_us)
+                else:  # stage probes (rdmasched/daemon/probe.py): points 0 and 1
+                    probe.mark(0)
+                    got = inbound.wait(batch, timeout_ns / 1000, self.spin_us)
+                    probe.mark(1)
                 last = now = clock()
                 if stall is not None and now - before - timeout_ns > stall:
                     self._stalled(now - before - timeout_ns)

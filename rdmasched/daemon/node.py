@@ -58,6 +58,8 @@ from rdmasched.daemon.core import (
 from rdmasched.daemon.links import Links, ShmLinks, VerbsLinks, close_quietly
 from rdmasched.daemon.loop import Loop
 from rdmasched.daemon.membership import Membership
+from rdmasched.daemon.probe import Probe
+from rdmasched.daemon.tuning import LoopTuning
 from rdmasched.errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -66,6 +68,7 @@ from rdmasched.errors import (
     RdmaschedError,
 )
 from rdmasched.scheduler import Event, PeerTable, Scheduler, Start, Task
+from rdmasched.stats import percentile_us
 from rdmasched.wire import Kind
 
 if TYPE_CHECKING:
@@ -80,6 +83,7 @@ SyncHandler = Callable[[Task, int], object]
 CompleteHandler = Callable[[int, int], None]
 
 _COMPLETE = int(Kind.COMPLETE)
+_PREEMPT = int(Kind.PREEMPT)
 _HEARTBEAT_T = msg.Heartbeat
 
 __all__ = ["EARLY_SYNC_MAX", "LATER", "SYNC_ID_BASE", "Node", "Reactions", "sync_task_id"]
@@ -119,10 +123,8 @@ class Reactions:
                 self.samples[j] = ns
 
     def percentile_us(self, q: float) -> float | None:
-        if not self.samples:
-            return None
-        s = sorted(self.samples)
-        return s[min(len(s) - 1, int(q * len(s)))] / 1000.0
+        """The `q` (0..1) quantile, us (rdmasched.stats); None without samples."""
+        return percentile_us(self.samples, q * 100.0)
 
 
 class Node:
@@ -140,8 +142,11 @@ class Node:
         max_hops: int = 2,
         clock: Callable[[], int] = time.monotonic_ns,
         metrics_port: int | None = None,
+        tuning: LoopTuning | None = None,
     ) -> None:
         self.cluster = cluster
+        #: the loop thread's CPU, SCHED_FIFO priority and gc freeze (daemon/tuning.py)
+        self.tuning = tuning
         self.spec = cluster.node(node)
         self.id = self.spec.id
         self.clock = clock
@@ -175,6 +180,7 @@ class Node:
         self._sync: SyncHandler | None = None
         self._complete: CompleteHandler | None = None
         self.loop: Loop | None = None
+        self._probe: Probe | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         #: the ranks of this host, when it serves clients (daemon/clients.py, docs/CLIENT.md)
@@ -267,6 +273,7 @@ class Node:
                 nslots=self.cluster.slots_per_lane,
             )
         self.loop = Loop(links, spin_us=self._spin_us, clock=self.clock)
+        self.loop.probe = self._probe
         self.loop.keep_on_death = frozenset({_COMPLETE})
         self.loop.stall_ns = self.members.stall_ns
         self.loop.on_stall = self._stalled
@@ -281,6 +288,8 @@ class Node:
         """Run the loop on this thread until `stop()` (or `until()` is true)."""
         self.open()
         assert self.loop is not None
+        if self.tuning:
+            _log.info("node %d: loop thread %s", self.id, ", ".join(self.tuning.apply()))
         try:
             self.loop.run(self._on_message, until)
         except Exception as exc:  # raised here; later calls raise NodeFailedError
@@ -734,9 +743,32 @@ class Node:
 
     # ---- the driver: carrying out the core's effects ----------------------------------------
     def _on_message(self, m: Message, peer: int) -> None:
+        probe = self._probe
+        if probe is None:
+            effects = self.core.receive(m, peer, self.clock())
+            if effects:
+                self._do(effects)
+            return
+        # the same, with the stage probe's points 2, 3 and 5 (rdmasched/daemon/probe.py)
+        probe.mark(2)
+        if m.kind == _PREEMPT:
+            probe.preempt_seen(m.arg0)
         effects = self.core.receive(m, peer, self.clock())
+        probe.mark(3)
         if effects:
             self._do(effects)
+        probe.mark(5)
+
+    @property
+    def probe(self) -> Probe | None:
+        """The stage probe of this node's message path (benchmarks; None: no probe)."""
+        return self._probe
+
+    @probe.setter
+    def probe(self, probe: Probe | None) -> None:
+        self._probe = probe
+        if self.loop is not None:
+            self.loop.probe = probe
 
     def _do(self, effects: list[Effect]) -> None:
         """Carry out the core's effects, in order. A handler's answer goes back to the core
@@ -755,6 +787,8 @@ class Node:
                     except Exception as exc:  # the task keeps its slot: complete or preempt it
                         self._handler_failed("on_dispatch", exc, e.task.id)
             elif t is PreemptTask:
+                if self._probe is not None:
+                    self._probe.mark(4)
                 if e.trigger_ns:
                     self.reactions.add(self.clock() - e.trigger_ns)
                 progress: Any = e.victim.progress_ns

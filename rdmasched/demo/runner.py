@@ -30,6 +30,7 @@ from typing import Any
 
 from rdmasched.demo.workload import GROUP, Trainer, WorkloadConfig
 from rdmasched.errors import RdmaschedError
+from rdmasched.stats import percentile_us
 
 ctx = mp.get_context("fork")
 
@@ -57,10 +58,8 @@ class DemoConfig:
 
 
 def _percentile(samples: list[int], q: float) -> float | None:
-    if not samples:
-        return None
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(q * len(s)))] / 1000.0
+    """The `q` (0..1) quantile of `samples` (ns), us; rdmasched.stats's."""
+    return percentile_us(samples, q * 100.0)
 
 
 # ---- processes ------------------------------------------------------------------------------

@@ -8,8 +8,8 @@
 #   --force   rebuild even when an image with the current key exists.
 #
 # The image is cached in $RDMASCHED_VM_CACHE/images/<key> (default /var/cache/rdmasched-vm).
-# The key hashes this script, lib.sh and guest-packages.txt: change any of them and the next
-# call builds a new image. Builds run in a temporary directory under a lock and are renamed
+# The key hashes this script, lib.sh, guest-packages.txt and guest-wheels.txt: change any of
+# them and the next call builds a new image. Builds run in a temporary directory under a lock and are renamed
 # into place at the end, so an interrupted build leaves nothing that looks finished, and two
 # concurrent calls build once. Downloaded .debs are kept in $RDMASCHED_VM_CACHE/debs.
 #
@@ -47,7 +47,7 @@ done
 mapfile -t packages < <(sed -e 's/#.*//' -e 's/[[:space:]]//g' -e '/^$/d' "$here/guest-packages.txt")
 ((${#packages[@]})) || vm_die "$VM_EXIT_HOST" "guest-packages.txt lists no packages"
 
-key=$(cat "$here/build-image.sh" "$here/lib.sh" "$here/guest-packages.txt" |
+key=$(cat "$here/build-image.sh" "$here/lib.sh" "$here/guest-packages.txt" "$here/guest-wheels.txt" |
     sha256sum | cut -c1-16)
 cache=$(vm_cache_dir)
 image="$cache/images/$SUITE-$ARCH-$key"
@@ -160,6 +160,22 @@ chmod 0755 "$root/etc/initramfs-tools/hooks/rdmasched"
 run_logged "debootstrap: configure packages (chroot, second stage)" \
     chroot "$root" /debootstrap/debootstrap --second-stage
 rm -f "$root/etc/dpkg/dpkg.cfg.d/rdmasched-unsafe-io"
+
+# Python packages Debian does not ship (guest-wheels.txt): binary wheels for the guest's
+# Python 3.11 and x86_64, downloaded on the host with pip (the checkout's .venv if set up,
+# else python3's) and unpacked into the guest's dist-packages.
+mapfile -t wheels < <(sed -e 's/#.*//' -e 's/[[:space:]]//g' -e '/^$/d' "$here/guest-wheels.txt")
+if ((${#wheels[@]})); then
+    pip=(python3 -m pip)
+    [[ -x $here/../../.venv/bin/python ]] && pip=("$here/../../.venv/bin/python" -m pip)
+    run_logged "pip download (guest wheels: ${wheels[*]})" \
+        "${pip[@]}" download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+        --python-version 3.11 -d "$work/wheels" "${wheels[@]}"
+    for whl in "$work"/wheels/*.whl; do
+        python3 -m zipfile -e "$whl" "$root/usr/lib/python3/dist-packages/" ||
+            vm_die "$VM_EXIT_HOST" "cannot unpack $whl into the image"
+    done
+fi
 
 # ---- configure the guest -------------------------------------------------------------------
 vm_log "configuring the guest"
