@@ -31,6 +31,10 @@ DEMO_MAX_NODES = 64
 #: above, a node process can wait longer than 500 ms for a core of a small host and would be
 #: declared dead (a 32-node run on 2 cores: thousands of false deaths, the steps stalled)
 DEMO_QUIET_NODES = 16
+#: the demo's default nodes per leaf: its nodes run in a generated topology (lanes to their
+#: links, relays, the sync tree, liveness over links) unless --full-mesh; up to 8 nodes one
+#: leaf holds them all (each is linked to every other, through the same code path)
+DEMO_DEFAULT_LEAF = 8
 #: `bench idle` keeps its own bound: idle nodes of a full mesh, each beating to every other
 IDLE_MAX_NODES = 16
 MAX_SPIN_US = 10_000_000
@@ -190,14 +194,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--nodes",
         type=_int_range(1, DEMO_MAX_NODES, "a number of node processes on this host"),
         default=4,
-        help="node processes on this host (each has a lane to every other, or with --leaf "
-        "to its topology links)",
+        help="node processes on this host (each holds lanes to its topology links)",
     )
     demo.add_argument(
         "--leaf",
         type=_int_range(1, DEMO_MAX_NODES, "a number of nodes per leaf"),
-        help="run rdmasched's nodes in a generated topology with this many nodes per leaf "
-        "switch: each node holds lanes only to its links (default a full mesh)",
+        help="rdmasched's nodes run in a generated topology with this many nodes per leaf "
+        f"switch: each node holds lanes only to its links (default min(--nodes, "
+        f"{DEMO_DEFAULT_LEAF}))",
+    )
+    demo.add_argument(
+        "--full-mesh",
+        action="store_true",
+        help="instead: no topology, every node holds a lane to every other (the small-cluster "
+        "path: all-to-all sync and heartbeats)",
     )
     demo.add_argument(
         "--pod",
@@ -601,6 +611,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 f"--batch ({args.batch}) must be at most half of --lane-slots "
                 f"({args.lane_slots}): a sender gets credit back every quarter lane"
             )
+    if args.command == "demo" and args.full_mesh and (args.leaf or args.pod) is not None:
+        parser.error("--full-mesh takes no --leaf or --pod (it has no topology)")
     if args.command == "demo" and args.pod is not None and args.leaf is None:
         parser.error("--pod needs --leaf (the nodes per leaf of the topology)")
     if args.command == "demo":
@@ -987,11 +999,20 @@ def demo_config(args: argparse.Namespace) -> Any:
         spin_us=args.spin_us,
         workload=w,
         trace_dir=args.trace,
-        leaf=getattr(args, "leaf", None),
+        leaf=demo_leaf(args),
         pod=getattr(args, "pod", None),
         heartbeat_ms=demo_liveness(args)[0],
         dead_after_ms=demo_liveness(args)[1],
     )
+
+
+def demo_leaf(args: argparse.Namespace) -> int | None:
+    """The demo's nodes per leaf: --leaf, else min(--nodes, DEMO_DEFAULT_LEAF); None with
+    --full-mesh (no topology)."""
+    if getattr(args, "full_mesh", False):
+        return None
+    leaf: int | None = getattr(args, "leaf", None)
+    return leaf if leaf is not None else min(args.nodes, DEMO_DEFAULT_LEAF)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -22,7 +22,9 @@ host's node name; default the Slurm node name, else the short host name), RDMASC
 verbs), RDMASCHED_ADDR (the address other hosts reach this one at; default the host name's
 address), RDMASCHED_PORT (this host's bootstrap port; torchrun default MASTER_PORT + 100 + its
 group rank), RDMASCHED_DOMAIN (topology domain), RDMASCHED_HEARTBEAT_MS and
-RDMASCHED_DEAD_AFTER_MS (docs/CONFIG.md's heartbeat_ms and dead_after_ms). A rank is
+RDMASCHED_DEAD_AFTER_MS (docs/CONFIG.md's heartbeat_ms and dead_after_ms), RDMASCHED_TOPOLOGY
+(under Slurm: a topology.conf, default /etc/slurm/topology.conf if it exists, cut down to
+the job's hosts: the cluster's [topology]; `job_topology`). A rank is
 client LOCAL_RANK (or SLURM_LOCALID) of the daemon at `<cluster>.<host>` (`client_endpoint`).
 """
 
@@ -147,7 +149,63 @@ def _address(env: Mapping[str, str], host: str) -> str:
         return socket.gethostbyname(socket.gethostname())
 
 
-def _config(env: Mapping[str, str], hosts: list[dict[str, Any]], source: str) -> ClusterConfig:
+#: where Slurm's topology/tree plugin reads the switch tree from, by default
+SLURM_TOPOLOGY_CONF = "/etc/slurm/topology.conf"
+
+
+def job_topology(env: Mapping[str, str], names: list[str]) -> dict[str, Any] | None:
+    """The [topology] of a Slurm job: the switch tree of RDMASCHED_TOPOLOGY (a Slurm
+    topology.conf; default /etc/slurm/topology.conf when it exists) cut down to the job's
+    hosts `names`, as `[[topology.switch]]` tables. None without a topology.conf (a full
+    mesh: docs/SCALE.md). A job host that no leaf switch lists is an error."""
+    from rdmasched.topology import parse_slurm
+
+    path = env.get("RDMASCHED_TOPOLOGY", "")
+    if not path:
+        if not os.path.exists(SLURM_TOPOLOGY_CONF):
+            return None
+        path = SLURM_TOPOLOGY_CONF
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ConfigError(f"RDMASCHED_TOPOLOGY {path}: {exc.strerror}") from None
+    job = set(names)
+    nodes: dict[str, list[str]] = {}
+    children: dict[str, list[str]] = {}
+    for sw in parse_slurm(text, path):
+        nodes[sw.name] = [n for n in sw.nodes if n in job]
+        children[sw.name] = list(sw.switches)
+    listed = {n for ns in nodes.values() for n in ns}
+    if job - listed:
+        raise ConfigError(
+            f"{path}: no leaf switch lists the job's host(s) {sorted(job - listed)[:5]}"
+        )
+    changed = True
+    while changed:  # drop the switches with none of the job's hosts below them
+        empty = {k for k in nodes if not nodes[k] and not children[k]}
+        changed = bool(empty)
+        for k in empty:
+            del nodes[k], children[k]
+        for k in children:
+            children[k] = [c for c in children[k] if c not in empty]
+    switch = []
+    for k in nodes:
+        entry: dict[str, Any] = {"name": k}
+        if nodes[k]:
+            entry["nodes"] = nodes[k]
+        if children[k]:
+            entry["switches"] = children[k]
+        switch.append(entry)
+    return {"switch": switch}
+
+
+def _config(
+    env: Mapping[str, str],
+    hosts: list[dict[str, Any]],
+    source: str,
+    topology: dict[str, Any] | None = None,
+) -> ClusterConfig:
     transport = env.get("RDMASCHED_TRANSPORT") or ("shm" if len(hosts) == 1 else "verbs")
     cluster: dict[str, Any] = {
         "name": cluster_name(env),
@@ -160,7 +218,10 @@ def _config(env: Mapping[str, str], hosts: list[dict[str, Any]], source: str) ->
             cluster[key] = _int(env, var)
     if len(hosts) > MAX_NODES:
         raise ConfigError(f"{source}: {len(hosts)} hosts, at most {MAX_NODES}")
-    return ClusterConfig.from_dict({"cluster": cluster, "node": hosts}, source=source)
+    doc: dict[str, Any] = {"cluster": cluster, "node": hosts}
+    if topology is not None:
+        doc["topology"] = topology
+    return ClusterConfig.from_dict(doc, source=source)
 
 
 def host_cluster(env: Mapping[str, str] | None = None) -> tuple[ClusterConfig, int]:
@@ -177,7 +238,11 @@ def host_cluster(env: Mapping[str, str] | None = None) -> tuple[ClusterConfig, i
         ]
         if env.get("RDMASCHED_ADDR"):  # this host's own address, where names do not resolve
             hosts[me]["address"] = f"{env['RDMASCHED_ADDR']}:{port}"
-        return _config(env, hosts, "Slurm environment"), me
+        topology = job_topology(env, names)
+        cluster = _config(env, hosts, "Slurm environment", topology)
+        if topology is not None:  # node ids are positions in the topology (docs/CONFIG.md)
+            me = cluster.node(names[me]).id
+        return cluster, me
     if env.get("MASTER_ADDR") and ("GROUP_RANK" in env or "NODE_RANK" in env):
         return _from_store(env)
     name = host_name(env)

@@ -120,3 +120,43 @@ def test_daemon_command_user_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not exist" in err[0]
     assert main(["daemon", "--max-clients", "0"]) == 2
+
+
+TOPOLOGY_CONF = """\
+SwitchName=leafA Nodes=gpu[01-02],spare1
+SwitchName=leafB Nodes=gpu03,spare[2-3]
+SwitchName=leafC Nodes=spare[4-5]
+SwitchName=spine Switches=leafA,leafB,leafC
+"""
+
+
+def test_slurm_topology_is_cut_down_to_the_job(tmp_path: Path) -> None:
+    """Under Slurm a topology.conf makes the cluster's [topology]: the job's hosts in their
+    leaves (leafC, with none of them, is gone), so each host holds lanes to its links only;
+    this host's id is its position in the topology."""
+    conf = tmp_path / "topology.conf"
+    conf.write_text(TOPOLOGY_CONF)
+    cluster, me = launch.host_cluster(slurm(RDMASCHED_TOPOLOGY=str(conf)))
+    t = cluster.topology
+    assert t is not None and len(t) == 3
+    assert {t.domain(i) for i in range(3)} == {"spine/leafA", "spine/leafB"}
+    assert cluster.node(me).name == "gpu02"
+
+
+def test_slurm_default_topology_conf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without RDMASCHED_TOPOLOGY, Slurm's own /etc/slurm/topology.conf if it exists; with
+    none, no topology (a full mesh)."""
+    conf = tmp_path / "topology.conf"
+    monkeypatch.setattr(launch, "SLURM_TOPOLOGY_CONF", str(conf))
+    assert launch.host_cluster(slurm())[0].topology is None
+    conf.write_text(TOPOLOGY_CONF)
+    assert launch.host_cluster(slurm())[0].topology is not None
+
+
+def test_slurm_topology_errors(tmp_path: Path) -> None:
+    conf = tmp_path / "topology.conf"
+    conf.write_text("SwitchName=leafA Nodes=gpu[01-02]\n")
+    with pytest.raises(ConfigError, match=r"no leaf switch lists the job's host\(s\) \['gpu03'\]"):
+        launch.host_cluster(slurm(RDMASCHED_TOPOLOGY=str(conf)))
+    with pytest.raises(ConfigError, match=r"RDMASCHED_TOPOLOGY .*missing\.conf"):
+        launch.host_cluster(slurm(RDMASCHED_TOPOLOGY=str(tmp_path / "missing.conf")))
