@@ -15,9 +15,10 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from rdmasched.bench.common import row_dict
 
 #: the benchmarks, in the order they run, with the arguments `--quick` adds (a tenth)
 BENCHES: dict[str, tuple[list[str], list[str]]] = {
@@ -107,7 +108,7 @@ def run(
         if name == "latency":
             r = cli.bench_latency(args, quiet=True)
             fig: dict[str, Any] = {
-                "rows": [asdict(row) for row in r["results"]],
+                "rows": [row_dict(row) for row in r["results"]],
                 "ratios_p50_median_of_rounds": r["ratios_p50_median_of_rounds"],
                 "rounds": r["rounds"],
                 "cores": r["cores"],
