@@ -146,6 +146,8 @@ class NodeView:
             self.queued = ev.queued
         if ev.running is not None:
             self.running_n = ev.running
+            if ev.decision is Decision.COMPLETE and ev.slot is not None and ev.running:
+                self.running_n -= 1  # a complete's counts are recorded before its slot is freed
         k = key_of(self.node, ev)
         if k is None:
             return
@@ -204,7 +206,10 @@ class ClusterModel:
 
     def add_node(self, tr: NodeTrace) -> NodeView:
         v = self.nodes.get(tr.node)
-        slots = int(tr.head.get("slots") or 0)
+        # a header names the slots; the demo's files have none: the highest slot used
+        slots = max(
+            [int(tr.head.get("slots") or 0)] + [e.slot + 1 for e in tr.events if e.slot is not None]
+        )
         if v is None:
             v = self.nodes[tr.node] = NodeView(tr.node, tr.name, slots, dict(tr.head))
         else:
