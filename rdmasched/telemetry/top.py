@@ -29,6 +29,18 @@ def _cause(e: dict[str, Any]) -> str:
     return f"{e['cause']}<-n{e['cause_src']}"
 
 
+def _queue(queue: list[dict[str, Any]], width: int) -> str:
+    """``  queue: A, B +N``: as many names as fit in ``width``, then how many more."""
+    text = "  queue: " + ("-" if not queue else "")
+    for i, t in enumerate(queue):
+        more = len(queue) - i - 1
+        item = ("" if i == 0 else ", ") + t["label"]
+        if len(text) + len(item) + (len(f" +{more}") if more else 0) > width:
+            return text + f" +{len(queue) - i}"
+        text += item
+    return text
+
+
 def frame(s: dict[str, Any], width: int = 120, decisions: int = 12) -> str:
     """One screen of text for the state ``s`` (``ClusterModel.state`` with its source's keys)."""
     out = []
@@ -50,9 +62,7 @@ def frame(s: dict[str, Any], width: int = 120, decisions: int = 12) -> str:
             if n["error"]:
                 cell.append("  unreachable")
             cell += [f"  {k}: {_task(t)}" for k, t in enumerate(n["slots"])]
-            q = ", ".join(t["label"] for t in n["queue"][:3])
-            more = len(n["queue"]) - 3
-            cell.append(f"  queue: {q or '-'}" + (f" +{more}" if more > 0 else ""))
+            cell.append(_queue(n["queue"], col - 1))
             lines.append(cell)
         height = max(len(c) for c in lines)
         out.append("")

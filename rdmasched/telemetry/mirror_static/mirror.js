@@ -5,6 +5,7 @@ let at = params.has("at") ? parseFloat(params.get("at")) : null;
 let selected = params.get("task"); // "ORIGIN:ID"
 let source = null;
 let playing = false;
+let nowMs = null; // the moment shown (a trace replay): later story events are greyed
 
 const $ = (id) => document.getElementById(id);
 function el(tag, attrs, ...kids) {
@@ -59,7 +60,8 @@ function drawGroups(s) {
   if (!s.groups.length) body.append(el("tr", {}, el("td", {colspan: 3, class: "hint", text: "no step released yet"})));
 }
 function eventRow(e, withRole) {
-  const tr = el("tr", {class: withRole ? `role-${e.role}` : ""});
+  const later = withRole && source === "trace" && nowMs !== null && e.t_ms > nowMs;
+  const tr = el("tr", {class: (withRole ? `role-${e.role}` : "") + (later ? " later" : "")});
   tr.append(el("td", {text: e.t_ms.toFixed(3)}), el("td", {text: e.node}),
     el("td", {class: `d-${e.decision}`, text: e.decision + (withRole && e.role === "beaten" ? " (went ahead of it)" : "")}),
     el("td", {}, taskLink(e.key, e.label)), el("td", {text: e.rule || ""}),
@@ -82,13 +84,15 @@ async function showTask(key) {
   const t = el("table", {id: "story-table"}, el("thead", {}, el("tr", {},
     ...["ms", "node", "decision", "task", "rule", "ahead of", "cause", "reason"].map((h) => el("th", {text: h})))));
   t.append(el("tbody", {}, ...body.events.map((e) => eventRow(e, true))));
-  box.replaceChildren(el("p", {}, el("b", {text: body.label}), ` (origin ${origin}, id ${id}): ${body.events.length} events`), t);
+  box.replaceChildren(el("p", {}, el("b", {text: body.label}), ` (origin ${origin}, id ${id}): ${body.events.length} events` +
+    (source === "trace" ? " (grey: after the moment shown)" : "")), t);
   document.querySelectorAll(".task").forEach((a) => a.classList.toggle("selected", a.dataset.key === key));
 }
 async function refresh() {
   const r = await fetch("/state" + (at !== null ? `?at=${at}` : ""));
   const s = await r.json();
   source = s.source;
+  nowMs = s.t_ms;
   if (s.source === "trace") {
     $("replay").hidden = false;
     $("source").textContent = `replay of a trace: ${s.nodes.length} nodes, ${s.total} events, ${s.span_ms.toFixed(1)} ms`;
@@ -98,6 +102,11 @@ async function refresh() {
     $("source").textContent = `live: ${s.addrs.join(", ")} · ${s.events} events`;
   }
   drawNodes(s); drawGroups(s); drawDecisions(s);
+  if (selected && source === "trace" && document.getElementById("story-table")) {
+    document.querySelectorAll("#story-table tbody tr").forEach((tr) => {
+      tr.classList.toggle("later", parseFloat(tr.cells[0].textContent) > nowMs);
+    });
+  }
   document.body.dataset.ready = "1";
 }
 $("at").addEventListener("input", () => { at = $("at").value / 1000; playing = false; $("play").textContent = "play"; refresh(); });
