@@ -547,21 +547,20 @@ def build_parser() -> argparse.ArgumentParser:
             "--trace",
             metavar="DIR",
             action="append",
-            default=[],
-            help="replay the trace records in DIR (rdmasched demo --trace DIR, a node's dump)",
+            help="replay the trace records in DIR (rdmasched demo --trace DIR, a node's "
+            "dump); repeatable (default none)",
         )
         mp.add_argument(
             "--live",
             metavar="HOST:PORT",
             action="append",
-            default=[],
-            help="a running daemon's metrics port (Node(metrics_port=...)), polled",
+            help="a running daemon's metrics port (Node(metrics_port=...)), polled; "
+            "repeatable (default none)",
         )
         mp.add_argument(
             "--prefix",
-            default="",
             help="with --trace: only the files whose name starts with this (e.g. "
-            "rdmasched-node: the demo writes central-node* too); default: all",
+            "rdmasched-node: the demo writes central-node* too) (default all)",
         )
         mp.add_argument(
             "--interval", type=_positive_float, default=0.5, help="seconds between polls/frames"
@@ -571,7 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
             type=_fraction,
             default=None,
             help="with --trace: the moment shown first, as a fraction of the run in [0, 1] "
-            "(default: the page and --once show the end, top replays from the start)",
+            "(default the end for the page and --once; top replays from the start)",
         )
     mirror.add_argument("--port", type=_int_range(0, 65535), default=8765, help="0: any free port")
     mirror.add_argument("--addr", default="127.0.0.1", help="the address to listen on")
@@ -1119,7 +1118,7 @@ def cmd_trace_export(args: argparse.Namespace) -> int:
 def cmd_mirror(args: argparse.Namespace) -> int:
     from rdmasched.telemetry import mirror
 
-    source = mirror.open_source(args.trace, args.live, args.prefix, args.interval)
+    source = mirror.open_source(args.trace or [], args.live or [], args.prefix or "", args.interval)
     mirror.serve_forever(source, args.port, args.addr, args.at)
     return 0
 
@@ -1127,7 +1126,7 @@ def cmd_mirror(args: argparse.Namespace) -> int:
 def cmd_top(args: argparse.Namespace) -> int:
     from rdmasched.telemetry import mirror, top
 
-    source = mirror.open_source(args.trace, args.live, args.prefix, args.interval)
+    source = mirror.open_source(args.trace or [], args.live or [], args.prefix or "", args.interval)
     try:
         return top.run(
             source, once=args.once, at=args.at, interval_s=args.interval, speed=args.speed
