@@ -1,4 +1,4 @@
-"""The `rdmasched` command: demo, bench, doctor, trace, cleanup.
+"""The `rdmasched` command: demo, bench, doctor, trace, mirror, top, cleanup.
 
 Argument checking happens here, before anything starts; the work lives in the modules the
 subcommands call. A user error is one line on stderr and a non-zero exit (2 for a bad
@@ -135,6 +135,8 @@ _positive = _int_range(1, None, "a positive integer")
 _spin_us = _int_range(0, MAX_SPIN_US, "a whole number of microseconds")
 _exec_slots = _int_range(1, MAX_EXEC_SLOTS, "a number of execution slots")
 _ms = _float_range(0.0, MAX_MS)
+_positive_float = _float_range(0.0, MAX_SECONDS)
+_fraction = _float_range(0.0, 1.0, lo_open=False)
 
 
 class _Renamed(argparse.Action):
@@ -540,6 +542,54 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="also a running node's events, from its metrics port (Node(metrics_port=...))",
+    )
+
+    # ---- mirror, top (docs/TELEMETRY.md, "Live mirror") -------------------------------------
+    mirror = add(
+        sub,
+        "mirror",
+        "serve a web page of the cluster from its decision events: slots, queues, sync "
+        "groups, the latest decisions and why; click a task for its story across nodes",
+    )
+    topc = add(sub, "top", "the mirror in a terminal: slots, queues, sync groups, decisions")
+    for mp in (mirror, topc):
+        mp.add_argument(
+            "--trace",
+            metavar="DIR",
+            action="append",
+            help="replay the trace records in DIR (rdmasched demo --trace DIR, a node's "
+            "dump); repeatable (default none)",
+        )
+        mp.add_argument(
+            "--live",
+            metavar="HOST:PORT",
+            action="append",
+            help="a running daemon's metrics port (Node(metrics_port=...)), polled; "
+            "repeatable (default none)",
+        )
+        mp.add_argument(
+            "--prefix",
+            help="with --trace: only the files whose name starts with this (e.g. "
+            "rdmasched-node: the demo writes central-node* too) (default all)",
+        )
+        mp.add_argument(
+            "--interval", type=_positive_float, default=0.5, help="seconds between polls/frames"
+        )
+        mp.add_argument(
+            "--at",
+            type=_fraction,
+            default=None,
+            help="with --trace: the moment shown first, as a fraction of the run in [0, 1] "
+            "(default the end for the page and --once; top replays from the start)",
+        )
+    mirror.add_argument("--port", type=_int_range(0, 65535), default=8765, help="0: any free port")
+    mirror.add_argument("--addr", default="127.0.0.1", help="the address to listen on")
+    topc.add_argument("--once", action="store_true", help="print one frame and exit")
+    topc.add_argument(
+        "--speed",
+        type=_positive_float,
+        default=0.01,
+        help="with --trace: replay speed, times real time",
     )
 
     doc = add(sub, "doctor", "RDMA devices, ports, GIDs; is Soft-RoCE usable here")
@@ -1086,6 +1136,26 @@ def cmd_trace_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mirror(args: argparse.Namespace) -> int:
+    from rdmasched.telemetry import mirror
+
+    source = mirror.open_source(args.trace or [], args.live or [], args.prefix or "", args.interval)
+    mirror.serve_forever(source, args.port, args.addr, args.at)
+    return 0
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from rdmasched.telemetry import mirror, top
+
+    source = mirror.open_source(args.trace or [], args.live or [], args.prefix or "", args.interval)
+    try:
+        return top.run(
+            source, once=args.once, at=args.at, interval_s=args.interval, speed=args.speed
+        )
+    finally:
+        source.close()
+
+
 def cmd_topology(args: argparse.Namespace) -> int:
     from rdmasched import topology
 
@@ -1197,6 +1267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bench freeze": cmd_bench_freeze,
         "topology": cmd_topology,
         "sim": cmd_sim,
+        "mirror": cmd_mirror,
+        "top": cmd_top,
     }
     try:
         if args.command == "doctor":

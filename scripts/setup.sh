@@ -18,7 +18,8 @@ cd "$(dirname "$0")/.."
 exec 1>&2  # set-up chatter, and pip's, goes to stderr
 
 APT_PACKAGES=(python3 python3-venv python3-dev gcc libc6-dev
-              libibverbs-dev rdma-core ibverbs-providers ibverbs-utils python3-pyverbs valgrind)
+              libibverbs-dev rdma-core ibverbs-providers ibverbs-utils python3-pyverbs valgrind
+              chromium)  # chromium: the mirror's headless browser test (tests/tier2/test_mirror.py)
 VENV=${RDMASCHED_VENV:-.venv}
 STAMP="$VENV/.rdmasched-setup-stamp"
 
