@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 RESULTS=${RDMASCHED_RESULTS:-results}
 mkdir -p "$RESULTS"
+# the tests keep their artifacts (the mirror's browser screenshots, ...) here too
+export RDMASCHED_RESULTS
+RDMASCHED_RESULTS=$(realpath -m "$RESULTS")
 
 echo "== lint, format, types"
 .venv/bin/ruff check rdmasched tests
