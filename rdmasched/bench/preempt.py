@@ -45,6 +45,10 @@ def _victim(cfg: dict[str, Any]) -> dict[str, Any]:
     try:
         for k in range(cfg["slots"]):
             node.dispatch(k + 1, job=1, priority=10, cost_ns=10**12)
+        assert node.loop is not None
+        # ready once the loop runs (its tuning applied: a gc.freeze of a big forked heap
+        # takes a while); the preemptor waits for it, so no PREEMPT piles up before
+        node.loop.call_later(1_000_000, lambda: done.__setitem__(2, 1))
         node.run(until=lambda: node.reactions.count >= total or bool(done[0]))
         # the loop checks `until` between batches: a few more than `total` may have come
         keep = slice(cfg["warmup"], total)
@@ -84,6 +88,10 @@ def _preemptor(cfg: dict[str, Any]) -> dict[str, Any]:
 
     def fire() -> None:
         nonlocal sent
+        assert node.loop is not None
+        if not done[2]:  # the victim's loop is not running yet
+            node.loop.call_later(interval, fire)
+            return
         if sent < total + 50 and not done[1]:  # a few spare, in case some find the slot changing
             node.preempt(1 + sent % cfg["slots"], node=1)
             sent += 1
@@ -130,8 +138,9 @@ def run_daemons(
         "slots": slots,
         "events": events,
         "cluster": f"pb{uuid.uuid4().hex[:8]}",
-        # fork: both sides share these; [0] preemptor done, [1] victim done
-        "done": mp.get_context("fork").RawArray("i", 2),
+        # fork: both sides share these; [0] preemptor done, [1] victim done, [2] victim's
+        # loop running
+        "done": mp.get_context("fork").RawArray("i", 3),
         "stopped": mp.get_context("fork").Barrier(2),
     }
     victim, preemptor = run_pair(
