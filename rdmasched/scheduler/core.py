@@ -391,6 +391,8 @@ class Scheduler:
     def dispatch(self, task: Task) -> list[Action]:
         """DISPATCH: take ``task`` here; start it, preempt for it, or queue it."""
         now = self._clock()
+        if task is None:  # (compiled, the core reads a Task's fields as C struct members)
+            self._reject(InvalidTaskError("dispatch of None, not a Task"), NO_TASK, now)
         self._admit(task, now, False)
         free = self._free
         if free:  # the common case, inlined: start at once
@@ -1150,9 +1152,11 @@ class Scheduler:
         queue, else queue it."""
         run = self._run  # the victim candidate: lowest priority, most recently started
         victim = run[0]
-        while victim[3].rentry is not victim:  # (some task runs: no slot is free)
+        vt = victim[3]
+        while vt.rentry is not victim:  # (some task runs: no slot is free)
             heappop(run)
             victim = run[0]
+            vt = victim[3]
         if task.priority > victim[0]:
             if self._heads_queue(task, now):
                 return self._preempt_for(task, victim, now)
@@ -1293,7 +1297,8 @@ class Scheduler:
         heap = self._heap
         while heap:  # the head, dropping stale entries (inlined _head)
             head = heap[0]
-            if head[4].qentry is head:
+            ht = head[4]
+            if ht.qentry is head:
                 break
             heappop(heap)
         else:
@@ -1313,12 +1318,13 @@ class Scheduler:
             heappop(heap)
             while heap:  # the runner-up
                 nxt = heap[0]
-                if nxt[4].qentry is nxt:
-                    beaten = nxt[4]
+                task = nxt[4]
+                if task.qentry is nxt:
+                    beaten = task
                     break
                 heappop(heap)
         else:
-            beaten = head[4]
+            beaten = ht
         task = pick[4]
         task.qentry = None
         nq = self._nqueued = self._nqueued - 1

@@ -33,7 +33,11 @@ class TaskState(enum.IntEnum):
     FORWARDED = 7  #: handed to a peer by ``submit()``
 
 
-@dataclass(slots=True, eq=False)
+# Compiled by Cython with task.pxd beside it (setup.py), Task is an extension type whose
+# fields are C struct members: the compiled scheduler core reads and writes them directly
+# instead of through Python attribute lookup.  Cython's dataclass has no ``slots=`` option
+# (an extension type has fixed fields anyway), so it is not passed here.
+@dataclass(eq=False)
 class Task:
     """A task: identity and scheduling inputs, plus the scheduler's bookkeeping.
 
