@@ -13,6 +13,7 @@ from rdmasched.scheduler.task cimport Task
 # the event layout's constants (core.py checks them against events.py at import)
 cdef Py_ssize_t _WORDS
 cdef unsigned int _F_TASK, _F_TASK_JOB, _F_BEATEN, _F_STEP, _F_CAUSE, _SYNC_P
+cdef tuple _NEG
 
 
 cdef class Scheduler:
@@ -60,23 +61,23 @@ cdef class Scheduler:
     cdef list _complete_other(self, task_id, key, task, now)
     cdef _admit(self, Task task, now, bint sync)
     @cython.locals(slot=Py_ssize_t)
-    cdef list _place(self, Task task, now)
+    cdef list _place(self, Task task, now, key)
     @cython.locals(run=list, victim=tuple, vt=Task)
-    cdef list _place_busy(self, Task task, now)
+    cdef list _place_busy(self, Task task, now, key)
     @cython.locals(victim=Task, slot=Py_ssize_t)
     cdef list _preempt_for(self, Task task, tuple victim_entry, now)
     @cython.locals(seq=cython.longlong, e=tuple, run=list)
     cdef _run_on(self, Task task, Py_ssize_t slot, now)
     cdef _off_slot(self, Task task, Py_ssize_t slot)
     @cython.locals(e=tuple, heap=list, nq=Py_ssize_t)
-    cdef tuple _enqueue(self, Task task, now)
+    cdef tuple _enqueue(self, Task task, now, key)
     @cython.locals(nq=Py_ssize_t)
     cdef _unqueue(self, Task task)
     cdef _compact_fifo(self)
     cdef _head(self)
     @cython.locals(e=tuple)
     cdef _oldest_starved(self, now)
-    cdef bint _heads_queue(self, Task task, now)
+    cdef bint _heads_queue(self, Task task, now, key)
     @cython.locals(heap=list, head=tuple, pick=tuple, nxt=tuple, nq=Py_ssize_t, reason=cython.uint,
                    task=Task, beaten=Task, ht=Task)
     cdef _fill(self, Py_ssize_t slot, now, list out)
