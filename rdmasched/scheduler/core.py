@@ -22,8 +22,10 @@ compiled module has the same behaviour and takes precedence on import when it is
 Hot-path notes: the queue is a heap of tuples ``(rank, -priority, enqueued_ns, key, task)``
 with lazy deletion (an entry is live iff ``task.qentry is entry``); the starvation check
 reads the head of a FIFO of the same entries; running tasks sit in a second heap keyed
-``(priority, -start_seq, slot, task)`` for the victim choice.  Events are raw tuples in a
-``deque(maxlen=events)``.  Stale entries are compacted away when they outnumber the live.
+``(priority, -start_seq, slot, task)`` for the victim choice.  Events are ``WORDS`` u64
+words each in a preallocated ring (events.py has the layout).  Stale entries are compacted
+away when they outnumber the live.  Compiled, ``Task`` is an extension type too (task.pxd):
+the core reads and writes its fields as C struct members.
 """
 
 from __future__ import annotations
