@@ -31,6 +31,7 @@ the core reads and writes its fields as C struct members.
 from __future__ import annotations
 
 import random
+import sys
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -94,6 +95,13 @@ from rdmasched.scheduler.task import (
 
 #: "compiled" when this module was built by Cython, else "python"
 IMPLEMENTATION = "python" if __file__.endswith(".py") else "compiled"
+if IMPLEMENTATION == "compiled" and str(sys.modules[Task.__module__].__file__).endswith(".py"):
+    # the compiled core reads Task fields at the extension type's offsets: a plain Task
+    # would be read wrong
+    raise ImportError(
+        "rdmasched/scheduler/core is compiled but task.py is not: build both "
+        "(python setup.py build_ext --inplace) or delete the core's compiled module"
+    )
 
 QEntry = tuple[int, int, int, int, Task]
 REntry = tuple[int, int, int, Task]

@@ -295,7 +295,7 @@ def test_compiled_core_is_not_older_than_its_source() -> None:
     for src in ("core.py", "core.pxd", "task.pxd"):
         assert os.path.getmtime(os.path.join(here, src)) <= built, (
             f"{src} changed after {os.path.basename(core.__file__)} was built: "
-            "rebuild it (cythonize -i rdmasched/scheduler/core.py) or delete it"
+            "rebuild it (python setup.py build_ext --inplace) or delete it"
         )
 
 
