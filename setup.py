@@ -1,6 +1,6 @@
 """Build the Cython hot path (sources in cython/) into private modules rdmasched._*, and
 compile the scheduler's policy (rdmasched/scheduler/core.py, plain Python with an augmenting
-core.pxd beside it) so it runs at a million decisions a second; without the build the same
+core.pxd beside it, and its Task, task.py with task.pxd) so it runs at a million decisions a second; without the build the same
 file runs as Python.
 
 Cython warnings are errors, and so are the C compiler's. The verbs module is built only where
@@ -40,7 +40,11 @@ def have_valgrind():
     return os.path.exists("/usr/include/valgrind/callgrind.h")
 
 
+# the scheduler's Task (task.py + task.pxd) is compiled too: the core reads its fields as C
+# struct members instead of through Python attribute lookup
 extensions = [ext("_wire"), ext("_ring"), ext("_shm"), ext("_bench"),
+              Extension("rdmasched.scheduler.task", ["rdmasched/scheduler/task.py"],
+                        extra_compile_args=CFLAGS),
               Extension("rdmasched.scheduler.core", ["rdmasched/scheduler/core.py"],
                         extra_compile_args=CFLAGS)]
 if os.path.exists("cython/rdmasched/_verbs.pyx"):

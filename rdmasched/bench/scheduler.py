@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Any
 
-from rdmasched.scheduler import Preempt, Start, Task, core
+from rdmasched.scheduler import Preempt, Start, core, task
 
 CHUNK = 4096
 
@@ -45,16 +45,35 @@ def scheduler_class(impl: str) -> Any:
         return core.Scheduler
     if impl != "python":
         raise ValueError(f"impl must be auto, compiled or python, not {impl!r}")
-    if core.IMPLEMENTATION == "python":
+    if core.IMPLEMENTATION == "python" and task.__file__.endswith(".py"):
         return core.Scheduler
     assert core.__file__ is not None
-    src = core.__file__.rsplit("/", 1)[0] + "/core.py"
-    spec = importlib.util.spec_from_file_location("rdmasched_scheduler_core_pure", src)
+    here = core.__file__.rsplit("/", 1)[0]
+    # the plain core runs on the plain Task (task.py is compiled too): the baseline is the
+    # whole source as Python, not Python calling into compiled Tasks
+    plain_task = _load_plain(f"{here}/task.py", "rdmasched_scheduler_task_pure")
+    compiled_task = sys.modules[task.__name__]
+    sys.modules[task.__name__] = plain_task  # what core.py's imports of it find
+    try:
+        mod = _load_plain(f"{here}/core.py", "rdmasched_scheduler_core_pure")
+    finally:
+        sys.modules[task.__name__] = compiled_task
+    return mod.Scheduler
+
+
+def _load_plain(src: str, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, src)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
-    return mod.Scheduler
+    return mod
+
+
+def task_class(sched_cls: Any) -> Any:
+    """The Task class the core of ``sched_cls`` (see ``scheduler_class``) was built with."""
+    # (the compiled core cimports Task: the name is not in its module's dict)
+    return getattr(sys.modules[sched_cls.__module__], "Task", task.Task)
 
 
 def run(
@@ -73,6 +92,7 @@ def run(
     ``events``: the decision event ring's size; 0 turns the telemetry off.
     """
     cls = scheduler_class(impl)
+    Task = task_class(cls)  # the class of the core being driven
     implementation = "python" if cls.__module__ != core.__name__ else core.IMPLEMENTATION
     depth = 2 * nslots if queue_depth is None else queue_depth
     rng = random.Random(seed)
@@ -93,7 +113,7 @@ def run(
     pool = [
         Task(id=0, job=i % 16, priority=100, cost_ns=1_000_000) for i in range(nslots + depth + 64)
     ]
-    occupant: list[Task | None] = [None] * nslots
+    occupant: list[Any] = [None] * nslots  # the Task on each slot, or None
     target = nslots + depth
 
     dispatch, complete, yielded, sync_ready = (
@@ -129,7 +149,7 @@ def run(
                     inflight += 1
                 else:
                     slot = picks[i & mask]
-                    t = occupant[slot]  # type: ignore[assignment]
+                    t = occupant[slot]
                     if t.group is not None:  # a sync task: it completes too, not counted
                         occupant[slot] = None
                     acts = complete(t.id)

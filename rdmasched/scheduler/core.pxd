@@ -8,9 +8,12 @@
 
 cimport cython
 
+from rdmasched.scheduler.task cimport Task
+
 # the event layout's constants (core.py checks them against events.py at import)
 cdef Py_ssize_t _WORDS
 cdef unsigned int _F_TASK, _F_TASK_JOB, _F_BEATEN, _F_STEP, _F_CAUSE, _SYNC_P
+cdef tuple _NEG
 
 
 cdef class Scheduler:
@@ -51,38 +54,42 @@ cdef class Scheduler:
 
     @cython.locals(free=list, slot=Py_ssize_t)
     cpdef list dispatch(self, task)
-    @cython.locals(slot=Py_ssize_t, out=list)
+    @cython.locals(slot=Py_ssize_t, out=list, task=Task)
     cpdef list complete(self, task_id, origin=*)
+    @cython.locals(slot=Py_ssize_t, out=list, task=Task)
     cpdef list yielded(self, task_id, progress_ns, origin=*)
     cdef list _complete_other(self, task_id, key, task, now)
-    cdef _admit(self, task, now, bint sync)
-    cdef list _place(self, task, now)
-    @cython.locals(run=list, victim=tuple)
-    cdef list _place_busy(self, task, now)
-    cdef list _preempt_for(self, task, tuple victim_entry, now)
+    cdef _admit(self, Task task, now, bint sync)
+    @cython.locals(slot=Py_ssize_t)
+    cdef list _place(self, Task task, now, key)
+    @cython.locals(run=list, victim=tuple, vt=Task)
+    cdef list _place_busy(self, Task task, now, key)
+    @cython.locals(victim=Task, slot=Py_ssize_t)
+    cdef list _preempt_for(self, Task task, tuple victim_entry, now)
     @cython.locals(seq=cython.longlong, e=tuple, run=list)
-    cdef _run_on(self, task, Py_ssize_t slot, now)
-    cdef _off_slot(self, task, Py_ssize_t slot)
+    cdef _run_on(self, Task task, Py_ssize_t slot, now)
+    cdef _off_slot(self, Task task, Py_ssize_t slot)
     @cython.locals(e=tuple, heap=list, nq=Py_ssize_t)
-    cdef tuple _enqueue(self, task, now)
+    cdef tuple _enqueue(self, Task task, now, key)
     @cython.locals(nq=Py_ssize_t)
-    cdef _unqueue(self, task)
+    cdef _unqueue(self, Task task)
     cdef _compact_fifo(self)
     cdef _head(self)
     @cython.locals(e=tuple)
     cdef _oldest_starved(self, now)
-    cdef bint _heads_queue(self, task, now)
-    @cython.locals(heap=list, head=tuple, pick=tuple, nxt=tuple, nq=Py_ssize_t, reason=cython.uint)
+    cdef bint _heads_queue(self, Task task, now, key)
+    @cython.locals(heap=list, head=tuple, pick=tuple, nxt=tuple, nq=Py_ssize_t, reason=cython.uint,
+                   task=Task, beaten=Task, ht=Task)
     cdef _fill(self, Py_ssize_t slot, now, list out)
     cpdef cause(self, int kind, src, seq, sent_ns)
     @cython.locals(b=Py_ssize_t, n=cython.longlong, cap=Py_ssize_t, p=cython.uint, flags=cython.uint,
                    bo=cython.ulonglong, depth=cython.ulonglong, m=cython.ulonglong,
                    since=cython.ulonglong, tel=tuple, bt=tuple)
-    cdef _rec(self, unsigned long long now, unsigned int decision, unsigned int rule, task,
-              Py_ssize_t slot, beaten, unsigned long long nbeaten, bint queued)
-    cdef tuple _tel(self, task)
+    cdef _rec(self, unsigned long long now, unsigned int decision, unsigned int rule, Task task,
+              Py_ssize_t slot, Task beaten, unsigned long long nbeaten, bint queued)
+    cdef tuple _tel(self, Task task)
     @cython.locals(b=Py_ssize_t, n=cython.longlong, cap=Py_ssize_t, flags=cython.uint)
-    cdef _note(self, now, unsigned int decision, unsigned int rule, task, task_id, text,
+    cdef _note(self, now, unsigned int decision, unsigned int rule, Task task, task_id, text,
                Py_ssize_t slot=*)
     @cython.locals(b=Py_ssize_t, cap=Py_ssize_t)
     cdef _peer_note(self, peer, lost, peer_load, lost_load, mine)

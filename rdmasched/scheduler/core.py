@@ -19,16 +19,19 @@ the attribute and internal-method types; the directives are on the first line). 
 compiled module has the same behaviour and takes precedence on import when it is built;
 ``IMPLEMENTATION`` says which one is loaded.
 
-Hot-path notes: the queue is a heap of tuples ``(key, -priority, enqueued_ns, id, task)``
+Hot-path notes: the queue is a heap of tuples ``(rank, -priority, enqueued_ns, key, task)``
 with lazy deletion (an entry is live iff ``task.qentry is entry``); the starvation check
 reads the head of a FIFO of the same entries; running tasks sit in a second heap keyed
-``(priority, -start_seq, slot, task)`` for the victim choice.  Events are raw tuples in a
-``deque(maxlen=events)``.  Stale entries are compacted away when they outnumber the live.
+``(priority, -start_seq, slot, task)`` for the victim choice.  Events are ``WORDS`` u64
+words each in a preallocated ring (events.py has the layout).  Stale entries are compacted
+away when they outnumber the live.  Compiled, ``Task`` is an extension type too (task.pxd):
+the core reads and writes its fields as C struct members.
 """
 
 from __future__ import annotations
 
 import random
+import sys
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -92,6 +95,13 @@ from rdmasched.scheduler.task import (
 
 #: "compiled" when this module was built by Cython, else "python"
 IMPLEMENTATION = "python" if __file__.endswith(".py") else "compiled"
+if IMPLEMENTATION == "compiled" and str(sys.modules[Task.__module__].__file__).endswith(".py"):
+    # the compiled core reads Task fields at the extension type's offsets: a plain Task
+    # would be read wrong
+    raise ImportError(
+        "rdmasched/scheduler/core is compiled but task.py is not: build both "
+        "(python setup.py build_ext --inplace) or delete the core's compiled module"
+    )
 
 QEntry = tuple[int, int, int, int, Task]
 REntry = tuple[int, int, int, Task]
@@ -108,6 +118,9 @@ _STRICT_LEVEL = 1 << 64
 
 # builds the NamedTuple actions without a Python-level __new__ call
 _new = tuple.__new__
+# -priority for the queue entries, made once (a negative int above -5 is a new object each
+# time it is computed)
+_NEG = tuple(-p for p in range(SYNC_PRIORITY + 1))
 
 _QUEUED = TaskState.QUEUED
 _DONE = TaskState.DONE
@@ -391,14 +404,16 @@ class Scheduler:
     def dispatch(self, task: Task) -> list[Action]:
         """DISPATCH: take ``task`` here; start it, preempt for it, or queue it."""
         now = self._clock()
-        self._admit(task, now, False)
+        if task is None:  # (compiled, the core reads a Task's fields as C struct members)
+            self._reject(InvalidTaskError("dispatch of None, not a Task"), NO_TASK, now)
+        key = self._admit(task, now, False)
         free = self._free
         if free:  # the common case, inlined: start at once
             slot = free.pop()
             self._run_on(task, slot, now)
             self._rec(now, D_START, R_FREE, task, slot, None, 0, 0)
             return [_new(Start, (task, slot))]
-        return self._place_busy(task, now)
+        return self._place_busy(task, now, key)
 
     def complete(self, task_id: int, origin: int | None = None) -> list[Action]:
         """COMPLETE: ``task_id`` (of node ``origin``, default this node) finished; its slot
@@ -475,7 +490,7 @@ class Scheduler:
             self._rec(now, D_START, R_FREE, task, slot, None, 0, 0)
             out.append(_new(Start, (task, slot)))
             return out
-        self._enqueue(task, now)
+        self._enqueue(task, now, key)
         self._n_requeues += 1
         self._rec(now, D_REQUEUE, R_YIELDED, task, -1, None, 0, 0)
         return out
@@ -638,12 +653,12 @@ class Scheduler:
         task.group = group
         task.step = step
         # may raise (a duplicate id): then nothing is released
-        self._admit(task, now, True)
+        key = self._admit(task, now, True)
         g.pending = {s: m for s, m in g.pending.items() if s > step}
         g.released = step
         self._n_sync_releases += 1
         self._rec(now, D_RELEASE, int(Rule.GROUP_COMPLETE), task, -1, None, 0, 0)
-        return self._place(task, now)
+        return self._place(task, now, key)
 
     def pending_sync(self, group: int) -> dict[int, frozenset[int]]:
         """Step -> members that have reported it, for steps not yet released."""
@@ -1135,31 +1150,34 @@ class Scheduler:
             self._tel(task)
         return key
 
-    def _place(self, task: Task, now: int) -> list[Action]:
-        """Start ``task`` (just admitted), preempt for it, or queue it."""
+    def _place(self, task: Task, now: int, key: int) -> list[Action]:
+        """Start ``task`` (just admitted; ``key`` is its identity), preempt for it, or
+        queue it."""
         free = self._free
         if free:
             slot = free.pop()
             self._run_on(task, slot, now)
             self._rec(now, D_START, R_FREE, task, slot, None, 0, 0)
             return [_new(Start, (task, slot))]
-        return self._place_busy(task, now)
+        return self._place_busy(task, now, key)
 
-    def _place_busy(self, task: Task, now: int) -> list[Action]:
+    def _place_busy(self, task: Task, now: int, key: int) -> list[Action]:
         """No free slot: preempt for ``task`` if it outranks the victim and heads the
         queue, else queue it."""
         run = self._run  # the victim candidate: lowest priority, most recently started
         victim = run[0]
-        while victim[3].rentry is not victim:  # (some task runs: no slot is free)
+        vt = victim[3]
+        while vt.rentry is not victim:  # (some task runs: no slot is free)
             heappop(run)
             victim = run[0]
+            vt = victim[3]
         if task.priority > victim[0]:
-            if self._heads_queue(task, now):
+            if self._heads_queue(task, now, key):
                 return self._preempt_for(task, victim, now)
             reason = R_BEHIND
         else:
             reason = R_NO_SLOT
-        self._enqueue(task, now)
+        self._enqueue(task, now, key)
         self._n_queued += 1
         self._rec(now, D_QUEUE, reason, task, -1, None, 0, 0)
         return []
@@ -1207,13 +1225,14 @@ class Scheduler:
             e = run[0]
         return e
 
-    def _enqueue(self, task: Task, now: int) -> QEntry:
-        """Put ``task`` in the queue (keeps ``task.enqueued_ns``; the wait starts now).
+    def _enqueue(self, task: Task, now: int, key: int) -> QEntry:
+        """Put ``task`` (identity ``key``) in the queue (keeps ``task.enqueued_ns``; the
+        wait starts now).
 
-        Returns its queue entry ``(key, -priority, enqueued_ns, id, task)``."""
+        Returns its queue entry ``(rank, -priority, enqueued_ns, key, task)``."""
         p = task.priority
         enq = task.enqueued_ns
-        e = (self._offset[p] + enq, -p, enq, (task.origin << 64) | task.id, task)
+        e = (self._offset[p] + enq, _NEG[p], enq, key, task)
         task.qentry = e
         task.state = _QUEUED
         task.waiting_since_ns = now
@@ -1277,8 +1296,8 @@ class Scheduler:
         self._starve_at = _NEVER
         return None
 
-    def _heads_queue(self, task: Task, now: int) -> bool:
-        """Would ``task`` (not queued) be the head of the queue?"""
+    def _heads_queue(self, task: Task, now: int, key: int) -> bool:
+        """Would ``task`` (not queued; identity ``key``) be the head of the queue?"""
         head = self._head()
         if head is None:
             return True
@@ -1286,14 +1305,15 @@ class Scheduler:
         if p != SYNC_PRIORITY and self._oldest_starved(now) is not None:
             return False
         enq = task.enqueued_ns
-        return (self._offset[p] + enq, -p, enq, (task.origin << 64) | task.id) < head[:4]
+        return (self._offset[p] + enq, _NEG[p], enq, key) < head[:4]
 
     def _fill(self, slot: int, now: int, out: list[Action]) -> None:
         """Give the free ``slot`` to the head of the queue, or mark it free."""
         heap = self._heap
         while heap:  # the head, dropping stale entries (inlined _head)
             head = heap[0]
-            if head[4].qentry is head:
+            ht = head[4]
+            if ht.qentry is head:
                 break
             heappop(heap)
         else:
@@ -1313,12 +1333,13 @@ class Scheduler:
             heappop(heap)
             while heap:  # the runner-up
                 nxt = heap[0]
-                if nxt[4].qentry is nxt:
-                    beaten = nxt[4]
+                task = nxt[4]
+                if task.qentry is nxt:
+                    beaten = task
                     break
                 heappop(heap)
         else:
-            beaten = head[4]
+            beaten = ht
         task = pick[4]
         task.qentry = None
         nq = self._nqueued = self._nqueued - 1

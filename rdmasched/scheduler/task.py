@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 #: priorities are 0..255, higher is more urgent; 255 is reserved for group sync tasks
@@ -33,7 +33,12 @@ class TaskState(enum.IntEnum):
     FORWARDED = 7  #: handed to a peer by ``submit()``
 
 
-@dataclass(slots=True, eq=False)
+# Compiled by Cython with task.pxd beside it (setup.py), Task is an extension type whose
+# fields are C struct members: the compiled scheduler core reads and writes them directly
+# instead of through Python attribute lookup.  Cython's dataclass has no ``slots=`` option
+# (an extension type has fixed fields anyway); run as plain Python, ``_slotted`` below
+# gives the class the slots that ``slots=True`` would.
+@dataclass(eq=False)
 class Task:
     """A task: identity and scheduling inputs, plus the scheduler's bookkeeping.
 
@@ -81,3 +86,20 @@ class Task:
     def remaining_ns(self) -> int:
         """Estimated work left: cost less progress, never below zero."""
         return max(0, self.cost_ns - self.progress_ns)
+
+
+def _slotted(cls: type) -> type:
+    """``cls``, a dataclass, made again as ``@dataclass(slots=True, eq=False)`` would have
+    made it (Cython rejects ``slots=``, see above): from its own fields, so that the two
+    cannot disagree."""
+    fs = {f.name: f for f in fields(cls)}
+    made = ("__init__", "__repr__", "__dataclass_fields__", "__dataclass_params__")
+    skip = {*fs, *made, "__match_args__", "__dict__", "__weakref__"}
+    ns: dict[str, object] = {k: v for k, v in cls.__dict__.items() if k not in skip}
+    ns.update(fs)
+    ns["__qualname__"] = cls.__qualname__
+    return dataclass(slots=True, eq=False)(type(cls.__name__, cls.__bases__, ns))
+
+
+if __file__.endswith(".py"):  # plain Python; compiled, Task is an extension type already
+    globals()["Task"] = _slotted(Task)

@@ -76,3 +76,15 @@ def test_an_old_low_priority_task_under_heavy_traffic(cls: Any) -> None:
     s.dispatch(T(nid, 254))
     a = s.complete(running)
     assert a[0].task.id == 2  # the cap, after all that traffic
+
+
+def test_dispatch_of_none_is_a_clear_rejection_in_both_builds(cls: Any) -> None:
+    """The compiled core reads a Task's fields as C struct members: None must be refused
+    before (it would otherwise read a None as a Task), the same way in both builds."""
+    from rdmasched.scheduler import InvalidTaskError
+
+    s = cls(1, clock=FakeClock(0), starvation_us=1000)
+    with pytest.raises(InvalidTaskError, match="not a Task"):
+        s.dispatch(None)
+    assert s.stats().rejected == {"invalid task": 1}
+    assert s.dispatch(T(1, 5))[0].slot == 0  # nothing was lost

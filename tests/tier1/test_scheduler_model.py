@@ -292,8 +292,22 @@ def test_compiled_core_is_not_older_than_its_source() -> None:
     assert core.__file__ is not None
     here = os.path.dirname(core.__file__)
     built = os.path.getmtime(core.__file__)
-    for src in ("core.py", "core.pxd"):
+    for src in ("core.py", "core.pxd", "task.pxd"):
         assert os.path.getmtime(os.path.join(here, src)) <= built, (
             f"{src} changed after {os.path.basename(core.__file__)} was built: "
-            "rebuild it (cythonize -i rdmasched/scheduler/core.py) or delete it"
+            "rebuild it (python setup.py build_ext --inplace) or delete it"
         )
+
+
+@pytest.mark.skipif(core.IMPLEMENTATION != "compiled", reason="compiled core not built")
+def test_the_compiled_core_runs_on_the_compiled_task() -> None:
+    """setup.py builds task.py with the core: the core's typed fast path needs it (a core
+    built against the extension-type Task refuses a plain one), and a stale task build
+    would shadow task.py."""
+    from rdmasched.scheduler import task
+
+    assert task.__file__ is not None and not task.__file__.endswith(".py")
+    built = os.path.getmtime(task.__file__)
+    here = os.path.dirname(task.__file__)
+    for src in ("task.py", "task.pxd"):
+        assert os.path.getmtime(os.path.join(here, src)) <= built, f"rebuild: {src} is newer"

@@ -1,0 +1,13 @@
+# Cython declarations for task.py ("augmenting .pxd", pure-Python mode).
+#
+# Built by setup.py, Task becomes an extension type: its fields are C struct members, so the
+# compiled scheduler core (core.pxd cimports this) reads and writes them without Python
+# attribute lookup.  Every field stays a Python object (ids are u64, keys 128-bit; the core
+# checks ranges and raises the project's errors), so behaviour is the same as task.py run as
+# plain Python.  Keep it in step with task.py: every dataclass field is declared here.
+
+cdef class Task:
+    cdef public object id, job, priority, cost_ns, progress_ns, payload, origin, hops
+    cdef public object group, step
+    cdef public object state, slot, enqueued_ns, waiting_since_ns, started_ns
+    cdef public object qentry, rentry, tel
