@@ -6,8 +6,8 @@ changed skips pip and the ~1.5-minute Cython build.
 
 The inputs: scripts/setup.sh itself (its Debian package list and pip steps), setup.py,
 pyproject.toml (dependencies, build requirements), every file under cython/ (the hot path's
-.pyx/.pxd/.h), the scheduler source Cython compiles (rdmasched/scheduler/core.py and
-core.pxd), and the Python that runs this (the venv's interpreter and its version). Any change
+.pyx/.pxd/.h), the scheduler source Cython compiles (rdmasched/scheduler/core.py,
+core.pxd, task.py and task.pxd), and the Python that runs this (the venv's interpreter and its version). Any change
 to one of them, or a missing stamp, means a full set-up. Standard library only: it runs
 before anything is installed.
 """
@@ -25,6 +25,8 @@ FILES = (
     "pyproject.toml",
     "rdmasched/scheduler/core.py",
     "rdmasched/scheduler/core.pxd",
+    "rdmasched/scheduler/task.py",
+    "rdmasched/scheduler/task.pxd",
 )
 TREES = ("cython",)
 #: build outputs and caches under the trees, never inputs
@@ -40,7 +42,9 @@ def inputs(root: Path = ROOT) -> list[Path]:
             found += sorted(
                 p
                 for p in base.rglob("*")
-                if p.is_file() and not p.name.endswith(SKIP_SUFFIXES) and "__pycache__" not in p.parts
+                if p.is_file()
+                and not p.name.endswith(SKIP_SUFFIXES)
+                and "__pycache__" not in p.parts
             )
     return found
 
