@@ -242,6 +242,7 @@ class Run:
             self.trainers.append(node.trainer)
             self.nodes.append(node)
             self.cores.append(core)
+        self.net.lanes = {node.me: node.core.links for node in self.nodes}
         members = {g: self.members_of(g) for g in self.groups}
         for node in self.nodes:
             node.do(node.core.open(0))
@@ -396,6 +397,9 @@ class Run:
             "msgs": self.net.sent,
             "msgs_by_kind": self.net.counts(),
             "msgs_per_node_per_step": self.net.sent / n / steps_for_msgs,
+            "lane_writes": self.net.writes,
+            "relays_by_kind": self.net.relay_counts(),
+            "lane_writes_per_node_per_step": self.net.writes / n / steps_for_msgs,
             "decisions_per_node_per_s": decisions / n / (span_ns / 1e9) if span_ns else 0.0,
             "preemptions": sum(f["preemptions"] for f in figs),
             "rejected": rejected,
@@ -461,17 +465,17 @@ def _time_coordinator(nodes: int, steps: int, slots: int) -> int:
                 seq += 1
                 ids.append(seq)
                 d = Dispatch(seq, 1, 100, 4 * MS, 0, node)
-                msgs.append((coded(node, 0, d)[0], node))
+                msgs.append((coded(node, 0, d, me)[0], node))
             for tid in ids:
-                msgs.append((coded(node, 0, Complete(tid, 1, 4 * MS, 0))[0], node))
+                msgs.append((coded(node, 0, Complete(tid, 1, 4 * MS, 0), me)[0], node))
             calls += 2 * slots
         for node in range(nodes):
             ready = SyncReady(GROUP, step, node, sent_ns=0, job=GROUP)
-            msgs.append((coded(node, 0, ready)[0], node))
+            msgs.append((coded(node, 0, ready, me)[0], node))
             calls += nodes
         for node in range(nodes):
             sid = (1 << 63) | (GROUP << 32) | step
-            msgs.append((coded(node, 0, Complete(sid, GROUP, MS, 0))[0], node))
+            msgs.append((coded(node, 0, Complete(sid, GROUP, MS, 0), me)[0], node))
             calls += 1
     net.endpoints.clear()  # the orders it sends go nowhere
     on = coord.on_message
