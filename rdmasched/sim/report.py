@@ -21,6 +21,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("sync_release_p50_us", "rel p50 us", "{:.1f}"),
     ("sync_release_p99_us", "rel p99 us", "{:.1f}"),
     ("msgs_per_node_per_step", "msgs/node/step", "{:.1f}"),
+    ("lane_writes_per_node_per_step", "writes/node/step", "{:.1f}"),
     ("lanes_per_node", "lanes/node", "{}"),
     ("ring_bytes_per_node", "ring KiB/node", "{}"),
     ("decisions_per_node_per_s", "dec/node/s", "{:.0f}"),
