@@ -211,6 +211,16 @@ def test_write_without_a_lane_is_refused() -> None:
         run.net.send(0, far, SyncReady(GROUP, 0, 0, sent_ns=0, job=GROUP), 0, 0)
 
 
+def test_full_mesh_is_the_flat_protocol() -> None:
+    """`full_mesh`: the cores get no topology, as the demo's nodes without --leaf (what
+    --calibrate compares with): every member tells every member, N (N - 1) SYNC_READYs per
+    step, and every node holds a lane to every other."""
+    r = simulate(cfg(16, full_mesh=True, heartbeat_ms=10_000, dead_after_ms=20_000))
+    assert r["finished"] and r["steps"] == 3
+    assert r["msgs_by_kind"]["SYNC_READY"] == 16 * 15 * 3
+    assert r["lanes_per_node"] == 15 and not r["relays_by_kind"]
+
+
 def test_thousand_nodes() -> None:
     """1,000 nodes running 31 jobs of 32 nodes and one of 8, each its own sync tree: every
     job's SYNC_READYs are 2 (M - 1) per step, so the cluster's grow linearly with N."""
