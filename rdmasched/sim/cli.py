@@ -108,6 +108,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--links", choices=sorted(PRESETS), default="ib", help="link model")
     p.add_argument("--cpu-ns", type=int, help="per-message CPU cost, ns (default the model's)")
     p.add_argument("--leaf", type=_pos_int, default=32, help="nodes per leaf switch")
+    p.add_argument(
+        "--full-mesh",
+        action="store_true",
+        help="no topology in the cores: a lane between every two nodes, flat sync and "
+        "liveness (as `rdmasched demo` without --leaf; --calibrate always does)",
+    )
     p.add_argument("--pod", type=_pos_int, default=1024, help="nodes per pod")
     p.add_argument("--seed", type=int, default=1, help="seed of every random choice")
     p.add_argument("--sigma", type=_nonneg, default=0.0, help="per-node lognormal slowdown")
@@ -204,6 +210,7 @@ def base_config(args: argparse.Namespace) -> SimConfig:
         wall_limit_s=args.wall_limit_s,
         job_nodes=args.job_nodes,
         trace=trace,
+        full_mesh=args.full_mesh,
     )
     if args.k8s_pods_per_s <= 0:
         raise ArgumentError("--k8s-pods-per-s must be > 0")

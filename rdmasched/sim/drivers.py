@@ -24,6 +24,7 @@ from rdmasched.daemon.core import (
     MarkDead,
     NodeCore,
     PreemptTask,
+    Relay,
     Revive,
     RunSync,
     Send,
@@ -56,8 +57,12 @@ def make_core(
     topology: Topology | None,
     starvation_us: int = 1_000_000,
     aging_us: int | None = 100_000,
+    events: int = 0,
 ) -> NodeCore:
-    """The one place the simulator builds a node core (its constructor may grow)."""
+    """The one place the simulator builds a node core (its constructor may grow).
+    `events`: the scheduler's decision-event ring (telemetry, docs/TELEMETRY.md); the
+    simulator reads none, and the default ring of 4,096 costs about 0.5 MB per core
+    (5 GB at 10,000 nodes), so it is off unless asked for."""
     return NodeCore(
         me,
         nodes,
@@ -70,6 +75,7 @@ def make_core(
         aging_us=aging_us,
         sync_cost_ns=sync_cost_ns,
         topology=topology,
+        events=events,
     )
 
 
@@ -217,8 +223,9 @@ class CoreNode:
         self.do(self.core.complete(task.id, None, runtime_ns, self.engine.now))
 
     # ---- inputs --------------------------------------------------------------------------
-    def on_message(self, m: _wire.Message, src: int) -> None:
-        self.do(self.core.receive(m, src, self.engine.now))
+    def on_message(self, m: _wire.Message, writer: int) -> None:
+        """`m` came in on the lane from `writer` (its last hop; `m.src` made it)."""
+        self.do(self.core.receive(m, writer, self.engine.now))
 
     def tick(self) -> None:
         if self.ep.alive:
@@ -240,8 +247,8 @@ class CoreNode:
                 now = engine.now
                 busy = self.ep.busy_until
                 leave = busy if busy > now else now
-                # the same message to several peers in a row (a SYNC_READY to every
-                # member): one batch
+                # the same message to several nodes in a row (a SYNC_READY down the sync
+                # tree): one batch. `peer` is the next hop (a link), `dst` the destination.
                 j = i
                 fx: list[Any] = effects
                 while j < len(fx) and type(fx[j]) is Send and fx[j].message is msg:
@@ -249,13 +256,22 @@ class CoreNode:
                 dead = self.dead
                 if j == i:
                     if e.peer not in dead or type(msg) is Heartbeat:
-                        self.net.send(self.me, e.peer, msg, self.load, leave)
+                        self.net.send(self.me, e.peer, msg, self.load, leave, e.dst)
                     continue
-                peers = [x.peer for x in fx[i - 1 : j]]
+                hops = [(x.peer, x.dst) for x in fx[i - 1 : j]]
                 i = j
                 if dead and type(msg) is not Heartbeat:
-                    peers = [p for p in peers if p not in dead]
-                self.net.send_many(self.me, peers, msg, self.load, leave)
+                    hops = [h for h in hops if h[0] not in dead]
+                self.net.send_many(self.me, hops, msg, self.load, leave)
+            elif t is Relay:
+                # a received message for another node, on to the next hop (not to a peer
+                # declared dead: the threaded Node's loop drops it, heartbeats too)
+                if e.peer not in self.dead:
+                    now = engine.now
+                    busy = self.ep.busy_until
+                    self.net.relay(
+                        self.me, e.peer, e.message, self.load, busy if busy > now else now
+                    )
             elif t is StartTask:
                 ledger.decisions += 1
                 trainer.on_start(e.task, e.slot)

@@ -17,6 +17,7 @@ from heapq import heappop, heappush
 from typing import Any
 
 from rdmasched import _wire
+from rdmasched.errors import LaneError
 from rdmasched.messages import ControlMessage, Outgoing
 from rdmasched.sim.links import LinkModel
 from rdmasched.topology import Topology
@@ -102,10 +103,11 @@ class Endpoint:
         #: CPU time of one message, if it depends on the message (the central coordinator)
         self.cost = cost
 
-    def arrive(self, m: _wire.Message, src: int) -> None:
+    def arrive(self, m: _wire.Message, writer: int) -> None:
+        """`m` came in on the lane from `writer` (its last hop; its maker is `m.src`)."""
         if not self.alive:
             return
-        self.inbox.append((m, src))
+        self.inbox.append((m, writer))
         if not self.waking:
             self.waking = True
             now = self.engine.now
@@ -130,11 +132,11 @@ class Endpoint:
         inbox = self.inbox
         cost_of = self.cost
         while True:
-            m, src = inbox.popleft()
+            m, writer = inbox.popleft()
             now = engine.now
             self.busy_until = now + (self.cpu_ns if cost_of is None else cost_of(m))
             self.handled += 1
-            self.handler(m, src)
+            self.handler(m, writer)
             if not inbox:
                 self.waking = False
                 return
@@ -147,9 +149,16 @@ class Endpoint:
 
 
 class Network:
-    """Carries messages between endpoints: encoded by the real codec, delayed by the link
-    model, decoded at the receiver's lane. One encoding per message object and sender (a
-    SYNC_READY sent to every member is one object), as a sender's batch would be."""
+    """Carries lane writes between endpoints: encoded by the real codec, delayed by the link
+    model of the lane (the level of writer and next hop), decoded at the receiver's lane.
+
+    A message a node makes (`send`, `send_many`) carries its maker as `src` and its final
+    destination as `dst` (docs/PROTOCOL.md sections 2 and 10); it is written to the next
+    hop, which is `dst` itself when the two hold a lane. A node on the route writes it on
+    (`relay`) unchanged but for `relays` + 1 and its own load hint, and so on until it
+    reaches `dst`: every hop costs its lane's latency and bandwidth and the receiving
+    node's CPU time. One encoding per message object, maker, destination and load (a
+    sender's batch is encoded once per destination)."""
 
     def __init__(self, engine: Engine, model: LinkModel, topo: Topology | None) -> None:
         self.engine = engine
@@ -158,23 +167,38 @@ class Network:
         self.endpoints: dict[int, Endpoint] = {}
         #: nodes outside the topology (the central coordinator) -> the node they sit beside
         self.beside: dict[int, int] = {}
+        #: node -> the nodes it holds lanes to (its topology links); a write from it to any
+        #: other is a LaneError, as in the real loop. None: every pair has a lane (the
+        #: central baseline: the coordinator and each node)
+        self.lanes: dict[int, frozenset[int]] | None = None
+        #: messages made (a Send: one per message and destination, however many hops)
         self.sent = 0
-        self.sent_by_kind: dict[str, int] = {}
+        #: lane writes: every message made, plus once more per relay on its way
+        self.writes = 0
+        #: lane writes that were relays (a received message written on to the next hop)
+        self.relayed = 0
+        #: bytes written on lanes (every write, relays too)
         self.bytes = 0
-        self._cache: tuple[int, int, Any, _wire.Message, int] | None = None
+        self._cache: tuple[int, int, int, Any, _wire.Message, int] | None = None
         self._lat = [lv.latency_ns for lv in model.levels]
         self._bw = [lv.bandwidth for lv in model.levels]
         self._kinds = {k: 0 for k in KIND_NAMES}
+        self._relay_kinds = {k: 0 for k in KIND_NAMES}
 
     def counts(self) -> dict[str, int]:
+        """Messages made, by kind (relays are not counted again)."""
         return {KIND_NAMES[k]: v for k, v in sorted(self._kinds.items()) if v}
 
+    def relay_counts(self) -> dict[str, int]:
+        """Relays (lane writes of a message by a node on its route), by kind."""
+        return {KIND_NAMES[k]: v for k, v in sorted(self._relay_kinds.items()) if v}
+
     def _coded(
-        self, src: int, load: int, message: ControlMessage | Outgoing
+        self, src: int, load: int, message: ControlMessage | Outgoing, dst: int
     ) -> tuple[_wire.Message, int]:
         c = self._cache
-        if c is not None and c[0] == src and c[1] == load and c[2] is message:
-            return c[3], c[4]
+        if c is not None and c[3] is message and c[0] == src and c[2] == dst and c[1] == load:
+            return c[4], c[5]
         out = message if type(message) is tuple else message.encode()  # type: ignore[union-attr]
         kind, id_, job, prio, flags, a0, a1, a2, hops, meta = out
         raw = _wire.encode(
@@ -190,60 +214,129 @@ class Network:
             meta=meta,
             src=src,
             load=load,
+            dst=dst,
             nslots=64,
         )
         m = _wire.decode(raw, nslots=64)
-        self._cache = (src, load, message, m, len(raw))
+        self._cache = (src, load, dst, message, m, len(raw))
         return m, len(raw)
 
+    def _no_lane(self, writer: int, peer: int) -> LaneError:
+        return LaneError(
+            f"node {writer} has no lane to node {peer} (not one of its links): a message "
+            "for it must be relayed"
+        )
+
+    def _arrival(self, writer: int, peer: int, size: int, leave: int) -> int:
+        lanes = self.lanes
+        if lanes is not None and peer not in lanes[writer]:
+            raise self._no_lane(writer, peer)
+        if self.beside:
+            lv = self.model.level(
+                self.topo, self.beside.get(writer, writer), self.beside.get(peer, peer)
+            )
+        else:
+            lv = self.model.level(self.topo, writer, peer)
+        return leave + self._lat[lv] + int(size * 1e9 / self._bw[lv])
+
     def send_many(
-        self, src: int, dsts: list[int], message: ControlMessage, load: int, leave: int
+        self,
+        src: int,
+        hops: list[tuple[int, int]],
+        message: ControlMessage,
+        load: int,
+        leave: int,
     ) -> None:
-        """One message object to several nodes (a SYNC_READY to every member): encoded
-        once, one event per arrival time."""
-        m, size = self._coded(src, load, message)
+        """One message object made by `src` for several destinations (a SYNC_READY down a
+        sync tree): `hops` holds (next hop, destination) per copy; encoded once per
+        destination, one event per arrival time."""
         level = self.model.level
         topo = self.topo
         lat, bw = self._lat, self._bw
         eps = self.endpoints
-        by_time: dict[int, list[Endpoint]] = {}
-        for dst in dsts:
-            lv = level(topo, src, dst)
-            ep = eps.get(dst)
+        coded = self._coded
+        links = None if self.lanes is None else self.lanes[src]
+        by_time: dict[int, list[tuple[Endpoint, _wire.Message]]] = {}
+        size = 0
+        for peer, dst in hops:
+            if links is not None and peer not in links:
+                raise self._no_lane(src, peer)
+            m, size = coded(src, load, message, dst)
+            self.bytes += size
+            ep = eps.get(peer)
             if ep is not None:
+                lv = level(topo, src, peer)
                 t = leave + lat[lv] + int(size * 1e9 / bw[lv])
                 got = by_time.get(t)
                 if got is None:
-                    by_time[t] = [ep]
+                    by_time[t] = [(ep, m)]
                 else:
-                    got.append(ep)
-        n = len(dsts)
+                    got.append((ep, m))
+        n = len(hops)
         self.sent += n
-        self.bytes += n * size
-        self._kinds[m.kind] += n
+        self.writes += n
+        if n:
+            self._kinds[m.kind] += n
         at = self.engine.at
         for t, group in by_time.items():
-            at(t, _deliver_all, group, m, src)
+            at(t, _deliver_all, group, src)
 
     def send(
-        self, src: int, dst: int, message: ControlMessage | Outgoing, load: int, leave: int
+        self,
+        src: int,
+        peer: int,
+        message: ControlMessage | Outgoing,
+        load: int,
+        leave: int,
+        dst: int | None = None,
     ) -> None:
-        """`message` (typed, or already `encode()`d) from `src` to `dst`, leaving at
-        `leave` (ns)."""
-        m, size = self._coded(src, load, message)
-        if self.beside:
-            lv = self.model.level(self.topo, self.beside.get(src, src), self.beside.get(dst, dst))
-        else:
-            lv = self.model.level(self.topo, src, dst)
-        arrive = leave + self._lat[lv] + int(size * 1e9 / self._bw[lv])
+        """`message` (typed, or already `encode()`d) made by `src` for `dst` (default:
+        `peer`), written on the lane to `peer` at `leave` (ns)."""
+        if dst is None:
+            dst = peer
+        m, size = self._coded(src, load, message, dst)
+        arrive = self._arrival(src, peer, size, leave)
         self.sent += 1
+        self.writes += 1
         self.bytes += size
         self._kinds[m.kind] += 1
-        ep = self.endpoints.get(dst)
+        ep = self.endpoints.get(peer)
         if ep is not None:
             self.engine.at(arrive, ep.arrive, m, src)
 
+    def relay(self, writer: int, peer: int, m: _wire.Message, load: int, leave: int) -> None:
+        """`writer` writes the received `m` (for another node) on to `peer`, the next hop of
+        its route: every field unchanged but `relays` + 1 and the writer's load hint
+        (docs/PROTOCOL.md section 10), as the threaded `Node` does."""
+        raw = _wire.encode(
+            m.kind,
+            id=m.id,
+            job=m.job,
+            priority=m.priority,
+            flags=m.flags,
+            arg0=m.arg0,
+            arg1=m.arg1,
+            arg2=m.arg2,
+            hops=m.hops,
+            meta=m.meta,
+            src=m.src,
+            load=load,
+            dst=m.dst,
+            relays=m.relays + 1,
+            nslots=64,
+        )
+        out = _wire.decode(raw, nslots=64)
+        size = len(raw)
+        arrive = self._arrival(writer, peer, size, leave)
+        self.writes += 1
+        self.relayed += 1
+        self.bytes += size
+        self._relay_kinds[out.kind] += 1
+        ep = self.endpoints.get(peer)
+        if ep is not None:
+            self.engine.at(arrive, ep.arrive, out, writer)
 
-def _deliver_all(eps: list[Endpoint], m: _wire.Message, src: int) -> None:
-    for ep in eps:
-        ep.arrive(m, src)
+
+def _deliver_all(group: list[tuple[Endpoint, _wire.Message]], writer: int) -> None:
+    for ep, m in group:
+        ep.arrive(m, writer)

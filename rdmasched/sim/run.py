@@ -78,6 +78,9 @@ class SimConfig:
     wall_limit_s: float = 0.0
     #: replay this trace's steps (rdmasched.workload) instead of the synthetic job
     trace: Workload | None = None
+    #: the cores get no topology: a lane between every two nodes, flat sync (every member
+    #: tells every member) and flat liveness, as `rdmasched demo` without --leaf runs
+    full_mesh: bool = False
 
     def check(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -118,9 +121,12 @@ def slowdowns(cfg: SimConfig, rng: random.Random) -> list[float]:
     return f
 
 
-def lanes_per_node(topo: Topology, scheduler: str, sample: list[int]) -> dict[str, Any]:
-    """Lanes and ring memory per node: from the topology's link plan (rdmasched, fifo), or
-    a lane to and from the coordinator (central, k8s)."""
+def lanes_per_node(
+    topo: Topology, scheduler: str, sample: list[int], full_mesh: bool = False
+) -> dict[str, Any]:
+    """Lanes and ring memory per node: from the topology's link plan (rdmasched, fifo; a
+    lane to every other node in a full mesh), or a lane to and from the coordinator
+    (central, k8s)."""
     lane_bytes = DEFAULT_SLOTS_PER_LANE * SLOT_BYTES + LANE_HEADER_BYTES
     if scheduler in ("central", "k8s"):
         n = len(topo)
@@ -130,12 +136,12 @@ def lanes_per_node(topo: Topology, scheduler: str, sample: list[int]) -> dict[st
             "coordinator_lanes": n,
             "coordinator_ring_bytes": n * lane_bytes,
         }
-    counts = [len(topo.links(u)) for u in sample]
+    counts = [len(topo) - 1 if full_mesh else len(topo.links(u)) for u in sample]
     return {
         "lanes_per_node": max(counts),
         "lanes_per_node_mean": sum(counts) / len(counts),
         "ring_bytes_per_node": max(counts) * lane_bytes,
-        "link_plan": topo.plan.scheme,
+        "link_plan": "full mesh" if full_mesh else topo.plan.scheme,
     }
 
 
@@ -215,9 +221,10 @@ class Run:
         cfg, topo, eng = self.cfg, self.topo, self.engine
         n = cfg.nodes
         self.nodes: list[CoreNode] = []
+        mesh = {j: topo.domain(j) for j in range(n)} if cfg.full_mesh else {}
         for i in range(n):
             # the core knows the nodes it holds lanes to (the whole cluster in one leaf)
-            known = {j: topo.domain(j) for j in (i, *topo.links(i))}
+            known = mesh if cfg.full_mesh else {j: topo.domain(j) for j in (i, *topo.links(i))}
             core = make_core(
                 i,
                 known,
@@ -226,7 +233,7 @@ class Run:
                 heartbeat_ns=cfg.heartbeat_ms * MS,
                 dead_after_ns=cfg.dead_after_ms * MS,
                 sync_cost_ns=int(cfg.workload.sync_ms * MS),
-                topology=topo,
+                topology=None if cfg.full_mesh else topo,
             )
             node = CoreNode(eng, self.net, i, core, cfg.links.cpu_ns, self.ledger)
             backend = Shaped(
@@ -242,6 +249,7 @@ class Run:
             self.trainers.append(node.trainer)
             self.nodes.append(node)
             self.cores.append(core)
+        self.net.lanes = {node.me: node.core.links for node in self.nodes}
         members = {g: self.members_of(g) for g in self.groups}
         for node in self.nodes:
             node.do(node.core.open(0))
@@ -396,10 +404,13 @@ class Run:
             "msgs": self.net.sent,
             "msgs_by_kind": self.net.counts(),
             "msgs_per_node_per_step": self.net.sent / n / steps_for_msgs,
+            "lane_writes": self.net.writes,
+            "relays_by_kind": self.net.relay_counts(),
+            "lane_writes_per_node_per_step": self.net.writes / n / steps_for_msgs,
             "decisions_per_node_per_s": decisions / n / (span_ns / 1e9) if span_ns else 0.0,
             "preemptions": sum(f["preemptions"] for f in figs),
             "rejected": rejected,
-            **lanes_per_node(self.topo, cfg.scheduler, sample),
+            **lanes_per_node(self.topo, cfg.scheduler, sample, cfg.full_mesh),
             "events": self.engine.events,
             "build_s": round(self.build_s, 3),
             "wall_s": round(wall_s, 3),
@@ -461,17 +472,17 @@ def _time_coordinator(nodes: int, steps: int, slots: int) -> int:
                 seq += 1
                 ids.append(seq)
                 d = Dispatch(seq, 1, 100, 4 * MS, 0, node)
-                msgs.append((coded(node, 0, d)[0], node))
+                msgs.append((coded(node, 0, d, me)[0], node))
             for tid in ids:
-                msgs.append((coded(node, 0, Complete(tid, 1, 4 * MS, 0))[0], node))
+                msgs.append((coded(node, 0, Complete(tid, 1, 4 * MS, 0), me)[0], node))
             calls += 2 * slots
         for node in range(nodes):
             ready = SyncReady(GROUP, step, node, sent_ns=0, job=GROUP)
-            msgs.append((coded(node, 0, ready)[0], node))
+            msgs.append((coded(node, 0, ready, me)[0], node))
             calls += nodes
         for node in range(nodes):
             sid = (1 << 63) | (GROUP << 32) | step
-            msgs.append((coded(node, 0, Complete(sid, GROUP, MS, 0))[0], node))
+            msgs.append((coded(node, 0, Complete(sid, GROUP, MS, 0), me)[0], node))
             calls += 1
     net.endpoints.clear()  # the orders it sends go nowhere
     on = coord.on_message

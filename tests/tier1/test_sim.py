@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from rdmasched.cli import main
-from rdmasched.demo.workload import KIND_COMPUTE, WorkloadConfig, task_kind
-from rdmasched.errors import ArgumentError
+from rdmasched.demo.workload import GROUP, KIND_COMPUTE, WorkloadConfig, task_kind
+from rdmasched.errors import ArgumentError, LaneError
+from rdmasched.messages import SyncReady
 from rdmasched.sim import PRESETS, Run, SimConfig, simulate
 from rdmasched.sim.trace import TRACE_GROUP_BASE
 from rdmasched.workload import load
@@ -135,45 +136,120 @@ def test_kill_mid_run_conserves_work() -> None:
     check_conservation(run, r)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a dead member is never dropped from a sync group: the step stalls "
-    "(needs liveness-aware sync, h-sync/h-live)",
-)
 def test_kill_mid_run_live_nodes_finish() -> None:
+    """A dead member is dropped from its sync group once the live nodes declare it dead
+    (liveness over links, news gossiped: docs/SCALE.md sections 10, 11): the live nodes
+    run every step."""
     c = cfg(16, steps=6, kill=((1, 12.0),), heartbeat_ms=5, dead_after_ms=20, stall_ms=100)
     r = simulate(c)
     assert r["finished"] and r["steps"] == 6
 
 
+def test_kill_mid_run_multi_leaf_live_nodes_finish() -> None:
+    """The same across leaves and pods, where the dead node's far peers learn of its death
+    by gossip and messages are relayed: the live nodes finish, and nothing runs twice."""
+    c = cfg(
+        64, steps=6, leaf=8, pod=32, kill=((2, 12.0),), heartbeat_ms=5, dead_after_ms=20,
+        stall_ms=200,
+    )  # fmt: skip
+    run = Run(c)
+    r = run.run()
+    assert len(r["killed"]) == 2
+    assert r["finished"] and r["steps"] == 6, r["stopped"]
+    check_conservation(run, r)
+
+
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="flat sync: every node tells every member, N-1 messages per node per step "
-    "(needs hierarchical sync, h-sync)",
+    reason="rdmasched/daemon/sync.py + core.py: a combined SYNC_READY relayed through a node "
+    "that dies before anyone on the route has declared it dead is lost (here node 9's report "
+    "of leaf 1 to pod 0's combiner, node 1, over 9 -> 12 -> 4 -> 1 with node 4 killed); the "
+    "tree re-sends a report only when the combiner it went to changes, and it does not, so "
+    "the step is never released",
 )
+def test_kill_mid_run_report_relayed_through_the_dead() -> None:
+    c = cfg(
+        64, steps=3, leaf=8, pod=32, sigma=0.1, stragglers=0.1, kill=((2, 12.0),),
+        heartbeat_ms=5, dead_after_ms=20, stall_ms=200,
+    )  # fmt: skip
+    run = Run(c)
+    r = run.run()
+    assert r["killed"] == [4, 27]
+    assert run.topo.path(9, 1) == [9, 12, 4, 1]
+    assert r["finished"] and r["steps"] == 3, r["stopped"]
+
+
+def tree_sync_msgs(run: Run, steps: int) -> int:
+    """SYNC_READYs a step costs in the hierarchical sync (docs/SCALE.md section 9): per
+    group of M members, M - 1 readiness reports up the tree and M - 1 releases down it."""
+    return steps * sum(2 * (len(run.members_of(g)) - 1) for g in run.groups)
+
+
 def test_messages_per_node_grow_at_most_logarithmically() -> None:
     small = simulate(cfg(32, heartbeat_ms=10_000, dead_after_ms=20_000))
     large = simulate(cfg(256, heartbeat_ms=10_000, dead_after_ms=20_000))
     assert large["msgs_per_node_per_step"] < 2 * small["msgs_per_node_per_step"]
+    assert large["lane_writes_per_node_per_step"] < 2 * small["lane_writes_per_node_per_step"]
 
 
 def test_messages_counted_per_kind() -> None:
-    r = simulate(cfg(16, heartbeat_ms=10_000, dead_after_ms=20_000))
+    run = Run(cfg(16, heartbeat_ms=10_000, dead_after_ms=20_000))
+    r = run.run()
     kinds = r["msgs_by_kind"]
-    # flat sync today: each node sends a SYNC_READY to every other member per step
-    assert kinds["SYNC_READY"] == 16 * 15 * 3
+    # the sync tree: 2 (N - 1) SYNC_READYs per step for the one group of 16
+    assert run.groups == [GROUP] and len(run.members_of(GROUP)) == 16
+    assert kinds["SYNC_READY"] == tree_sync_msgs(run, 3) == 2 * 15 * 3
     assert r["msgs"] == sum(kinds.values())
+    assert r["lane_writes"] == r["msgs"] + sum(r["relays_by_kind"].values())
+
+
+def test_messages_relayed_over_links() -> None:
+    """With several leaves and pods, a node holds lanes to its links only: a SYNC_READY for
+    a combiner it has no lane to is written to the next hop of its route and relayed
+    (docs/PROTOCOL.md section 10). Every lane write goes over a lane (the network refuses
+    any other, as the real loop does); a relay is one more write, not one more message."""
+    c = cfg(64, leaf=8, pod=32, heartbeat_ms=10_000, dead_after_ms=20_000)
+    run = Run(c)
+    r = run.run()
+    assert r["finished"] and r["steps"] == 3
+    check_conservation(run, r)
+    relays = sum(r["relays_by_kind"].values())
+    assert r["relays_by_kind"].get("SYNC_READY", 0) > 0
+    assert r["lane_writes"] == r["msgs"] + relays
+    assert sum(c.relayed for c in run.cores) == relays
+    # every node's lanes are its topology links, fewer than the 63 others
+    assert all(len(c.links) < 63 for c in run.cores)
+    assert r["lanes_per_node"] == max(len(c.links) for c in run.cores)
+
+
+def test_write_without_a_lane_is_refused() -> None:
+    """The simulated network, like the real loop, has no lane between two nodes that are
+    not linked: a write over one is a LaneError, not a silent delivery."""
+    run = Run(cfg(64, leaf=8, pod=32))
+    far = next(j for j in range(64) if j not in run.cores[0].links and j != 0)
+    with pytest.raises(LaneError, match="no lane"):
+        run.net.send(0, far, SyncReady(GROUP, 0, 0, sent_ns=0, job=GROUP), 0, 0)
+
+
+def test_full_mesh_is_the_flat_protocol() -> None:
+    """`full_mesh`: the cores get no topology, as the demo's nodes without --leaf (what
+    --calibrate compares with): every member tells every member, N (N - 1) SYNC_READYs per
+    step, and every node holds a lane to every other."""
+    r = simulate(cfg(16, full_mesh=True, heartbeat_ms=10_000, dead_after_ms=20_000))
+    assert r["finished"] and r["steps"] == 3
+    assert r["msgs_by_kind"]["SYNC_READY"] == 16 * 15 * 3
+    assert r["lanes_per_node"] == 15 and not r["relays_by_kind"]
 
 
 def test_thousand_nodes() -> None:
-    """1,000 nodes running 31 jobs of 32 nodes (one job over 1,000 nodes costs N² sync
-    messages per step until hierarchical sync lands)."""
+    """1,000 nodes running 31 jobs of 32 nodes and one of 8, each its own sync tree: every
+    job's SYNC_READYs are 2 (M - 1) per step, so the cluster's grow linearly with N."""
     run = Run(cfg(1000, steps=2, job_nodes=32))
     r = run.run()
     assert r["finished"] and r["steps"] == 2
-    assert r["msgs_by_kind"]["SYNC_READY"] == 2 * (31 * 32 * 31 + 8 * 7)
+    assert len(run.groups) == 32
+    assert r["msgs_by_kind"]["SYNC_READY"] == tree_sync_msgs(run, 2) == 2 * (31 * 2 * 31 + 2 * 7)
     assert r["lanes_per_node"] <= 64
     check_conservation(run, r)
 
