@@ -39,6 +39,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from rdmasched import messages as msg
+from rdmasched.errors import ConfigError
 from rdmasched.topology import Topology
 
 #: SYNC_READY flag: combined readiness: the sender's leaf (with POD: its pod) is complete
@@ -410,6 +411,17 @@ class SyncGroups:
         out.discard(me)
         return out
 
+    def _via(self, to: int, node: int) -> bool:
+        """Whether `node` relays this node's messages to `to`, or `to`'s answers back (the
+        routes' relays, docs/PROTOCOL.md section 10)."""
+        topo = self.topology
+        if topo is None:
+            return False
+        try:
+            return node in topo.path(self.me, to)[1:-1] or node in topo.path(to, self.me)[1:-1]
+        except (ConfigError, IndexError, ValueError):
+            return False
+
     def _view_changed(self, node: int) -> list[SyncOut]:
         out: list[SyncOut] = []
         for g in self.groups.values():
@@ -425,6 +437,14 @@ class SyncGroups:
             g.view()
             if not g.combiners:  # every member is dead
                 continue
+            if tree and node in self.dead:
+                # a report whose route crossed the dead node may be lost with it: sent again
+                # (around it; readiness for a released step is answered with the RELEASE)
+                for st in g.steps.values():
+                    for level, to in list(st.up.items()):
+                        if node != to and self._via(to, node):
+                            del st.up[level]
+                            self.resent += 1
             if tree and g.released >= 0:
                 # a new combiner above may have missed the last release: tell it
                 m = self._release_msg(g, g.released, g.history[g.released])

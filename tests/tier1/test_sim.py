@@ -159,16 +159,11 @@ def test_kill_mid_run_multi_leaf_live_nodes_finish() -> None:
     check_conservation(run, r)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="rdmasched/daemon/sync.py + core.py: a combined SYNC_READY relayed through a node "
-    "that dies before anyone on the route has declared it dead is lost (here node 9's report "
-    "of leaf 1 to pod 0's combiner, node 1, over 9 -> 12 -> 4 -> 1 with node 4 killed); the "
-    "tree re-sends a report only when the combiner it went to changes, and it does not, so "
-    "the step is never released",
-)
 def test_kill_mid_run_report_relayed_through_the_dead() -> None:
+    """Node 9's combined SYNC_READY for pod 0's combiner, node 1, goes 9 -> 12 -> 4 -> 1 and
+    is lost with node 4, killed before anyone on the route declared it dead. The combiner
+    does not change, so only the rule "a report whose route crossed a node that died is
+    sent again" (docs/SCALE.md section 9) gets the step released."""
     c = cfg(
         64, steps=3, leaf=8, pod=32, sigma=0.1, stragglers=0.1, kill=((2, 12.0),),
         heartbeat_ms=5, dead_after_ms=20, stall_ms=200,
