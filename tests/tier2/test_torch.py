@@ -86,14 +86,31 @@ def run_ranks(
     *extra: str,
     cluster: str | None = None,
     daemon: str = "rank0",
+    hosts: int = 1,
 ) -> list[dict[str, Any]]:
-    """Run `scenario` on `world` rank processes of one host; what each rank wrote (None: it
-    wrote nothing, as a killed rank). `daemon`: "rank0" (local rank 0 starts it) or "user"
-    (this test runs `rdmasched daemon` first, with strict priorities, and stops it after).
-    Fails if any rank or the daemon is still running at the deadline."""
+    """Run `scenario` on `world` rank processes; what each rank wrote (None: it wrote
+    nothing, as a killed rank). `daemon`: "rank0" (local rank 0 starts it) or "user" (this
+    test runs `rdmasched daemon` first, with strict priorities, and stops it after).
+    `hosts` > 1: that many "hosts" on this machine (RDMASCHED_HOST host0, host1, ..., shm
+    between their daemons), found as under torchrun: GROUP_RANK, and a TCPStore at
+    MASTER_ADDR:MASTER_PORT run here as torchrun's agent runs it (the ranks' own store is a
+    client of it, TORCHELASTIC_USE_AGENT_STORE). Fails if any rank or daemon is still
+    running at the deadline."""
     port = free_port()
     cluster = cluster or new_cluster()
     env = host_env(world, cluster, port)
+    per_host = world // hosts
+    store = None
+    if hosts > 1:
+        import torch.distributed as dist
+
+        store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+        env.update(
+            GROUP_WORLD_SIZE=str(hosts),
+            LOCAL_WORLD_SIZE=str(per_host),
+            RDMASCHED_TRANSPORT="shm",
+            TORCHELASTIC_USE_AGENT_STORE="True",
+        )
     user = None
     if daemon == "user":
         user = subprocess.Popen(
@@ -113,7 +130,7 @@ def run_ranks(
                 out,
                 subprocess.Popen(
                     [sys.executable, "-m", "tests.tier2.torch_ranks", scenario, str(out), *extra],
-                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                    env={**env, **_rank_env(rank, per_host, hosts)},
                     cwd=ROOT,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
@@ -141,9 +158,21 @@ def run_ranks(
             user.send_signal(signal.SIGTERM)
             user.wait(60)
     # a daemon a rank started leaves once its ranks have (--exit-when-idle)
-    endpoint = endpoint_name(cluster, "host0")
-    wait_until(lambda: not daemon_running(endpoint), "the daemon exits after its ranks")
+    for h in range(hosts):
+        endpoint = endpoint_name(cluster, f"host{h}")
+        wait_until(lambda e=endpoint: not daemon_running(e), "the daemon exits after its ranks")
+    del store
     return results
+
+
+def _rank_env(rank: int, per_host: int, hosts: int) -> dict[str, str]:
+    env = {"RANK": str(rank), "LOCAL_RANK": str(rank % per_host)}
+    if hosts > 1:
+        host = rank // per_host
+        env.update(
+            GROUP_RANK=str(host), RDMASCHED_HOST=f"host{host}", RDMASCHED_PORT=str(free_port())
+        )
+    return env
 
 
 def test_buckets_start_in_priority_order_in_one_order_on_every_rank(tmp_path: Path) -> None:
@@ -184,6 +213,19 @@ def test_one_daemon_serves_the_ranks_of_the_host(tmp_path: Path) -> None:
     for r in (r0, r1):
         assert r["endpoint"] == r0["endpoint"]
         assert r["members"] == [0] and r["local"] == 2
+
+
+def test_two_hosts_one_rank_each_sync_over_both_daemons(tmp_path: Path) -> None:
+    # two daemons (two "hosts" on this machine), found through the launcher's store: each
+    # bucket is one sync group over both hosts, each host waiting for its one rank
+    r0, r1 = run_ranks(tmp_path, "order", 2, hosts=2)
+    assert r0["endpoint"] != r1["endpoint"]
+    for r in (r0, r1):
+        assert r["members"] == [0, 1] and r["local"] == 1
+        assert r["max_diff_vs_plain_ddp"] < 1e-5
+    starts = [[(s, i) for ev, s, i, _ in r["log"] if ev == "start"] for r in (r0, r1)]
+    assert starts[0] and starts[0] == starts[1]
+    assert r0["params"] == r1["params"]
 
 
 def test_daemon_gone_fails_the_step_with_a_clear_error(tmp_path: Path) -> None:
