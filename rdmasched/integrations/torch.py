@@ -10,11 +10,12 @@ is used):
   is a sync task. The hook announces the bucket (`sync_ready(group_of_bucket, step)`); once
   every rank of every host has, each host's daemon releases the sync task and calls every
   local rank's sync handler, which hands the bucket to the comm queue. The queue starts
-  the released buckets' all-reduces (gloo, ``async_op=True``) in priority order, the bucket holding the first layers first
-  (P3, ByteScheduler: priority = bucket index, since DDP's bucket 0 holds the last layers),
-  at most `max_inflight` at a time, in one order on every rank (rank 0 chooses among the
-  buckets released, as ByteScheduler's coordinator does, and broadcasts its choice); the
-  hook's future is completed with the averaged gradients when the collective is done.
+  the released buckets' all-reduces (gloo, ``async_op=True``) in priority order, the
+  bucket holding the first layers first (P3, ByteScheduler: priority = bucket index, since
+  DDP's bucket 0 holds the last layers), at most `max_inflight` at a time, in one order on
+  every rank (rank 0 chooses among the buckets released, as ByteScheduler's coordinator
+  does, and broadcasts its choice); the hook's future is completed with the averaged
+  gradients when the collective is done.
 - `RankScheduler.compute()`: a context manager around the training step; a compute task of
   the training job at `compute_priority` holds one of the host's slots while the step runs,
   so low-priority work is preempted before the step starts and dispatched again after it.
