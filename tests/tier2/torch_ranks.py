@@ -157,6 +157,7 @@ def main() -> int:
                         break
                 result["steps"] = steps
                 result["colocated_ran_during_a_step"] = any(seen)
+                result["seen"] = seen
                 result["errors"] = colo.errors
                 colo.close()
             finally:
