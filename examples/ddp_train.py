@@ -14,11 +14,13 @@ compressed in a shared file (no lock: nothing the training job could wait on).
 Modes:
 - `alone`: training only;
 - `linux`: the co-located job runs beside it, left to the Linux scheduler (same nice level);
-- `managed`: each rank's scheduler (rdmasched.integrations.torch) runs the job: the training
-  step is a compute task (priority 200), each gradient bucket a sync task (its all-reduce
-  started in priority order, first layers first), the co-located job a task of priority 10
-  whose preemption freezes its processes (cgroup v2, else SIGSTOP) and whose dispatch
-  thaws them. It runs only when the rank's slot is free: between steps.
+- `managed`: the host's rdmasched daemon (one per host, started by local rank 0; every rank
+  its client: rdmasched.integrations.torch.host_client) runs the job: each rank's training
+  step is a compute task (priority 200) on one of the host's slots (one per rank), each
+  gradient bucket a sync task (its all-reduce started in priority order, first layers
+  first), each rank's co-located job a task of priority 10 whose preemption freezes its
+  processes (cgroup v2, else SIGSTOP) and whose dispatch thaws them. A co-located task runs
+  only when a slot is free: between a rank's steps.
 
 `--compare` runs every mode `--repeat` times, interleaved (alone, linux, managed, alone, ...),
 each under `torchrun --nproc-per-node 2` (as a subprocess, `python -m torch.distributed.run`),
@@ -131,17 +133,16 @@ def run_rank(args: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="ddp_train"))
     colo_proc = None
     counter = tmp / "counter"
-    node = sched = colo = None
+    client = sched = colo = None
     if args.mode != "alone":
         colo_proc = start_colocated(args.colo_workers, counter)
     try:
         if args.mode == "managed":
-            from rdmasched.integrations.torch import Colocated, RankScheduler, rank_node
+            from rdmasched.integrations.torch import Colocated, RankScheduler, host_client
 
-            cluster = os.environ.get("RDMASCHED_CLUSTER") or f"ddp{os.environ['MASTER_PORT']}"
-            node = rank_node(rank, world, cluster)
-            node.start()
-            sched = RankScheduler(node)
+            # this rank's client of the host's daemon; local rank 0 starts it if none runs
+            client = host_client().open()
+            sched = RankScheduler(client)
             ddp.register_comm_hook(None, sched.hook)
             colo = Colocated(sched)
             colo.add(colo_proc.pid)  # type: ignore[union-attr]
@@ -219,8 +220,8 @@ def run_rank(args: argparse.Namespace) -> int:
             stop_colocated(colo_proc)
         if sched is not None:
             sched.close()
-        if node is not None:
-            node.stop()
+        if client is not None:
+            client.close()
         shutil.rmtree(tmp, ignore_errors=True)
         dist.destroy_process_group()
     return 0

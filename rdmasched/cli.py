@@ -76,6 +76,37 @@ def _int_range(lo: int, hi: int | None = None, what: str = "an integer") -> Call
     return parse
 
 
+#: --starvation-us off: a cap no task reaches (about 12 days)
+STARVATION_OFF_US = 1 << 40
+
+
+def _us_or_off(text: str) -> int:
+    """A number of us > 0, or 'off' (0)."""
+    if text.strip().lower() == "off":
+        return 0
+    return _int_range(1, None, "a number of us > 0 or 'off'")(text)
+
+
+def _daemon_policy(args: argparse.Namespace) -> dict[str, Any]:
+    """The daemon's scheduling policy: its options, else RDMASCHED_STARVATION_US and
+    RDMASCHED_AGING_US (which a daemon started by a rank inherits), else Node's defaults."""
+    kw: dict[str, Any] = {}
+    for name in ("starvation_us", "aging_us"):
+        value = getattr(args, name)
+        var = f"RDMASCHED_{name.upper()}"
+        if value is None and os.environ.get(var):
+            try:
+                value = _us_or_off(os.environ[var])
+            except argparse.ArgumentTypeError as exc:
+                raise _UserError(f"{var}={os.environ[var]!r}: {exc}") from None
+        if value is None:
+            continue
+        if value == 0:  # off
+            value = STARVATION_OFF_US if name == "starvation_us" else None
+        kw[name] = value
+    return kw
+
+
 def _float_range(lo: float, hi: float, *, lo_open: bool = True) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
@@ -274,6 +305,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit once every client that connected has left, or if none connected in 120 s "
         "(for a daemon a rank started)",
+    )
+    daemon.add_argument(
+        "--starvation-us",
+        type=_us_or_off,
+        default=None,
+        help="the scheduler's starvation cap, us, or 'off' (strict priorities) (default "
+        "$RDMASCHED_STARVATION_US, else 1000000)",
+    )
+    daemon.add_argument(
+        "--aging-us",
+        type=_us_or_off,
+        default=None,
+        help="the scheduler's aging step, us, or 'off' (default $RDMASCHED_AGING_US, else 100000)",
     )
 
     # ---- sim --------------------------------------------------------------------------------
@@ -1182,10 +1226,13 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
     if (args.config is None) != (args.node is None):
         raise _UserError("--config and --node go together")
+    policy = _daemon_policy(args)
     if args.config is not None:
-        node = Node.from_config(args.config, int(args.node) if args.node.isdigit() else args.node)
+        node = Node.from_config(
+            args.config, int(args.node) if args.node.isdigit() else args.node, **policy
+        )
     else:
-        node = Node.from_env()
+        node = Node.from_env(**policy)
     done = threading.Event()
 
     def stop(signum: int, frame: object) -> None:

@@ -1020,6 +1020,10 @@ cdef class LaneSet:
                     limit = nap
             if limit:
                 rs_futex_wait(self._bell, 1, limit)
+                if rs_load_acquire_u32(self._bell) == 0:
+                    # rung (the ringer cleared the flag): a message, or another thread
+                    # waking this one with none (Loop.post); either ends the wait
+                    return self._drain(batch, quantum)
             rs_store_release_u32(self._bell, 0)
 
     def poll(self, double timeout_us=0):

@@ -1,28 +1,33 @@
 """PyTorch DistributedDataParallel under rdmasched (issue 10): docs/TORCH.md.
 
-Optional: needs torch >= 2.3 (`pip install 'rdmasched[torch]'`). Three pieces, all driven by
-one rank's scheduler (today a `Node` per rank; see `SchedulerClient` for what is used):
+Optional: needs torch >= 2.3 (`pip install 'rdmasched[torch]'`). One daemon per host runs
+the host's scheduler (docs/CLIENT.md); every training rank is a `Client` of it
+(`host_client()`: under torchrun, local rank 0 starts the daemon if none runs, with strict
+priorities). Three pieces, all driven through the rank's client (`SchedulerClient` says what
+is used):
 
 - `RankScheduler.hook` (``ddp.register_comm_hook(None, sched.hook)``): each gradient bucket
   is a sync task. The hook announces the bucket (`sync_ready(group_of_bucket, step)`); once
-  every rank has, the scheduler releases the sync task and calls the sync handler, which
-  hands the bucket to the comm queue. The queue starts the released buckets' all-reduces
-  (gloo, ``async_op=True``) in priority order, the bucket holding the first layers first
-  (P3, ByteScheduler: priority = bucket index, since DDP's bucket 0 holds the last layers),
-  at most `max_inflight` at a time, in one order on every rank (rank 0 chooses among the
-  buckets released, as ByteScheduler's coordinator does, and broadcasts its choice); the
-  hook's future is completed with the averaged gradients when the collective is done.
+  every rank of every host has, each host's daemon releases the sync task and calls every
+  local rank's sync handler, which hands the bucket to the comm queue. The queue starts
+  the released buckets' all-reduces (gloo, ``async_op=True``) in priority order, the
+  bucket holding the first layers first (P3, ByteScheduler: priority = bucket index, since
+  DDP's bucket 0 holds the last layers), at most `max_inflight` at a time, in one order on
+  every rank (rank 0 chooses among the buckets released, as ByteScheduler's coordinator
+  does, and broadcasts its choice); the hook's future is completed with the averaged
+  gradients when the collective is done.
 - `RankScheduler.compute()`: a context manager around the training step; a compute task of
-  the training job at `compute_priority` holds the rank's slot while the step runs, so
-  low-priority work is preempted before the step starts and dispatched again after it.
+  the training job at `compute_priority` holds one of the host's slots while the step runs,
+  so low-priority work is preempted before the step starts and dispatched again after it.
 - `Colocated`: co-located low-priority work (data preparation, evaluation, a second job) as
   a task whose preempt handler freezes its processes (`rdmasched.integrations.freeze`:
   cgroup v2 ``cgroup.freeze``, else SIGSTOP/SIGCONT) and whose dispatch thaws them.
 
-Every wait is bounded: a bucket not released within `sync_timeout_s`, a rank whose node is
-declared dead, a scheduler that is gone or failed, a collective that fails: the hook's
-future fails with a `TorchSyncError` saying which, so ``loss.backward()`` raises instead of
-hanging, and every later call raises the same error at once.
+Every wait is bounded: a bucket not released within `sync_timeout_s`, a rank of this host
+whose process is gone, another host declared dead, the host's daemon gone, a collective
+that fails: the hook's future fails with a `TorchSyncError` saying which, so
+``loss.backward()`` raises instead of hanging, and every later call raises the same error
+at once.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -43,9 +49,10 @@ import torch.distributed as dist
 from rdmasched.errors import ArgumentError, RdmaschedError
 from rdmasched.integrations.freeze import Freezer
 from rdmasched.scheduler import Task
+from rdmasched.transport import shm
 
 if TYPE_CHECKING:
-    from rdmasched.daemon.node import Node
+    from rdmasched.client import Client
 
 _log = logging.getLogger("rdmasched.torch")
 
@@ -55,9 +62,8 @@ COMPUTE_PRIORITY = 200
 COLOCATED_PRIORITY = 10
 #: the sync groups of a job's buckets: GROUP_BASE + bucket index
 GROUP_BASE = 1 << 20
-#: `rank_node`'s starvation cap: in effect none (strict priorities; see there)
-STRICT_STARVATION_US = 1 << 40
-#: task ids of the integration's own tasks start here (ids are unique per origin node)
+#: task ids of the integration's own tasks start here; ids are unique per host, so each
+#: local rank has its own range: TASK_BASE + (local index << 40) + n
 TASK_BASE = 1 << 48
 
 
@@ -67,11 +73,12 @@ class TorchSyncError(RdmaschedError, RuntimeError):
 
 
 class SchedulerGoneError(TorchSyncError):
-    """The rank's scheduler (its node daemon) stopped or failed."""
+    """The rank's scheduler (its host's daemon) is gone, or refused a call."""
 
 
 class RankLostError(TorchSyncError, ConnectionError):
-    """The node of another rank of the job was declared dead."""
+    """Another rank of the job is gone: its process (on this host) or its host (declared
+    dead by the daemons)."""
 
 
 class SyncTimeoutError(TorchSyncError, TimeoutError):
@@ -79,15 +86,20 @@ class SyncTimeoutError(TorchSyncError, TimeoutError):
 
 
 class SchedulerClient(Protocol):
-    """What the integration uses of a rank's scheduler: `Node`'s methods and handler
-    contracts (the one-daemon-per-host client keeps them)."""
+    """What the integration uses of a rank's scheduler: `rdmasched.client.Client`'s methods
+    (Node's API and handler contracts, docs/CLIENT.md)."""
 
     id: int
 
     @property
     def healthy(self) -> bool: ...
 
-    def define_group(self, group: int, members: Iterable[int | str]) -> None: ...
+    @property
+    def error(self) -> BaseException | None: ...
+
+    def define_group(
+        self, group: int, members: Iterable[int | str], *, local: int | None = None
+    ) -> None: ...
 
     def sync_ready(self, group: int, step: int) -> None: ...
 
@@ -127,20 +139,24 @@ class _Bucket:
 
 
 class RankScheduler:
-    """The training job of one rank, under that rank's scheduler `node`.
+    """The training job of one rank, through `client`: this rank's open `Client` of its
+    host's daemon (`host_client()`).
 
-    Takes over the node's dispatch, preempt and sync handlers. `members`: the node ids (or
-    names) of every rank's node (default: ranks 0..world-1, as `Node.from_env` numbers
-    them). `priority(index)`: a bucket's priority (default its index: the bucket holding the
-    first layers first). `max_inflight`: collectives started at once. `sync_timeout_s`: how
-    long a bucket may wait for every rank. `job`: the training job's id in the scheduler.
+    Takes over the client's dispatch, preempt and sync handlers. Construct it on every rank
+    after ``init_process_group``, in the same order as other process groups: it is a
+    collective call (it makes two gloo groups, and the ranks tell each other their host and
+    process). The buckets' sync groups are over the job's hosts (the daemons' node ids the
+    ranks report), each host waiting for its own ranks (`local`: how many ranks share this
+    rank's daemon). `priority(index)`: a bucket's priority (default its index: the bucket
+    holding the first layers first). `max_inflight`: collectives started at once.
+    `sync_timeout_s`: how long a bucket may wait for every rank. `job`: the training job's id
+    in the scheduler.
     """
 
     def __init__(
         self,
         node: SchedulerClient,
         *,
-        members: Iterable[int | str] | None = None,
         priority: Callable[[int], int] | None = None,
         max_inflight: int = 1,
         sync_timeout_s: float = 60.0,
@@ -160,10 +176,14 @@ class RankScheduler:
                 raise ArgumentError(f"{name} must be a number of seconds > 0, not {value!r}")
         if not 0 <= compute_priority <= 254:
             raise ArgumentError(f"compute_priority must be 0..254, not {compute_priority!r}")
+        if not node.healthy or node.id < 0:
+            raise ArgumentError(
+                "RankScheduler needs an open client of the host's daemon (`with host_client() "
+                "as client:`, or client.open())"
+            )
         self.node = node
         self.world = dist.get_world_size()
         self.rank = dist.get_rank()
-        self.members = list(range(self.world)) if members is None else list(members)
         self.priority_of = priority or (lambda index: index)
         self.max_inflight = max_inflight
         self.sync_timeout_s = float(sync_timeout_s)
@@ -171,13 +191,28 @@ class RankScheduler:
         self.job = job
         self.compute_priority = compute_priority
         self._lock = threading.Condition()
-        self._ids = itertools.count(TASK_BASE)
         self._defined: set[int] = set()  # bucket indexes whose sync group is declared
         # the buckets' all-reduces, and the leader's choices of their order (not the default
         # group: DDP's own collectives run there, from the training thread)
         timeout = _timedelta(self.collective_timeout_s)
         self._comm_pg: Any = dist.new_group(backend="gloo", timeout=timeout)
         self._ctrl: Any = dist.new_group(backend="gloo", timeout=timeout)
+        # every rank's host (its daemon's node id) and process, so each host's daemon waits
+        # for its own ranks and a rank watches the processes of the others on its machine
+        me = torch.tensor([node.id, os.getpid(), _process_start(), _boot_id()], dtype=torch.int64)
+        every = [torch.zeros(4, dtype=torch.int64) for _ in range(self.world)]
+        dist.all_gather(every, me, group=self._ctrl)
+        ranks = [tuple(int(x) for x in t.tolist()) for t in every]
+        #: the job's hosts (node ids), and how many ranks this rank's host has
+        self.members = sorted({r[0] for r in ranks})
+        same_host = [r for r, x in enumerate(ranks) if x[0] == node.id]
+        self.local = len(same_host)
+        self.local_index = same_host.index(self.rank)
+        #: the other ranks on this machine: rank -> (pid, start), watched while a step runs
+        self._peers = {
+            r: (x[1], x[2]) for r, x in enumerate(ranks) if x[3] == me[3] and r != self.rank
+        }
+        self._ids = itertools.count(TASK_BASE + (self.local_index << 40))
         self._steps: dict[int, int] = {}  # bucket index -> next step
         self._pending: dict[tuple[int, int], _Bucket] = {}  # (index, step), not yet released
         self._ready: list[tuple[int, int, _Bucket]] = []  # released: (-priority, seq, bucket)
@@ -228,10 +263,10 @@ class RankScheduler:
     def _group(self, index: int) -> None:
         """Declare bucket `index`'s sync group the first time the bucket is seen."""
         if index not in self._defined:
-            self.node.define_group(GROUP_BASE + index, self.members)
+            self.node.define_group(GROUP_BASE + index, self.members, local=self.local)
             self._defined.add(index)
 
-    # ---- the scheduler's handlers (on the node's loop thread) ----------------------------
+    # ---- the scheduler's handlers (on the client's reader thread) --------------------------
     def _on_sync(self, task: Task, slot: int) -> None:
         group = task.group if task.group is not None else task.job
         index = group - GROUP_BASE
@@ -325,7 +360,7 @@ class RankScheduler:
                     self._collective_failed(b, exc)
         except Exception as exc:  # the control broadcast failed: a rank is gone
             if not self._closed:
-                err = TorchSyncError(
+                err = self._lost() or TorchSyncError(
                     f"rank {self.rank}: the buckets' order could not be agreed: {exc}"
                 )
                 err.__cause__ = exc
@@ -344,7 +379,9 @@ class RankScheduler:
         self._finish(b)
 
     def _collective_failed(self, b: _Bucket, exc: BaseException) -> None:
-        err = TorchSyncError(f"the all-reduce of bucket {b.index} step {b.step} failed: {exc}")
+        err = self._lost() or TorchSyncError(
+            f"rank {self.rank}: the all-reduce of bucket {b.index} step {b.step} failed: {exc}"
+        )
         err.__cause__ = exc
         self._fail(err)
         with self._lock:
@@ -364,7 +401,7 @@ class RankScheduler:
 
     # ---- bounded waits -------------------------------------------------------------------
     def _watchdog(self) -> None:
-        next_peer_check = 0.0
+        next_host_check = 0.0
         while True:
             with self._lock:
                 self._lock.wait(0.05)
@@ -374,19 +411,16 @@ class RankScheduler:
                 busy = bool(waiting or self._inflight or self._ready or self._compute)
             if not busy:
                 continue
-            err: TorchSyncError | None = None
-            if not self.node.healthy:
-                err = SchedulerGoneError(
-                    f"rank {self.rank}: the scheduler (node {self.node.id}) stopped or failed"
-                )
-            elif time.monotonic() >= next_peer_check:
-                # stats() is a read of the node's state from this thread (on a client, a
-                # round trip to its daemon): a few times a second is enough
-                next_peer_check = time.monotonic() + 0.25
-                dead = self._dead_members()
+            err: TorchSyncError | None = self._lost()
+            if err is None and len(self.members) > 1 and time.monotonic() >= next_host_check:
+                # another host's death is the daemons' to find: ask this host's daemon (a
+                # round trip, so once a second); a rank on another host that dies alone
+                # fails its all-reduce (gloo's connection closes)
+                next_host_check = time.monotonic() + 1.0
+                dead = self._dead_hosts()
                 if dead:
                     err = RankLostError(
-                        f"rank {self.rank}: the node of rank(s) {dead} was declared dead; "
+                        f"rank {self.rank}: host(s) {dead} of the job were declared dead; "
                         "the job's syncs cannot complete"
                     )
             now = time.monotonic_ns()
@@ -400,12 +434,27 @@ class RankScheduler:
             if err is not None:
                 self._fail(err)
 
-    def _dead_members(self) -> list[int]:
+    def _lost(self) -> TorchSyncError | None:
+        """The daemon gone, or a rank of this machine gone (local reads, no round trip)."""
+        if not self.node.healthy:
+            return SchedulerGoneError(
+                f"rank {self.rank}: the host's rdmasched daemon (node {self.node.id}) is gone: "
+                f"{self.node.error}"
+            )
+        dead = [r for r, (pid, start) in self._peers.items() if not shm.alive(pid, start)]
+        if dead:
+            return RankLostError(
+                f"rank {self.rank}: rank(s) {dead} of the job (on this host) are gone; the "
+                "job's syncs cannot complete"
+            )
+        return None
+
+    def _dead_hosts(self) -> list[int]:
         try:
             dead = self.node.stats().get("dead_peers", [])
         except Exception:
             return []
-        return sorted(set(dead) & {m for m in self.members if isinstance(m, int)})
+        return sorted(set(dead) & set(self.members))
 
     def _fail(self, err: TorchSyncError) -> None:
         """The job cannot go on: fail every outstanding bucket and compute wait with `err`."""
@@ -438,7 +487,7 @@ class RankScheduler:
     def _as_sync_error(self, exc: BaseException, what: str) -> TorchSyncError:
         if isinstance(exc, TorchSyncError):
             return exc
-        err = SchedulerGoneError(f"rank {self.rank}: {what}: the scheduler refused it: {exc}")
+        err = SchedulerGoneError(f"rank {self.rank}: {what}: the host's daemon refused it: {exc}")
         err.__cause__ = exc
         return err
 
@@ -451,8 +500,8 @@ class RankScheduler:
     @contextlib.contextmanager
     def compute(self, *, cost_ns: int = 0, timeout_s: float | None = None) -> Iterator[int]:
         """Run the body as a compute task of the training job: dispatched (preempting
-        lower-priority work on the rank's slot: the co-located job is frozen before the body
-        starts) and completed when the body ends. Yields the task id. If the job's syncs
+        lower-priority work on one of the host's slots: co-located work is frozen before
+        the body starts) and completed when the body ends. Yields the task id. If the job's syncs
         failed, the body's error (``loss.backward()`` raising) becomes the `TorchSyncError`
         that says why."""
         self._check()
@@ -521,7 +570,7 @@ RankScheduler.hook.__annotations__.update(
 
 class Colocated:
     """Co-located low-priority work under `sched`: its processes run while its task holds
-    the rank's slot and are frozen (for real: `Freezer`) while it is preempted.
+    one of the host's slots and are frozen (for real: `Freezer`) while it is preempted.
 
     ``Colocated(sched).add(pid).start()``: `start` freezes the processes added, then
     dispatches the task; the scheduler's dispatch thaws them (at once if the slot is free).
@@ -612,50 +661,54 @@ class Colocated:
         self.close()
 
 
-def rank_node(
-    rank: int,
-    world: int,
-    cluster: str,
+def host_client(
     *,
-    slots: int = 1,
-    heartbeat_ms: int = 100,
-    dead_after_ms: int = 3000,
+    start_daemon: bool = True,
+    strict: bool = True,
+    env: dict[str, str] | None = None,
     **kw: Any,
-) -> Node:
-    """A `Node` for `rank` of a one-host job of `world` ranks over shm (node ids = ranks,
-    names ``rank0`` ...), `slots` execution slots each; `cluster` names its lanes (unique
-    per job: /dev/shm/rdmasched.<cluster>.*). Start it (``with`` or `start()`) on every
-    rank. Until the one-daemon-per-host client exists, each rank runs its own node.
+) -> Client:
+    """This rank's `Client` of its host's daemon, from the launcher's variables
+    (`Client.from_env`, docs/CLIENT.md): client LOCAL_RANK of `<cluster>.<host>`. Open it
+    (``with host_client() as client:``) before making the `RankScheduler`.
 
-    `dead_after_ms` (default 3 s): a rank's loop thread needs the GIL, which the training
-    step holds for long stretches (tens to hundreds of ms on a loaded machine; torch's
-    start-up, the model's construction): the 500 ms of a cluster file's default would make
-    nodes declare each other dead while they train.
+    `start_daemon` (default): on local rank 0, if no daemon serves this host yet, start one
+    (`rdmasched daemon --exit-when-idle`, a child process that exits once the ranks have
+    left); the other ranks wait for it (`connect_timeout_s`, default 30 s). Without it, run
+    `rdmasched daemon` on each host yourself, before the ranks.
 
-    Strict priorities (no aging, a starvation cap of ~12 days, unless given): the co-located
-    work gets the slot only when the training job leaves it free. With the scheduler's
-    defaults (a 1 s cap, aging) a co-located task that waited would take the slot the
-    moment a bucket sync freed it, from the step's own compute task, and keep it: the step
-    would then wait for the co-located work, the inversion this integration is there to
-    prevent."""
-    from rdmasched.cluster import ClusterConfig
-    from rdmasched.daemon.node import Node
+    `strict` (default): a daemon started here runs strict priorities: no aging, no
+    starvation cap (``RDMASCHED_STARVATION_US=off``, ``RDMASCHED_AGING_US=off`` unless
+    set). The co-located work then gets a slot only when the training job leaves it free.
+    With the scheduler's defaults (a 1 s cap, aging) a co-located task that waited would take
+    the slot the moment a bucket sync freed it, from the step's own compute task, and keep
+    it: the step would wait for the co-located work, the inversion this integration is there
+    to prevent. A daemon you start yourself: ``rdmasched daemon --starvation-us off
+    --aging-us off``."""
+    from rdmasched.client import Client
 
-    config = ClusterConfig.from_dict(
-        {
-            "cluster": {
-                "name": cluster,
-                "transport": "shm",
-                "heartbeat_ms": heartbeat_ms,
-                "dead_after_ms": dead_after_ms,
-            },
-            "node": [{"name": f"rank{r}", "slots": slots} for r in range(world)],
-        },
-        source="rank_node",
-    )
-    kw.setdefault("starvation_us", STRICT_STARVATION_US)
-    kw.setdefault("aging_us", None)
-    return Node(config, rank, **kw)
+    env = dict(os.environ if env is None else env)
+    if strict:
+        env.setdefault("RDMASCHED_STARVATION_US", "off")
+        env.setdefault("RDMASCHED_AGING_US", "off")
+    return Client.from_env(env, start_daemon=start_daemon, **kw)
+
+
+def _process_start() -> int:
+    start = shm.process_start(os.getpid())
+    assert start is not None
+    return start
+
+
+def _boot_id() -> int:
+    """This machine's boot (63 bits of /proc/sys/kernel/random/boot_id): ranks that share
+    it can watch each other's processes."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            text = f.read().strip().replace("-", "")
+        return int(text[:15], 16)
+    except (OSError, ValueError):
+        return -1
 
 
 def _timedelta(seconds: float) -> Any:
@@ -675,5 +728,5 @@ __all__ = [
     "SchedulerGoneError",
     "SyncTimeoutError",
     "TorchSyncError",
-    "rank_node",
+    "host_client",
 ]

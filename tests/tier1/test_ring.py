@@ -584,3 +584,37 @@ def test_poll_with_an_infinite_timeout_waits_for_the_message(lane_name: Names) -
         finally:
             later.join()
         assert msg is not None and msg.id == 7
+
+
+def test_a_bare_ring_ends_a_lane_sets_wait(lane_name: Names) -> None:
+    # Loop.post from another thread rings the loop's doorbell with no message: the wait
+    # must end then, not at its timeout (a one-host daemon, with no peer lanes, carried out
+    # its clients' calls only at its next timer, up to a heartbeat late)
+    bell = shm.Doorbell.create(lane_name().replace(".", "")[:12] + ".b")
+    lanes = LaneSet()
+    lanes.set_doorbell(bell, bell.address)
+    rx = shm.create_lane(lane_name(), 64, doorbell=bell)
+    lanes.add(rx)
+    try:
+        for with_lane in (True, False):
+            if not with_lane:
+                lanes = LaneSet()  # no lanes at all: a daemon alone in its cluster
+                lanes.set_doorbell(bell, bell.address)
+            done = threading.Event()
+
+            def ring(done: threading.Event = done) -> None:
+                while not done.is_set():  # until the waiter has gone to sleep and woken
+                    bell.ring()
+                    time.sleep(0.01)
+
+            t = threading.Thread(target=ring)
+            t.start()
+            t0 = time.monotonic()
+            got = lanes.wait(Batch(8), 30_000_000, 0)  # 30 s
+            done.set()
+            t.join()
+            assert got == 0
+            assert time.monotonic() - t0 < 20, "the wait ran to its timeout: the ring was lost"
+    finally:
+        rx.close()
+        bell.close()

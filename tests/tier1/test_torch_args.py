@@ -1,5 +1,6 @@
 """rdmasched.integrations.torch refuses bad use with a clear error, before any process or
-lane exists (issue 10 item 1). Needs torch; with CI=true a missing torch fails."""
+lane exists, and the daemon it starts runs strict priorities (issue 10 item 1). Needs torch;
+with CI=true a missing torch fails."""
 
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ pytestmark = pytest.mark.torch
 
 
 def test_rank_scheduler_needs_an_initialised_process_group() -> None:
+    from rdmasched.client import Client
+
     assert not dist.is_initialized()
-    node = rt.rank_node(0, 1, "unused-never-opened")
+    client = Client("unused.never-opened", 0)
     with pytest.raises(ArgumentError, match=r"torch\.distributed initialised first"):
-        rt.RankScheduler(node)
+        rt.RankScheduler(client)
 
 
 def test_errors_are_rdmasched_errors_and_the_builtins_they_mean() -> None:
@@ -36,13 +39,46 @@ def test_errors_are_rdmasched_errors_and_the_builtins_they_mean() -> None:
     assert issubclass(rt.SyncTimeoutError, TimeoutError)
 
 
-def test_rank_node_runs_strict_priorities_by_default() -> None:
-    node = rt.rank_node(1, 2, "unused-never-opened")
-    assert node.id == 1 and node.spec.slots == 1 and node.spec.name == "rank1"
-    assert node.cluster.dead_after_ms == 3000
-    # no aging, no effective starvation cap: co-located work never takes the step's slot
-    assert node.scheduler.aging_ns is None
-    assert node.scheduler.starvation_ns >= rt.STRICT_STARVATION_US * 1000
+@pytest.mark.parametrize(
+    ("argv", "env", "starvation_us", "aging_us"),
+    [
+        ([], {}, 1_000_000, 100_000),  # Node's defaults
+        ([], {"RDMASCHED_STARVATION_US": "off", "RDMASCHED_AGING_US": "off"}, None, None),
+        (["--starvation-us", "off", "--aging-us", "off"], {}, None, None),
+        (["--starvation-us", "5000"], {"RDMASCHED_STARVATION_US": "off"}, 5000, 100_000),
+    ],
+)
+def test_the_daemon_runs_strict_priorities_when_told(
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    env: dict[str, str],
+    starvation_us: int | None,
+    aging_us: int | None,
+) -> None:
+    # host_client() starts the daemon with RDMASCHED_STARVATION_US=off and
+    # RDMASCHED_AGING_US=off; a user's `rdmasched daemon` takes the options
+    from rdmasched.cli import _daemon_policy, build_parser
+    from rdmasched.daemon.node import Node
+
+    for var in ("RDMASCHED_STARVATION_US", "RDMASCHED_AGING_US"):
+        monkeypatch.delenv(var, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    args = build_parser().parse_args(["daemon", *argv])
+    node = Node.from_env({"RDMASCHED_CLUSTER": "unused-never-opened"}, **_daemon_policy(args))
+    if starvation_us is None:  # off: no cap any task reaches
+        assert node.scheduler.starvation_ns >= (1 << 40) * 1000
+    else:
+        assert node.scheduler.starvation_ns == starvation_us * 1000
+    assert node.scheduler.aging_ns == (None if aging_us is None else aging_us * 1000)
+
+
+def test_a_bad_policy_variable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rdmasched.cli import _daemon_policy, _UserError, build_parser
+
+    monkeypatch.setenv("RDMASCHED_STARVATION_US", "forever")
+    with pytest.raises(_UserError, match="RDMASCHED_STARVATION_US='forever'"):
+        _daemon_policy(build_parser().parse_args(["daemon"]))
 
 
 def test_the_hook_has_the_annotations_ddp_checks() -> None:

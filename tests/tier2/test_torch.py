@@ -1,11 +1,12 @@
 """A real DDP job under rdmasched (issue 10): the comm hook, OS-enforced preemption of
 co-located work, and the hook's failure paths.
 
-Every rank is a real process (`python -m tests.tier2.torch_ranks`, gloo on the CPU, its own
-node over shm); the assertions read what the ranks wrote. Needs torch (the [torch] extra,
-installed by scripts/setup.sh): without it these tests skip, except with CI=true, where a
-missing torch fails. No assertion is timed; every wait has a generous deadline, so a hang is
-a failure, not a stuck run.
+Every rank is a real process (`python -m tests.tier2.torch_ranks`, gloo on the CPU), a client
+of the host's daemon (one per host: started by local rank 0, `host_client()`, or by the
+test as a user would, `rdmasched daemon`); the assertions read what the ranks wrote. Needs
+torch (the [torch] extra, installed by scripts/setup.sh): without it these tests skip,
+except with CI=true, where a missing torch fails. No assertion is timed; every wait has a
+generous deadline, so a hang is a failure, not a stuck run.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,9 @@ if importlib.util.find_spec("torch") is None:
         )
     pytest.skip("torch is not installed (pip install -e '.[torch]')", allow_module_level=True)
 
+from rdmasched.daemon.clients import endpoint_name
 from rdmasched.integrations.freeze import cgroup_available
+from rdmasched.launch import daemon_running
 from rdmasched.transport import shm
 
 pytestmark = pytest.mark.torch
@@ -51,32 +56,81 @@ def new_cluster() -> str:
     return f"t{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
+def host_env(world: int, cluster: str, port: int) -> dict[str, str]:
+    """One host of `world` ranks, as torchrun's variables give it (without GROUP_RANK: the
+    one-host cluster)."""
+    return {
+        **os.environ,
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RDMASCHED_CLUSTER": cluster,
+        "RDMASCHED_HOST": "host0",
+        "PYTHONPATH": str(ROOT),
+    }
+
+
+def wait_until(cond: Any, what: str, deadline_s: float = 60.0) -> None:
+    end = time.monotonic() + deadline_s
+    while not cond():
+        if time.monotonic() > end:
+            pytest.fail(f"not within {deadline_s} s: {what}")
+        time.sleep(0.05)
+
+
 def run_ranks(
-    tmp_path: Path, scenario: str, world: int, *extra: str, cluster: str | None = None
+    tmp_path: Path,
+    scenario: str,
+    world: int,
+    *extra: str,
+    cluster: str | None = None,
+    daemon: str = "rank0",
+    hosts: int = 1,
 ) -> list[dict[str, Any]]:
     """Run `scenario` on `world` rank processes; what each rank wrote (None: it wrote
-    nothing, as a killed rank). Fails if any rank is still running at the deadline."""
+    nothing, as a killed rank). `daemon`: "rank0" (local rank 0 starts it) or "user" (this
+    test runs `rdmasched daemon` first, with strict priorities, and stops it after).
+    `hosts` > 1: that many "hosts" on this machine (RDMASCHED_HOST host0, host1, ..., shm
+    between their daemons), found as under torchrun: GROUP_RANK, and a TCPStore at
+    MASTER_ADDR:MASTER_PORT run here as torchrun's agent runs it (the ranks' own store is a
+    client of it, TORCHELASTIC_USE_AGENT_STORE). Fails if any rank or daemon is still
+    running at the deadline."""
     port = free_port()
     cluster = cluster or new_cluster()
+    env = host_env(world, cluster, port)
+    per_host = world // hosts
+    store = None
+    if hosts > 1:
+        import torch.distributed as dist
+
+        store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+        env.update(
+            GROUP_WORLD_SIZE=str(hosts),
+            LOCAL_WORLD_SIZE=str(per_host),
+            RDMASCHED_TRANSPORT="shm",
+            TORCHELASTIC_USE_AGENT_STORE="True",
+        )
+    user = None
+    if daemon == "user":
+        user = subprocess.Popen(
+            [sys.executable, "-m", "rdmasched.cli", "daemon", "--starvation-us", "off",
+             "--aging-us", "off"],
+            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        assert user.stdout is not None
+        line = user.stdout.readline()
+        assert line.startswith("rdmasched daemon:"), line
+        env["RDMASCHED_TEST_DAEMON_PID"] = str(user.pid)
     procs = []
     for rank in range(world):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "RDMASCHED_CLUSTER": cluster,
-            "PYTHONPATH": str(ROOT),
-        }
         out = tmp_path / f"rank{rank}.json"
         procs.append(
             (
                 out,
                 subprocess.Popen(
                     [sys.executable, "-m", "tests.tier2.torch_ranks", scenario, str(out), *extra],
-                    env=env,
+                    env={**env, **_rank_env(rank, per_host, hosts)},
                     cwd=ROOT,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
@@ -85,19 +139,40 @@ def run_ranks(
             )
         )
     results: list[dict[str, Any]] = []
-    for out, p in procs:
-        try:
-            log, _ = p.communicate(timeout=DEADLINE_S)
-        except subprocess.TimeoutExpired:
-            for _, q in procs:
+    try:
+        for out, p in procs:
+            try:
+                log, _ = p.communicate(timeout=DEADLINE_S)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"{scenario}: a rank was still running after {DEADLINE_S} s (hung)")
+            r = json.loads(out.read_text()) if out.exists() else None
+            if r is not None:
+                assert "crash" not in r, f"rank {r['rank']} crashed:\n{r['crash']}\n{log[-3000:]}"
+                r["output"] = log
+            results.append(r)  # type: ignore[arg-type]
+    finally:
+        for _, q in procs:
+            if q.poll() is None:
                 q.kill()
-            pytest.fail(f"{scenario}: a rank was still running after {DEADLINE_S} s (hung)")
-        r = json.loads(out.read_text()) if out.exists() else None
-        if r is not None:
-            assert "crash" not in r, f"rank {r['rank']} crashed:\n{r['crash']}\n{log[-3000:]}"
-            r["output"] = log
-        results.append(r)  # type: ignore[arg-type]
+        if user is not None and user.poll() is None:
+            user.send_signal(signal.SIGTERM)
+            user.wait(60)
+    # a daemon a rank started leaves once its ranks have (--exit-when-idle)
+    for h in range(hosts):
+        endpoint = endpoint_name(cluster, f"host{h}")
+        wait_until(lambda e=endpoint: not daemon_running(e), "the daemon exits after its ranks")
+    del store
     return results
+
+
+def _rank_env(rank: int, per_host: int, hosts: int) -> dict[str, str]:
+    env = {"RANK": str(rank), "LOCAL_RANK": str(rank % per_host)}
+    if hosts > 1:
+        host = rank // per_host
+        env.update(
+            GROUP_RANK=str(host), RDMASCHED_HOST=f"host{host}", RDMASCHED_PORT=str(free_port())
+        )
+    return env
 
 
 def test_buckets_start_in_priority_order_in_one_order_on_every_rank(tmp_path: Path) -> None:
@@ -132,40 +207,69 @@ def test_buckets_start_in_priority_order_in_one_order_on_every_rank(tmp_path: Pa
     assert r0["params"] == r1["params"]
 
 
-def test_node_gone_fails_the_step_with_a_clear_error(tmp_path: Path) -> None:
-    (r,) = run_ranks(tmp_path, "node_gone", 1)
-    assert "SchedulerGoneError" in r["sched_error"]
-    assert "not running" in r["backward"] or "stopped" in r["backward"], r["backward"]
-    assert r["compute"].startswith("SchedulerGoneError"), r["compute"]
+def test_one_daemon_serves_the_ranks_of_the_host(tmp_path: Path) -> None:
+    # two ranks, one host: one sync group member (the host), waiting for its two ranks
+    r0, r1 = run_ranks(tmp_path, "order", 2)
+    for r in (r0, r1):
+        assert r["endpoint"] == r0["endpoint"]
+        assert r["members"] == [0] and r["local"] == 2
+
+
+def test_two_hosts_one_rank_each_sync_over_both_daemons(tmp_path: Path) -> None:
+    # two daemons (two "hosts" on this machine), found through the launcher's store: each
+    # bucket is one sync group over both hosts, each host waiting for its one rank
+    r0, r1 = run_ranks(tmp_path, "order", 2, hosts=2)
+    assert r0["endpoint"] != r1["endpoint"]
+    for r in (r0, r1):
+        assert r["members"] == [0, 1] and r["local"] == 1
+        assert r["max_diff_vs_plain_ddp"] < 1e-5
+    starts = [[(s, i) for ev, s, i, _ in r["log"] if ev == "start"] for r in (r0, r1)]
+    assert starts[0] and starts[0] == starts[1]
+    assert r0["params"] == r1["params"]
+
+
+def test_daemon_gone_fails_the_step_with_a_clear_error(tmp_path: Path) -> None:
+    cluster = new_cluster()
+    results = run_ranks(tmp_path, "daemon_gone", 2, cluster=cluster, daemon="user")
+    # the killed daemon's lanes stay behind (as after any SIGKILL: `rdmasched cleanup`)
+    for s in [s for s in shm.list_segments() if cluster in s]:
+        shm.ShmSegment.unlink_name(s)
+    for r in results:
+        assert r["sched_error"].startswith("SchedulerGoneError"), r["sched_error"]
+        assert "daemon" in r["sched_error"] and "gone" in r["sched_error"], r["sched_error"]
+        # the step raised: plain backward (DDP's RuntimeError naming the error) and compute()
+        assert "gone" in r["backward"], r["backward"]
+        assert r["compute"].startswith("SchedulerGoneError"), r["compute"]
 
 
 def test_rank_killed_fails_the_survivor_instead_of_hanging(tmp_path: Path) -> None:
     cluster = new_cluster()
     r0, r1 = run_ranks(tmp_path, "rank_killed", 2, cluster=cluster)
     # the lane the killed rank created stays behind (as after any SIGKILL: `rdmasched
-    # cleanup`); the survivor removed its own
+    # cleanup`); the survivor and the daemon removed theirs
     left = [s for s in shm.list_segments() if cluster in s]
     for s in left:
         shm.ShmSegment.unlink_name(s)
-    assert all(".1.from." in s for s in left), left
+    assert all(".c1." in s for s in left), left
     assert r1 is None  # killed before it could write
     assert "error" in r0, "the survivor's training loop did not fail"
-    # the node of rank 1 was declared dead (or, first, the all-reduce failed): a clear error,
-    # raised by the step (compute() turns DDP's RuntimeError into it)
+    # rank 1's process is gone: a clear error, raised by the step (compute() turns DDP's
+    # RuntimeError into it)
     assert r0["error"] == r0["sched_error"], r0
-    assert r0["error"].startswith(("RankLostError", "TorchSyncError")), r0
-    assert "rank" in r0["error"]
+    assert r0["error"].startswith("RankLostError"), r0
+    assert "rank(s) [1]" in r0["error"]
 
 
 def test_managed_training_keeps_its_slot_past_the_starvation_cap(tmp_path: Path) -> None:
     # Regression: with the scheduler's default starvation cap (1 s) the waiting co-located
     # task took the slot when a bucket sync freed it, the step's compute task was left
     # queued, and the next step's compute task was never dispatched ("not dispatched within
-    # 60 s" in the first `ddp_train.py --compare`). rank_node runs strict priorities.
+    # 60 s" in the first `ddp_train.py --compare`). host_client's daemon runs strict
+    # priorities.
     r0, r1 = run_ranks(tmp_path, "managed", 2)
     for r in (r0, r1):
-        assert r["steps"] >= 5
-        assert r["colocated_ran_during_a_step"] is False
+        assert r["steps"] == 3
+        assert r["colocated_ran_during_a_step"] is False, r["seen"]
         assert r["errors"] == []
 
 

@@ -1,14 +1,16 @@
 """One rank of a test scenario of rdmasched.integrations.torch (run by tests/tier2/test_torch.py).
 
-    python -m tests.tier2.torch_ranks SCENARIO OUT      (env: RANK, WORLD_SIZE, MASTER_ADDR,
-                                                          MASTER_PORT, RDMASCHED_CLUSTER)
+    python -m tests.tier2.torch_ranks SCENARIO OUT      (env: RANK, WORLD_SIZE, LOCAL_RANK,
+        LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, RDMASCHED_CLUSTER, RDMASCHED_HOST)
 
+Every rank is a client of the host's daemon (`host_client`): started by local rank 0, or,
+with RDMASCHED_TEST_DAEMON_PID set, one the test started (`rdmasched daemon`).
 Writes what the rank saw to OUT (JSON); the test asserts on it. Scenarios:
 
 - ``order``: DDP over gloo, a stack of linear layers in several buckets, tiny batches (the
   all-reduces, not the compute, take the time, so released buckets wait for the comm queue),
   under the hook with compute(); beside it the same model under plain DDP on the same data.
-- ``node_gone``: the rank's node is stopped between two steps.
+- ``daemon_gone``: rank 0 kills the host's daemon (SIGKILL) between two steps.
 - ``rank_killed``: rank 1 kills itself (SIGKILL) before its third step.
 - ``freeze MECHANISM``: a real burning process as a `Colocated` job; CPU time while the
   training step's compute task holds the slot, and after.
@@ -33,7 +35,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from rdmasched.integrations.freeze import read_stat
-from rdmasched.integrations.torch import Colocated, RankScheduler, rank_node
+from rdmasched.integrations.torch import Colocated, RankScheduler, host_client
 
 BURN = "import zlib\nd = bytes(range(256)) * 4096\nwhile True: zlib.compress(d, 6)"
 
@@ -76,13 +78,14 @@ def cpu_ticks(pid: int) -> int:
 
 def main() -> int:
     scenario, out = sys.argv[1], Path(sys.argv[2])
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
-    node = rank_node(rank, world, os.environ["RDMASCHED_CLUSTER"], dead_after_ms=1500)
-    node.start()
-    result: dict[str, Any] = {"rank": rank}
+    daemon_pid = int(os.environ.get("RDMASCHED_TEST_DAEMON_PID", "0"))
+    node = host_client(start_daemon=not daemon_pid).open()
+    result: dict[str, Any] = {"rank": rank, "endpoint": node.endpoint}
     sched = RankScheduler(node, sync_timeout_s=30, collective_timeout_s=30)
+    result["members"], result["local"] = sched.members, sched.local
     t0 = time.monotonic()
     try:
         if scenario == "order":
@@ -96,11 +99,13 @@ def main() -> int:
             result["log"] = list(sched.log)
             result["params"] = flat(a).tolist()[:64]
             result["max_diff_vs_plain_ddp"] = float((flat(a) - flat(b)).abs().max())
-        elif scenario == "node_gone":
+        elif scenario == "daemon_gone":
             ddp = DistributedDataParallel(model(64, 2))
             ddp.register_comm_hook(None, sched.hook)
-            train(ddp, 2, None, seed=rank, width=64)
-            node.stop()
+            train(ddp, 2, sched, seed=rank, width=64)
+            dist.barrier()
+            if rank == 0:
+                os.kill(daemon_pid, signal.SIGKILL)
             for what in ("backward", "compute"):
                 try:
                     train(ddp, 1, sched if what == "compute" else None, seed=rank, width=64)
@@ -120,7 +125,7 @@ def main() -> int:
                 result["error"] = f"{type(exc).__name__}: {exc}"
             result["sched_error"] = f"{type(sched.error).__name__}: {sched.error}"
         elif scenario == "managed":
-            # longer than the scheduler's default starvation cap (1 s), co-located job waiting
+            # steps longer than the default starvation cap (1 s), co-located work waiting
             proc = subprocess.Popen([sys.executable, "-c", BURN], start_new_session=True)
             try:
                 colo = Colocated(sched).add(proc.pid).start()
@@ -128,27 +133,31 @@ def main() -> int:
                 ddp.register_comm_hook(None, sched.hook)
                 opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
                 seen = []
-                end = time.monotonic() + 3.0
                 steps = 0
                 while True:
                     x = torch.randn(2, 256)
                     with sched.compute():
-                        seen.append(colo.running)
+                        # every rank in its step: every slot of the host is the job's, so
+                        # every co-located task is preempted (another rank's compute may
+                        # have started a moment before this rank's freeze was done)
+                        dist.barrier()
+                        seen.append(not _settles(lambda: not colo.running))
+                        time.sleep(1.2)  # a step longer than the default starvation cap
                         nn.functional.cross_entropy(
                             ddp(x), torch.zeros(2, dtype=torch.long)
                         ).backward()
                         opt.step()
+                        # the buckets' syncs took a slot and gave it back: to the step's
+                        # compute task, not to co-located work that has waited past the cap
+                        dist.barrier()
+                        seen.append(not _settles(lambda: not colo.running))
                     steps += 1
                     dist.barrier()  # the same number of steps on both ranks
-                    if rank == 0 and time.monotonic() >= end and steps >= 5:
-                        flag = torch.ones(1)
-                    else:
-                        flag = torch.zeros(1)
-                    dist.broadcast(flag, 0)
-                    if flag.item():
+                    if steps == 3:
                         break
                 result["steps"] = steps
                 result["colocated_ran_during_a_step"] = any(seen)
+                result["seen"] = seen
                 result["errors"] = colo.errors
                 colo.close()
             finally:
@@ -185,11 +194,20 @@ def main() -> int:
     result["seconds_after_failure"] = time.monotonic() - t0
     out.write_text(json.dumps(result))
     sched.close()
-    node.stop()
-    if scenario == "rank_killed":
+    node.close()
+    if scenario in ("rank_killed", "daemon_gone"):
         os._exit(0)  # the gloo groups still name a dead peer: do not wait on their teardown
     dist.destroy_process_group()
     return 0
+
+
+def _settles(cond: Any, deadline_s: float = 10.0) -> bool:
+    end = time.monotonic() + deadline_s
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def _wait(cond: Any, what: str, deadline_s: float = 60.0) -> None:
