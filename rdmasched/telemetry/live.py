@@ -1,6 +1,6 @@
 """Reading a running node's events over its metrics port (``/events``, docs/TELEMETRY.md).
 
-A live reader (``rdmasched trace export --live``, later a web mirror or ``rdmasched top``)
+A live reader (``rdmasched trace export --live``, ``rdmasched mirror --live`` and ``rdmasched top``)
 polls ``/events?since=SEQ`` with the last ``seq`` it saw + 1: it gets every event after it
 still in the node's ring, and the header's ``missed`` counts what the ring overwrote first.
 """
