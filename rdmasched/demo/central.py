@@ -19,7 +19,7 @@ from rdmasched.daemon.loop import Loop
 from rdmasched.daemon.node import Reactions
 from rdmasched.demo.workload import GROUP
 from rdmasched.errors import MessageError
-from rdmasched.scheduler import Scheduler, Start, Task
+from rdmasched.scheduler import Scheduler, Start, Task, TaskState
 
 YIELDED = msg.YIELDED  # COMPLETE status: a preempted task's progress (PROTOCOL.md 4.1)
 
@@ -68,6 +68,11 @@ class Coordinator:
         self.sched: dict[int, Scheduler] = {n: c.scheduler for n, c in self.cores.items()}
         self.decisions = 0
         self._bad_msgs = 0
+        #: (node, task): a PREEMPT sent to the node, its answer (YIELDED, or the COMPLETE of
+        #: a task that finished before the PREEMPT reached it) not yet in
+        self._stopping: set[tuple[int, int]] = set()
+        #: tasks that finished while their PREEMPT was in flight (taken out of the queue)
+        self.raced = 0
 
     @property
     def rejected(self) -> int:
@@ -87,9 +92,18 @@ class Coordinator:
             t = Task(x.task, x.job, x.priority, x.cost_ns, x.progress_ns, origin=peer)
             self._do(peer, core.dispatch(t, now))
         elif isinstance(x, msg.Complete):
+            stopping = (peer, x.task) in self._stopping
+            self._stopping.discard((peer, x.task))
             if x.status == YIELDED:
                 return  # the estimate given to preempted() stands
-            self._do(peer, core.complete(x.task, peer, x.runtime_ns, now))
+            t = core.resolve(x.task, peer) if stopping else None
+            if t is not None and t.state == TaskState.QUEUED:
+                # It finished before the PREEMPT reached the node: preempted() requeued it
+                # here, so it leaves the queue instead of running a second time.
+                self.raced += 1
+                self._do(peer, core.preempt(x.task, None, True, now))
+            else:
+                self._do(peer, core.complete(x.task, peer, x.runtime_ns, now))
         elif isinstance(x, msg.SyncReady):
             for node, c in self.cores.items():
                 self._do(node, c.member_ready(x.group, x.step, x.member, x.sent_ns, now))
@@ -114,6 +128,7 @@ class Coordinator:
                 now = self.clock()
                 stop = msg.Preempt(v.id, v.job, e.trigger_ns or now, e.cancel)
                 self.loop.send(node, *stop.encode())
+                self._stopping.add((node, v.id))
                 # The node reports the true progress later; the node keeps its own record,
                 # so an estimate from the start time is enough to requeue it here.
                 est = v.progress_ns + max(0, now - v.started_ns)
@@ -131,6 +146,9 @@ class Executor:
         self.clock = loop.clock
         self.running: dict[int, Task] = {}
         self.progress: dict[int, int] = {}
+        #: tasks this node finished: a start order for one of them crossed its COMPLETE
+        #: (the coordinator requeued it on a PREEMPT that came too late) and is ignored
+        self.finished: set[int] = set()
         self.reactions = Reactions()
         self.trainer: Any = None
 
@@ -152,6 +170,7 @@ class Executor:
         self.loop.send(self.coord, *m.encode())
 
     def complete(self, task: Task, runtime_ns: int) -> None:
+        self.finished.add(task.id)
         self.running.pop(task.id, None)
         self.progress.pop(task.id, None)
         m = msg.Complete(task.id, task.job, runtime_ns, task.progress_ns)
@@ -160,6 +179,8 @@ class Executor:
     def on_message(self, m: Message, peer: int) -> None:
         x = msg.decode(m)
         if isinstance(x, msg.Dispatch) and x.slot is not None:
+            if x.task in self.finished:
+                return  # done already; the coordinator has its COMPLETE (see Coordinator)
             group = x.job if x.priority == 255 else None
             t = Task(
                 x.task,

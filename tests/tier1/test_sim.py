@@ -76,22 +76,13 @@ def test_same_seed_same_figures(scheduler: str) -> None:
     assert model_figures(other) != model_figures(a)
 
 
-CENTRAL_RACE = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="rdmasched/demo/central.py: a task that finishes while the coordinator's PREEMPT "
-    "for it is in flight is requeued by the coordinator (its COMPLETE is refused: 'complete "
-    "of task that is queued') and run a second time",
-)
-
-
 @pytest.mark.parametrize(
     "scheduler",
     [
         "rdmasched",
         "fifo",
-        pytest.param("central", marks=CENTRAL_RACE),
-        pytest.param("k8s", marks=CENTRAL_RACE),
+        "central",
+        "k8s",
     ],
 )
 @pytest.mark.parametrize("jobs", [0, 4])
