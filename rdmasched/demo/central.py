@@ -96,8 +96,8 @@ class Coordinator:
             self._stopping.discard((peer, x.task))
             if x.status == YIELDED:
                 return  # the estimate given to preempted() stands
-            t = core.resolve(x.task, peer) if stopping else None
-            if t is not None and t.state == TaskState.QUEUED:
+            held = core.resolve(x.task, peer) if stopping else None
+            if held is not None and held.state == TaskState.QUEUED:
                 # It finished before the PREEMPT reached the node: preempted() requeued it
                 # here, so it leaves the queue instead of running a second time.
                 self.raced += 1
