@@ -58,6 +58,7 @@ from rdmasched.errors import (
     PeerDeadError,
     RdmaschedError,
 )
+from rdmasched.messages import Outgoing
 from rdmasched.scheduler import Task
 from rdmasched.scheduler.task import TaskState, task_key
 from rdmasched.transport import shm
@@ -66,10 +67,6 @@ if TYPE_CHECKING:
     from rdmasched.daemon.node import Node
 
 _log = logging.getLogger("rdmasched.clients")
-
-#: a message for a client, queued while its lane is full: `TxLane.send`'s arguments before
-#: timeout_us (a client lane is local: no dst, src or relays)
-ClientOut = tuple[int, int, int, int, int, int, int, int, int, dict[str, Any] | None]
 
 __all__ = ["ClientHub", "down_lane", "endpoint_name", "up_lane"]
 
@@ -141,7 +138,9 @@ class _Client:
         self.pid = pid
         self.start = start
         self.tx = tx
-        self.outbox: deque[ClientOut] = deque()
+        #: messages queued while the lane is full (a client lane is local: no dst, src or
+        #: relays, so the messages' own `Outgoing` shape)
+        self.outbox: deque[Outgoing] = deque()
         self.groups: set[int] = set()
 
 
@@ -619,7 +618,7 @@ class ClientHub:
         c = self.clients.get(k)
         if c is None:
             return
-        args: ClientOut = (kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta)
+        args: Outgoing = (kind, id, job, priority, flags, arg0, arg1, arg2, hops, meta)
         if c.outbox:
             c.outbox.append(args)
             return
