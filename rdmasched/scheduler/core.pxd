@@ -29,6 +29,7 @@ cdef class Scheduler:
     cdef object _fifo
     cdef list _run
     cdef dict _tasks
+    cdef set _outranked
     cdef Py_ssize_t _nqueued
     cdef long long _seq
     cdef unsigned long long[::1] _ev
@@ -56,7 +57,7 @@ cdef class Scheduler:
     cpdef list dispatch(self, task)
     @cython.locals(slot=Py_ssize_t, out=list, task=Task)
     cpdef list complete(self, task_id, origin=*)
-    @cython.locals(slot=Py_ssize_t, out=list, task=Task)
+    @cython.locals(slot=Py_ssize_t, out=list, task=Task, outranked=bint, victim=tuple)
     cpdef list yielded(self, task_id, progress_ns, origin=*)
     cdef list _complete_other(self, task_id, key, task, now)
     cdef _admit(self, Task task, now, bint sync)

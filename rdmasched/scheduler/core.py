@@ -308,6 +308,7 @@ class Scheduler:
         "_n_sync_reports",
         "_nqueued",
         "_offset",
+        "_outranked",
         "_peers",
         "_rejected",
         "_rng",
@@ -363,6 +364,9 @@ class Scheduler:
         self._fifo: deque[QEntry] = deque()
         self._run: list[REntry] = []
         self._tasks: dict[int, Task] = {}
+        # keys of victims of a priority preemption that have not yielded yet: one that
+        # outranks the task that took a slot meanwhile takes it back when it yields
+        self._outranked: set[int] = set()
         self._nqueued = 0
         self._seq = 0
         # the event ring: ``events`` records of WORDS u64 each (events.py has the layout)
@@ -443,6 +447,7 @@ class Scheduler:
         if state is _PREEMPTING or state is _CANCELLING:
             # it finished while the preempt handler ran; its slot is already reused
             del self._tasks[key]
+            self._outranked.discard(key)
             task.state = _DONE
             self._n_completions += 1
             self._rec(now, D_COMPLETE, int(Rule.DONE_PREEMPTING), task, -1, None, 0, 0)
@@ -466,6 +471,9 @@ class Scheduler:
             self._reject(UnknownTaskError(f"unknown task {task_id}"), task_id, now)
         if progress_ns < 0:
             self._reject(InvalidTaskError(f"negative progress {progress_ns}"), task_id, now)
+        outranked = key in self._outranked
+        if outranked:
+            self._outranked.discard(key)
         state = task.state
         if state is _CANCELLING:
             task.progress_ns = progress_ns
@@ -489,6 +497,16 @@ class Scheduler:
             self._run_on(task, slot, now)
             self._rec(now, D_START, R_FREE, task, slot, None, 0, 0)
             out.append(_new(Start, (task, slot)))
+            return out
+        if outranked:
+            # Its preemptor may have finished before this handler returned, and its slot gone
+            # to the queue head, a task this one outranks: as on arrival, it preempts that.
+            self._n_requeues += 1
+            self._rec(now, D_REQUEUE, R_YIELDED, task, -1, None, 0, 0)
+            victim = self._lowest_running()
+            if task.priority > victim[0] and self._heads_queue(task, now, key):
+                return self._preempt_for(task, victim, now)
+            self._enqueue(task, now, key)
             return out
         self._enqueue(task, now, key)
         self._n_requeues += 1
@@ -1187,6 +1205,7 @@ class Scheduler:
         slot = victim_entry[2]
         self._off_slot(victim, slot)
         victim.state = _PREEMPTING
+        self._outranked.add((victim.origin << 64) | victim.id)
         self._n_preemptions += 1
         self._rec(now, D_PREEMPT, R_VICTIM, victim, slot, None, 0, 0)
         self._run_on(task, slot, now)

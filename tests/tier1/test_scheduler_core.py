@@ -277,6 +277,34 @@ def test_yielded_restarts_at_once_when_a_slot_is_free() -> None:
     assert started(s.yielded(1, 10)) == [(1, 0)]
 
 
+def test_victim_outranking_the_task_that_took_its_slot_meanwhile_preempts_it() -> None:
+    # 1 (100) is preempted by 2 (200), and 2 finishes before 1's handler returns: the slot
+    # goes to the queue head, 3 (10). When 1 yields it outranks 3, as it would have on
+    # arrival: it takes the slot back (found by the torch integration: a bucket sync's
+    # slot went to co-located work while the step's compute task was still yielding).
+    s, clock = make(1)
+    s.dispatch(T(1, 100))
+    s.dispatch(T(3, 10))
+    clock.advance_us(1)
+    first(s.dispatch(T(2, 200)), Preempt)
+    assert started(s.complete(2)) == [(3, 0)]
+    a = s.yielded(1, 10)
+    p = first(a, Preempt)
+    assert (p.victim.id, p.slot, p.by.id if p.by else None) == (3, 0, 1)
+    assert started(a) == [(1, 0)]
+    assert s.get(1).progress_ns == 10
+
+
+def test_victim_of_a_peer_preempt_does_not_take_the_slot_back() -> None:
+    # A peer's PREEMPT gives the slot away on purpose: the requeued task competes in the
+    # queue, it does not preempt the task that took its slot.
+    s, clock = make(1)
+    fill(s, clock, [100, 50])
+    s.preempt(1)
+    assert s.yielded(1, 0) == []
+    assert s.get(1).state is TaskState.QUEUED
+
+
 def test_sync_tasks_are_never_preempted_by_compute() -> None:
     s, _ = make(1)
     s.define_group(1, {0}, lambda g, st: T(100 + st, 0))

@@ -36,6 +36,7 @@ class M:  # a task as the model sees it
     state: str = "N"  # N(ew), Q(ueued), R(unning), P(reempting), C(ancelling)
     slot: int = -1
     started: int = 0
+    outranked: bool = False  # preempted for a higher-priority task, not yet yielded
 
 
 class Model:
@@ -91,6 +92,15 @@ class Model:
             slot = self.free.pop()
             self.run(t, slot)
             return [("start", t.id, slot)]
+        out = self.outrank(t, now)
+        if out is None:
+            self.enqueue(t, now)
+            return []
+        return out
+
+    def outrank(self, t: M, now: int) -> list[Any] | None:
+        """No slot free: `t` preempts the lowest running task if it outranks it and would
+        head the queue."""
         running = [x for x in self.tasks.values() if x.state == "R"]
         victim = min(running, key=lambda x: (x.prio, -x.started))
         if t.prio > victim.prio:
@@ -100,15 +110,14 @@ class Model:
                 and self.key(t) < min(self.key(x) for x in q)
             )
             if heads:
-                victim.state = "P"
+                victim.state, victim.outranked = "P", True
                 slot = victim.slot
                 self.run(t, slot)
                 return [
                     ("preempt", victim.id, slot, t.id, False),
                     ("start", t.id, slot),
                 ]
-        self.enqueue(t, now)
-        return []
+        return None
 
     def dispatch(self, tid: int, prio: int, now: int) -> list[Any]:
         t = self.tasks[tid] = M(tid, prio, now)
@@ -126,12 +135,16 @@ class Model:
         if t.state == "C":
             del self.tasks[tid]
             return []
+        outranked, t.outranked = t.outranked, False
         if self.free:
             slot = self.free.pop()
             self.run(t, slot)
             return [("start", tid, slot)]
-        self.enqueue(t, now)
-        return []
+        out = self.outrank(t, now) if outranked else None
+        if out is None:
+            self.enqueue(t, now)
+            return []
+        return out
 
     def preempt(self, tid: int, cancel: bool, now: int) -> list[Any]:
         t = self.tasks[tid]
