@@ -151,6 +151,8 @@ def main() -> int:
                         # compute task, not to co-located work that has waited past the cap
                         dist.barrier()
                         seen.append(not _settles(lambda: not colo.running))
+                        if seen[-1]:  # why: the daemon's decisions about the co-located task
+                            result["explain"] = [str(e) for e in node.explain(colo.task_id)]
                     steps += 1
                     dist.barrier()  # the same number of steps on both ranks
                     if steps == 3:
