@@ -877,7 +877,8 @@ def _add_telemetry_flags(p: argparse.ArgumentParser) -> None:
         "--rounds",
         type=_int_range(1, 1000, "a number of rounds"),
         default=5,
-        help="--telemetry-cost: runs of each setting, alternating (default 5)",
+        help="--telemetry-cost: runs of each setting (scheduler: interleaved in turns; "
+        "preempt: alternating)",
     )
 
 
@@ -910,14 +911,17 @@ def cmd_bench_scheduler(args: argparse.Namespace) -> int:
         "execution slots, one core (rdmasched/bench/scheduler.py)"
     )
     if args.telemetry_cost:
+        print(
+            f"  two schedulers, ring on and off, driven in turns of {res['chunk']} operations "
+            f"({res['turns']} pairs of turns, {res['rounds']} rounds, {res['implementation']} "
+            "core)"
+        )
         for key, name in (("events_on", f"events {args.events}"), ("events_off", "events off")):
             r = res[key]
-            print(
-                f"  {name:<12} {r['cpu_decisions_per_s']:>12,} decisions per CPU-second "
-                f"({r['decisions_per_s']:,} wall-clock), best of {res['rounds']}"
-            )
+            print(f"  {name:<12} {r['cpu_decisions_per_s']:>12,} decisions per CPU-second")
         print(
-            f"  telemetry on / off: {res['ratio']:.3f} "
+            f"  telemetry on / off: {res['ratio']:.3f} over all turns, "
+            f"{res['pair_ratio_p50']:.3f} median of the pairs "
             f"({res['ns_per_decision_added']} ns per decision added)"
         )
         return 0

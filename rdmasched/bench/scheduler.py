@@ -27,6 +27,7 @@ import platform
 import random
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from rdmasched.scheduler import Preempt, Start, core, task
@@ -76,30 +77,11 @@ def task_class(sched_cls: Any) -> Any:
     return getattr(sys.modules[sched_cls.__module__], "Task", task.Task)
 
 
-def run(
-    n: int = 1_000_000,
-    nslots: int = 8,
-    *,
-    queue_depth: int | None = None,
-    seed: int = 1,
-    impl: str = "auto",
-    quiet: bool = False,
-    events: int = 4096,
-) -> dict[str, Any]:
-    """Drive a scheduler until it has taken at least ``n`` decisions; return the figures.
-
-    ``impl`` picks the build: "auto", "compiled" or "python" (see ``scheduler_class``).
-    ``events``: the decision event ring's size; 0 turns the telemetry off.
-    """
-    cls = scheduler_class(impl)
-    Task = task_class(cls)  # the class of the core being driven
-    implementation = "python" if cls.__module__ != core.__name__ else core.IMPLEMENTATION
-    depth = 2 * nslots if queue_depth is None else queue_depth
+def _driver(s: Any, Task: Any, nslots: int, depth: int, seed: int) -> Iterator[int]:
+    """Play the daemon on scheduler ``s`` (module docstring): each ``next()`` makes CHUNK
+    operations and gives the scheduler method calls made so far.  The operations depend on
+    ``seed`` only (and on the decisions, which the event ring does not change)."""
     rng = random.Random(seed)
-    # a fake clock that moves 250 ns per read: a C-level callable, like time.monotonic_ns
-    clock = itertools.count(0, 250).__next__
-    s = cls(nslots, clock=clock, starvation_us=10_000, events=events)
-
     # pre-drawn randomness, so that the timed loop draws none
     mask = CHUNK - 1
     prios = [200 if rng.random() < 0.04 else 100 for _ in range(CHUNK)]
@@ -127,6 +109,70 @@ def run(
     step = 0
     calls = 0
     i = 0
+    while True:
+        for _ in range(CHUNK):
+            i += 1
+            if i & 63 == 0:  # a SYNC_READY report
+                acts = sync_ready(1, step >> 2, step & 3)
+                step += 1
+            elif inflight < target or occupant[picks[i & mask]] is None:
+                t = pool.pop()
+                t.id = next_id
+                next_id += 1
+                t.priority = prios[i & mask]
+                t.progress_ns = 0
+                acts = dispatch(t)
+                inflight += 1
+            else:
+                slot = picks[i & mask]
+                t = occupant[slot]
+                if t.group is not None:  # a sync task: it completes too, not counted
+                    occupant[slot] = None
+                acts = complete(t.id)
+                if t.group is None:
+                    inflight -= 1
+                    pool.append(t)
+            calls += 1
+            for a in acts:
+                if a.__class__ is Start:
+                    occupant[a.slot] = a.task
+                elif a.__class__ is Preempt:
+                    v = a.victim
+                    # the preempt handler checkpoints and returns the progress
+                    yielded(v.id, 1000)
+                    calls += 1
+        yield calls
+
+
+def _scheduler(cls: Any, nslots: int, events: int) -> Any:
+    # a fake clock that moves 250 ns per read: a C-level callable, like time.monotonic_ns
+    clock = itertools.count(0, 250).__next__
+    return cls(nslots, clock=clock, starvation_us=10_000, events=events)
+
+
+def run(
+    n: int = 1_000_000,
+    nslots: int = 8,
+    *,
+    queue_depth: int | None = None,
+    seed: int = 1,
+    impl: str = "auto",
+    quiet: bool = False,
+    events: int = 4096,
+) -> dict[str, Any]:
+    """Drive a scheduler until it has taken at least ``n`` decisions; return the figures.
+
+    ``impl`` picks the build: "auto", "compiled" or "python" (see ``scheduler_class``).
+    ``events``: the decision event ring's size; 0 turns the telemetry off.
+    """
+    cls = scheduler_class(impl)
+    Task = task_class(cls)  # the class of the core being driven
+    implementation = "python" if cls.__module__ != core.__name__ else core.IMPLEMENTATION
+    depth = 2 * nslots if queue_depth is None else queue_depth
+    s = _scheduler(cls, nslots, events)
+    drive = _driver(s, Task, nslots, depth, seed)
+    stats = s.stats
+    calls = 0
     decisions = 0
     gc_was_enabled = gc.isenabled()
     gc.disable()  # as a daemon would around its poll loop; the loop allocates no cycles
@@ -134,38 +180,8 @@ def run(
     t0 = time.perf_counter_ns()
     try:
         while decisions < n:
-            for _ in range(CHUNK):
-                i += 1
-                if i & 63 == 0:  # a SYNC_READY report
-                    acts = sync_ready(1, step >> 2, step & 3)
-                    step += 1
-                elif inflight < target or occupant[picks[i & mask]] is None:
-                    t = pool.pop()
-                    t.id = next_id
-                    next_id += 1
-                    t.priority = prios[i & mask]
-                    t.progress_ns = 0
-                    acts = dispatch(t)
-                    inflight += 1
-                else:
-                    slot = picks[i & mask]
-                    t = occupant[slot]
-                    if t.group is not None:  # a sync task: it completes too, not counted
-                        occupant[slot] = None
-                    acts = complete(t.id)
-                    if t.group is None:
-                        inflight -= 1
-                        pool.append(t)
-                calls += 1
-                for a in acts:
-                    if a.__class__ is Start:
-                        occupant[a.slot] = a.task
-                    elif a.__class__ is Preempt:
-                        v = a.victim
-                        # the preempt handler checkpoints and returns the progress
-                        yielded(v.id, 1000)
-                        calls += 1
-            decisions = s.stats().decisions
+            calls = next(drive)
+            decisions = stats().decisions
     finally:
         t1 = time.perf_counter_ns()
         c1 = time.process_time_ns()
@@ -212,27 +228,69 @@ def run(
 
 
 def telemetry_cost(
-    n: int = 1_000_000, nslots: int = 8, *, rounds: int = 3, events: int = 4096
+    n: int = 1_000_000, nslots: int = 8, *, rounds: int = 3, events: int = 4096, seed: int = 1
 ) -> dict[str, Any]:
-    """The decision rate with the event ring on (``events``) and off (0), side by side:
-    ``rounds`` runs of each, alternating (which goes first too), the best of each kept;
-    ``ratio`` is on / off."""
-    on: list[dict[str, Any]] = []
-    off: list[dict[str, Any]] = []
-    for k in range(rounds):  # on first in even rounds, off first in odd ones: no order bias
-        for ev in (events, 0) if k % 2 == 0 else (0, events):
-            (on if ev else off).append(run(n, nslots, events=ev, quiet=True))
-    best_on = max(on, key=lambda r: r["cpu_decisions_per_s"])
-    best_off = max(off, key=lambda r: r["cpu_decisions_per_s"])
+    """The decision rate with the event ring on (``events``) and off (0), side by side.
+
+    Two schedulers, one with the ring and one without, are driven through the same
+    operations (the same seed) in turns of CHUNK operations, which goes first alternating,
+    each turn timed on the thread's CPU clock; a pair of turns does the same work on both.
+    So both see the same moments of a shared machine.  ``rounds`` such runs of ``n``
+    decisions each.  ``ratio``: the decision rate on / off over every turn;
+    ``pair_ratio_p50``: the median over the pairs of turns of off time / on time (steadier
+    when other work takes the core away now and then)."""
+    cls = scheduler_class("auto")
+    Task = task_class(cls)
+    depth = 2 * nslots
+    cpu = {True: 0, False: 0}
+    dec = {True: 0, False: 0}
+    pairs: list[float] = []
+    clock = time.thread_time_ns
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            sched = {on: _scheduler(cls, nslots, events if on else 0) for on in (True, False)}
+            drive = {on: _driver(sched[on], Task, nslots, depth, seed) for on in (True, False)}
+            k = 0
+            done = 0
+            while done < n:
+                took = {}
+                for on in (True, False) if k % 2 == 0 else (False, True):
+                    t0 = clock()
+                    next(drive[on])
+                    took[on] = clock() - t0
+                k += 1
+                if took[True] > 0 and took[False] > 0:
+                    pairs.append(took[False] / took[True])
+                for on in (True, False):
+                    cpu[on] += took[on]
+                done = sched[True].stats().decisions
+            for on in (True, False):
+                dec[on] += sched[on].stats().decisions
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    if dec[True] != dec[False]:
+        raise AssertionError("the event ring changed the decisions")  # a test checks it
+    rate = {on: dec[on] / (cpu[on] / 1e9) for on in (True, False)}
+    pairs.sort()
     return {
-        "events_on": best_on,
-        "events_off": best_off,
+        "events": events,
         "rounds": rounds,
-        # on CPU time: steadier than wall-clock when other work shares the core
-        "ratio": best_on["cpu_decisions_per_s"] / best_off["cpu_decisions_per_s"],
-        "ns_per_decision_added": round(
-            1e9 / best_on["cpu_decisions_per_s"] - 1e9 / best_off["cpu_decisions_per_s"], 1
-        ),
+        "decisions": dec[True],
+        "turns": len(pairs),
+        "chunk": CHUNK,
+        "implementation": core.IMPLEMENTATION,
+        "events_on": {"cpu_decisions_per_s": round(rate[True]), "cpu_seconds": cpu[True] / 1e9},
+        "events_off": {
+            "cpu_decisions_per_s": round(rate[False]),
+            "cpu_seconds": cpu[False] / 1e9,
+        },
+        # on the thread's CPU time: steadier than wall-clock when other work shares the core
+        "ratio": rate[True] / rate[False],
+        "pair_ratio_p50": pairs[len(pairs) // 2] if pairs else None,
+        "ns_per_decision_added": round(1e9 / rate[True] - 1e9 / rate[False], 1),
     }
 
 

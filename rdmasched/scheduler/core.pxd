@@ -35,6 +35,7 @@ cdef class Scheduler:
     cdef unsigned long long[::1] _ev
     cdef Py_ssize_t _ev_cap
     cdef long long _ev_n
+    cdef Py_ssize_t _ev_b, _ev_end
     cdef dict _ev_text
     cdef unsigned long long[::1] _by_rule
     cdef int _cause_kind
@@ -83,14 +84,19 @@ cdef class Scheduler:
                    task=Task, beaten=Task, ht=Task)
     cdef _fill(self, Py_ssize_t slot, now, list out)
     cpdef cause(self, int kind, src, seq, sent_ns)
-    @cython.locals(b=Py_ssize_t, n=cython.longlong, cap=Py_ssize_t, p=cython.uint, flags=cython.uint,
-                   bo=cython.ulonglong, depth=cython.ulonglong, m=cython.ulonglong,
-                   since=cython.ulonglong, tel=tuple, bt=tuple)
-    cdef _rec(self, unsigned long long now, unsigned int decision, unsigned int rule, Task task,
-              Py_ssize_t slot, Task beaten, unsigned long long nbeaten, bint queued)
-    cdef tuple _tel(self, Task task)
+    @cython.locals(b=Py_ssize_t, nb=Py_ssize_t, p=cython.uint, flags=cython.uint, meta=cython.uint,
+                   depth=cython.ulonglong, m=cython.ulonglong, since=cython.ulonglong)
+    cdef int _rec(self, unsigned long long now, unsigned int decision, unsigned int rule, Task task,
+              Py_ssize_t slot, Task beaten, unsigned long long nbeaten, bint queued) except -1
+    cdef unsigned int _rec_step(self, Task task, Py_ssize_t b) except? 0xFFFFFFFF
+    @cython.locals(flags=cython.uint, p=cython.uint)
+    cdef _tel(self, Task task)
+    @cython.locals(b=Py_ssize_t, nb=Py_ssize_t)
+    cdef Py_ssize_t _next_rec(self)
+    @cython.locals(b=Py_ssize_t)
+    cdef Py_ssize_t _last_rec(self)
     @cython.locals(b=Py_ssize_t, n=cython.longlong, cap=Py_ssize_t, flags=cython.uint)
     cdef _note(self, now, unsigned int decision, unsigned int rule, Task task, task_id, text,
                Py_ssize_t slot=*)
-    @cython.locals(b=Py_ssize_t, cap=Py_ssize_t)
+    @cython.locals(b=Py_ssize_t)
     cdef _peer_note(self, peer, lost, peer_load, lost_load, mine)

@@ -1,4 +1,5 @@
 # cython: language_level=3, annotation_typing=False, boundscheck=False, wraparound=False
+# cython: initializedcheck=False
 """The per-node scheduler: pure decision logic on a clock, no I/O.
 
 Rules (docs/SCHEDULER.md states them with their reasons):
@@ -284,7 +285,9 @@ class Scheduler:
         "_clock",
         "_domain",
         "_ev",
+        "_ev_b",
         "_ev_cap",
+        "_ev_end",
         "_ev_n",
         "_ev_text",
         "_fifo",
@@ -372,7 +375,9 @@ class Scheduler:
         # the event ring: ``events`` records of WORDS u64 each (events.py has the layout)
         self._ev_cap = events
         self._ev = array("Q", bytes(8 * WORDS * events))
-        self._ev_n = 0
+        self._ev_n = 0  # events recorded (the next one's seq)
+        self._ev_b = 0  # the next record's first word: (seq % events) * WORDS
+        self._ev_end = WORDS * events
         self._ev_text: dict[int, str] = {}  # event seq -> its reason, for Rule.OTHER
         # events recorded by (decision, rule): decision * 32 + rule (while events are on)
         self._by_rule = array("Q", bytes(8 * 32 * len(DECISIONS)))
@@ -951,43 +956,37 @@ class Scheduler:
         beaten: Task | None,
         nbeaten: int,
         queued: int,
-    ) -> None:
+    ) -> int:
         """Record one event about ``task`` in the ring: a few stores, no object made.
 
         ``beaten``: the best task it went ahead of, and ``nbeaten`` how many; ``queued``:
-        1 for a start from the queue (its wait is recorded)."""
-        cap = self._ev_cap
-        if cap == 0:
-            return
-        n = self._ev_n
-        self._ev_n = n + 1
-        b = (n % cap) * _WORDS
-        tel = task.tel
-        if tel is None:
-            tel = self._tel(task)
-        p = tel[3]
-        flags = tel[4]
+        1 for a start from the queue (its wait is recorded).  Compiled, every value read
+        here is a C integer (the task's ``tel_*`` fields, made by ``_tel`` when it was
+        taken in) but ``waiting_since_ns`` and a sync task's step and group.  Returns 0
+        (compiled: a C int, no object)."""
+        if self._ev_cap == 0:
+            return 0
+        b = self._ev_b
+        nb = b + _WORDS
+        self._ev_b = 0 if nb == self._ev_end else nb  # the ring's next record (no division)
+        self._ev_n += 1
+        meta = task.tel_meta
+        if meta == 0:
+            self._tel(task)
+            meta = task.tel_meta
         self._ev[b] = now
-        self._ev[b + 2] = tel[0]
-        self._ev[b + 3] = tel[1]
-        self._ev[b + 4] = tel[2]
+        self._ev[b + 2] = task.tel_id
+        self._ev[b + 3] = task.tel_origin
+        self._ev[b + 4] = task.tel_job
+        p = meta & 0xFF
+        flags = meta >> 8
         if p == _SYNC_P:
-            step = task.step
-            group = task.group
-            if step is not None and group is not None:
-                try:
-                    self._ev[b + 5] = step
-                    self._ev[b + 6] = group
-                    flags |= _F_STEP
-                except OverflowError:
-                    pass
+            flags |= self._rec_step(task, b)
         if beaten is not None:
-            bt = beaten.tel
-            if bt is None:
-                bt = self._tel(beaten)
-            bo = bt[1]
-            self._ev[b + 7] = bt[0]
-            self._ev[b + 8] = bo | (nbeaten << 32)
+            if beaten.tel_meta == 0:
+                self._tel(beaten)
+            self._ev[b + 7] = beaten.tel_id
+            self._ev[b + 8] = beaten.tel_origin | (nbeaten << 32)
             flags |= _F_BEATEN
         if self._cause_kind:
             self._ev[b + 11] = self._cause_w
@@ -1006,18 +1005,52 @@ class Scheduler:
         m = (m << 16) | flags
         m = (m << 8) | rule
         self._ev[b + 1] = (m << 8) | decision
+        return 0
 
-    def _tel(self, task: Task) -> tuple[int, int, int, int, int]:
-        """``task.tel``: its fields as the ring stores them, made when it is taken in (a
-        job that is not a u64 is recorded as absent)."""
+    def _rec_step(self, task: Task, b: int) -> int:
+        """A sync task's step and group into the record at ``b``; ``_F_STEP`` if stored."""
+        step = task.step
+        group = task.group
+        if step is None or group is None:
+            return 0
+        try:
+            self._ev[b + 5] = step
+            self._ev[b + 6] = group
+        except OverflowError:
+            return 0
+        return _F_STEP
+
+    def _tel(self, task: Task) -> None:
+        """Set ``task.tel_*``: its fields as the ring stores them, once, when it is taken
+        in (a job that is not a u64 is recorded as absent; an origin that is not one, as
+        its low 64 bits)."""
         job = task.job
         flags = _F_TASK_JOB
-        if not (type(job) is int and 0 <= job <= _U64):
+        # (against a small literal first: compiled, a C comparison for the common case)
+        if type(job) is not int or job < 0 or (job > 0xFFFFFFFF and job > _U64):
             job = 0
             flags = _F_TASK
-        tel = (task.id, task.origin, job, task.priority, flags)
-        task.tel = tel
-        return tel
+        origin = task.origin
+        if origin < 0 or (origin > 0xFFFFFFFF and origin > _U64):
+            origin = origin & _U64
+        task.tel_id = task.id  # (checked to be a u64 before)
+        task.tel_origin = origin
+        task.tel_job = job
+        p = task.priority  # (checked to be 0..255 before)
+        task.tel_meta = p | (flags << 8)
+
+    def _next_rec(self) -> int:
+        """Take the ring's next record (off the hot path): its first word's index."""
+        b = self._ev_b
+        nb = b + _WORDS
+        self._ev_b = 0 if nb == self._ev_end else nb
+        self._ev_n += 1
+        return b
+
+    def _last_rec(self) -> int:
+        """The first word's index of the record written last."""
+        b = self._ev_b
+        return (b if b else self._ev_end) - _WORDS
 
     def _note(
         self,
@@ -1037,9 +1070,7 @@ class Scheduler:
         if task is not None:
             self._rec(now, decision, rule, task, slot, None, 0, 0)
         else:
-            n = self._ev_n
-            self._ev_n = n + 1
-            b = (n % cap) * _WORDS
+            b = self._next_rec()
             flags = 0
             if 0 <= task_id <= _U64:
                 self._ev[b + 2] = task_id
@@ -1054,8 +1085,7 @@ class Scheduler:
             self._by_rule[decision * 32 + rule] += 1
         if text is not None:
             n = self._ev_n - 1
-            b = (n % cap) * _WORDS
-            self._ev[b + 1] |= F_TEXT << 16
+            self._ev[self._last_rec() + 1] |= F_TEXT << 16
             texts = self._ev_text
             texts[n] = text
             if len(texts) > cap:  # keep the texts of events still in the ring
@@ -1065,10 +1095,9 @@ class Scheduler:
     def _peer_note(self, peer: int, lost: int, peer_load: int, lost_load: int, mine: int) -> None:
         """Add the placement fields to the last event: the peer chosen (or named), the
         peer that lost the power-of-two choice (-1: none), their loads and this node's."""
-        cap = self._ev_cap
-        if cap == 0:
+        if self._ev_cap == 0:
             return
-        b = ((self._ev_n - 1) % cap) * _WORDS
+        b = self._last_rec()
         self._ev[b + 9] = (peer & NO_PEER) | ((lost & NO_PEER) << 32)
         self._ev[b + 10] = (
             (peer_load & 0xFFFF) | ((lost_load & 0xFFFF) << 16) | ((mine & 0xFFFF) << 32)

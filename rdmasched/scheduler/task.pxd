@@ -10,4 +10,8 @@ cdef class Task:
     cdef public object id, job, priority, cost_ns, progress_ns, payload, origin, hops
     cdef public object group, step
     cdef public object state, slot, enqueued_ns, waiting_since_ns, started_ns
-    cdef public object qentry, rentry, tel
+    cdef public object qentry, rentry
+    # the event ring's copy of the task's fields (core.py _tel), C integers: no conversion
+    # and no object per event
+    cdef public unsigned long long tel_id, tel_origin, tel_job
+    cdef public unsigned int tel_meta

@@ -68,9 +68,14 @@ class Task:
     # the scheduler's live heap entries for this task (identity marks an entry live)
     qentry: tuple[int, int, int, int, Task] | None = field(default=None, init=False, repr=False)
     rentry: tuple[int, int, int, Task] | None = field(default=None, init=False, repr=False)
-    #: (id, origin, job word, priority, flags) as the event ring stores them, made once when
-    #: the scheduler takes the task in, so that recording an event reads one attribute
-    tel: tuple[int, int, int, int, int] | None = field(default=None, init=False, repr=False)
+    # the task's fields as the event ring stores them (scheduler/events.py): id, origin, job
+    # word, and priority | flags << 8 (0: not made yet).  Set once when a scheduler takes the
+    # task in; compiled, they are C integers (task.pxd), so recording an event converts and
+    # allocates nothing
+    tel_id: int = field(default=0, init=False, repr=False)
+    tel_origin: int = field(default=0, init=False, repr=False)
+    tel_job: int = field(default=0, init=False, repr=False)
+    tel_meta: int = field(default=0, init=False, repr=False)
 
     @property
     def key(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from dataclasses import replace
 from typing import Any
@@ -147,6 +148,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=900.0,
         help="stop a run after this much wall time (0: never); it is marked unfinished",
     )
+    p.add_argument(
+        "--trace",
+        metavar="DIR",
+        help="write every node's decision events to DIR at the end (one trace file per node, "
+        "as `rdmasched trace`, `trace export` and `mirror` read; several runs: a "
+        "subdirectory SCHEDULER-nN each) (default none: the event rings stay off)",
+    )
+    p.add_argument(
+        "--trace-events",
+        type=_pos_int,
+        default=4096,
+        help="--trace: each node's event ring, events (about 120 bytes each; a run's rings "
+        "may take 2 GiB at most)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument(
         "--plot",
@@ -256,12 +271,19 @@ def main(args: argparse.Namespace) -> int:
         how = "measured on this machine" if measured else "given"
         say(f"central coordinator: {call} ns per call into a node core ({how})")
     base = replace(base, central_call_ns=call)
+    runs = [(n, sched) for n in args.sizes for sched in args.schedulers]
+    if args.trace:
+        base = replace(base, events=args.trace_events)
+        replace(base, nodes=max(args.sizes)).check()  # the rings' memory, before any run
     rows: list[dict[str, Any]] = []
-    for n in args.sizes:
-        for sched in args.schedulers:
-            if not args.json:
-                print(f"  {sched} at {n} nodes ...", file=sys.stderr, flush=True)
-            rows.append(simulate(replace(base, nodes=n, scheduler=sched)))
+    for n, sched in runs:
+        if not args.json:
+            print(f"  {sched} at {n} nodes ...", file=sys.stderr, flush=True)
+        cfg = replace(base, nodes=n, scheduler=sched)
+        if args.trace:
+            sub = args.trace if len(runs) == 1 else os.path.join(args.trace, f"{sched}-n{n}")
+            cfg = replace(cfg, trace_dir=sub)
+        rows.append(simulate(cfg))
     if args.plot:
         plot(rows, args.plot)
     if args.json:
@@ -279,4 +301,7 @@ def main(args: argparse.Namespace) -> int:
         print(format_table(rows))
         if args.plot:
             print(f"plot: {args.plot}")
+        for r in rows:
+            if r.get("trace"):
+                print(f"trace: {r['trace']} ({r['scheduler']} at {r['nodes']} nodes)")
     return 0

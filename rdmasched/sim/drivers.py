@@ -60,9 +60,9 @@ def make_core(
     events: int = 0,
 ) -> NodeCore:
     """The one place the simulator builds a node core (its constructor may grow).
-    `events`: the scheduler's decision-event ring (telemetry, docs/TELEMETRY.md); the
-    simulator reads none, and the default ring of 4,096 costs about 0.5 MB per core
-    (5 GB at 10,000 nodes), so it is off unless asked for."""
+    `events`: the scheduler's decision-event ring (telemetry, docs/TELEMETRY.md); only
+    `rdmasched sim --trace` reads it (SimConfig.events), and the default ring of 4,096 costs
+    about 0.5 MB per core (5 GB at 10,000 nodes), so it is off unless asked for."""
     return NodeCore(
         me,
         nodes,

@@ -9,6 +9,7 @@ runs the engine until every live node has run every step (or nothing moves for
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from rdmasched.demo.central import Coordinator
 from rdmasched.demo.workload import GROUP, WorkloadConfig
 from rdmasched.errors import ArgumentError
 from rdmasched.messages import Complete, Dispatch, SyncReady
+from rdmasched.scheduler.events import WORDS
 from rdmasched.sim.drivers import (
     CoreNode,
     Ledger,
@@ -44,6 +46,10 @@ MS = 1_000_000
 
 #: kube-scheduler: ~100 pods/s (docs/SIM.md has the sources)
 K8S_PODS_PER_S = 100.0
+#: `--trace`: a core's event ring holds WORDS u64 per event (scheduler/events.py); the rings
+#: of a run may take this much at most
+TRACE_BYTES_PER_EVENT = 8 * WORDS
+TRACE_RING_MAX_BYTES = 2 << 30
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,10 @@ class SimConfig:
     #: the cores get no topology: a lane between every two nodes, flat sync (every member
     #: tells every member) and flat liveness, as `rdmasched demo` without --leaf runs
     full_mesh: bool = False
+    #: write every node's decision events here at the end (`rdmasched sim --trace`; None:
+    #: none); `events` is each core's event ring then (0: the ring is off)
+    trace_dir: str | None = None
+    events: int = 0
 
     def check(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -109,6 +119,16 @@ class SimConfig:
             )
         if self.k8s_pods_per_s <= 0:
             raise ArgumentError("k8s pods/s must be > 0")
+        if self.events < 0:
+            raise ArgumentError(f"events must be >= 0, not {self.events}")
+        ring = self.nodes * self.events * TRACE_BYTES_PER_EVENT
+        if ring > TRACE_RING_MAX_BYTES:
+            raise ArgumentError(
+                f"the event rings of {self.nodes} nodes x {self.events} events would take "
+                f"{ring / 2**30:.1f} GiB (over {TRACE_RING_MAX_BYTES // 2**30} GiB): give "
+                f"fewer events per node (--trace-events "
+                f"{max(1, TRACE_RING_MAX_BYTES // (self.nodes * TRACE_BYTES_PER_EVENT))} or less)"
+            )
 
 
 def slowdowns(cfg: SimConfig, rng: random.Random) -> list[float]:
@@ -234,6 +254,7 @@ class Run:
                 dead_after_ns=cfg.dead_after_ms * MS,
                 sync_cost_ns=int(cfg.workload.sync_ms * MS),
                 topology=None if cfg.full_mesh else topo,
+                events=cfg.events,
             )
             node = CoreNode(eng, self.net, i, core, cfg.links.cpu_ns, self.ledger)
             backend = Shaped(
@@ -372,7 +393,21 @@ class Run:
         wall = time.perf_counter() - wall0
         if self.stopped is None and not finished:
             self.stopped = "no events left"
-        return self.figures(finished and self.stopped is None, wall)
+        out = self.figures(finished and self.stopped is None, wall)
+        if cfg.trace_dir is not None:
+            out["trace"] = self.write_trace(cfg.trace_dir)
+        return out
+
+    def write_trace(self, directory: str) -> str:
+        """Every core's decision events, one trace file per node (docs/TELEMETRY.md), in
+        `directory`: `rdmasched trace`, `trace export` and `mirror` read it."""
+        from rdmasched.telemetry import records
+
+        os.makedirs(directory, exist_ok=True)
+        for i, core in enumerate(self.cores):
+            path = os.path.join(directory, f"sim-node{i}.jsonl")
+            records.write_scheduler(path, i, core.scheduler, clock="sim", source="sim")
+        return directory
 
     # ---- figures ---------------------------------------------------------------------------
     def figures(self, finished: bool, wall_s: float) -> dict[str, Any]:

@@ -75,6 +75,40 @@ def write(path: str, head: dict[str, Any] | None, events: Iterable[Event]) -> in
     return n
 
 
+class _Ring(Protocol):
+    nslots: int
+
+    def events(self) -> list[Event]: ...
+
+    def stats(self) -> Any: ...
+
+
+def write_scheduler(
+    path: str,
+    node: int,
+    scheduler: _Ring,
+    *,
+    clock: str = "monotonic",
+    source: str = "node",
+    anchor_ns: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """Write a ``Scheduler``'s event ring to ``path`` as ``node``'s trace (its header from
+    the scheduler's slots and ring counters, then every event in the ring); the header."""
+    st = scheduler.stats()
+    head = header(
+        node,
+        slots=scheduler.nslots,
+        events=st.events_capacity,
+        recorded=st.events_recorded,
+        dropped=st.events_dropped,
+        clock=clock,
+        anchor_ns=anchor_ns,
+        source=source,
+    )
+    write(path, head, scheduler.events())
+    return head
+
+
 class _Dumpable(Protocol):
     id: int
 

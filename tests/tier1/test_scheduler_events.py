@@ -219,3 +219,28 @@ def test_old_traces_without_the_new_fields_still_read() -> None:
     d = {"t_ns": 5, "decision": "start", "task_id": 3, "reason": "free slot", "beaten": []}
     ev = from_dict(d)
     assert ev.slot is None and ev.rule is None and ev.as_dict() == d
+
+
+def test_a_task_taken_in_again_is_recorded_with_its_new_fields() -> None:
+    # the ring copies a task's fields when the scheduler takes it in (Task.tel_*): a Task
+    # object used again (as the benchmark's pool does) is recorded with its new id and
+    # priority, a job that is not a u64 as absent, an origin past 2**32 as it is
+    clock = FakeClock(0)
+    s = Scheduler(1, clock=clock, starvation_us=10_000)
+    t = Task(id=7, job=3, priority=10, cost_ns=1)
+    s.dispatch(t)
+    s.complete(7)
+    t.id, t.priority, t.job = 8, 20, -1
+    s.dispatch(t)
+    big = Task(id=9, job=1 << 64, priority=30, cost_ns=1, origin=(1 << 40) + 5)
+    s.dispatch(big)  # outranks 8: preempts it
+    evs = s.events()
+    assert [(e.decision, e.task_id, e.priority, e.job) for e in evs] == [
+        (Decision.START, 7, 10, 3),
+        (Decision.COMPLETE, 7, 10, 3),
+        (Decision.START, 8, 20, None),
+        (Decision.PREEMPT, 8, 20, None),
+        (Decision.START, 9, 30, None),
+    ]
+    assert evs[-1].origin == (1 << 40) + 5
+    assert (evs[-1].beaten, evs[-1].beaten_origin) == ((8,), 0)

@@ -207,3 +207,75 @@ def test_trace_prints_files_with_a_header(tmp_path: Any, capsys: Any) -> None:
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert lines and all(x["task_id"] == 7 or 7 in x["beaten"] for x in lines)
     assert {x["source"] for x in lines} >= {"rdmasched-node0", "rdmasched-node1"}
+
+
+def test_a_simulation_writes_traces_that_trace_export_and_mirror_open(
+    tmp_path: Any, capsys: Any
+) -> None:
+    from rdmasched.telemetry import mirror
+
+    d = str(tmp_path / "sim")
+    argv = ["sim", "--sizes", "4", "--schedulers", "rdmasched", "--steps", "3"]
+    assert main([*argv, "--exec-slots", "2", "--trace", d]) == 0
+    assert f"trace: {d} (rdmasched at 4 nodes)" in capsys.readouterr().out
+    traces = records.read_dir(d)
+    assert [t.node for t in traces] == [0, 1, 2, 3]
+    for t in traces:
+        assert (t.head["clock"], t.head["source"], t.head["slots"]) == ("sim", "sim", 2)
+        assert t.head["dropped"] == 0 and len(t.events) == t.head["recorded"] > 0
+        assert [e.seq for e in t.events] == list(range(len(t.events)))
+        assert all(e.node == t.node for e in t.events)
+    # every node released every step of the job's sync group: on a SYNC_READY, or (the node
+    # that counts the readiness) on its own report
+    rel = [(t.node, e) for t in traces for e in t.events if e.decision is Decision.RELEASE]
+    assert sorted((n, e.step) for n, e in rel) == [(n, s) for n in range(4) for s in range(3)]
+    assert {e.cause for _, e in rel} == {"SYNC_READY", None}
+    assert sum(e.cause == "SYNC_READY" and e.cause_sent_ns > 0 for _, e in rel) >= 3
+    # `rdmasched trace DIR` prints them, merged
+    assert main(["trace", d]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == sum(len(t.events) for t in traces)
+    # Perfetto: a process per node, its slot tracks, and the SYNC_READY flows to the releases
+    out = str(tmp_path / "sim.pftrace")
+    assert main(["trace", "export", d, "-o", out]) == 0
+    trace = decode(out)
+    tracks = tracks_of(trace)
+    procs = {u: name for u, (name, parent) in tracks.items() if not parent}
+    assert sorted(procs.values()) == [f"node {n}" for n in range(4)]
+    for u in procs:
+        kids = {name for name, parent in tracks.values() if parent == u}
+        assert {"slot 0", "slot 1", "decisions", "queued", "running", "load"} <= kids
+    evs = [p.track_event for p in trace.packet if p.HasField("track_event")]
+    starts = {f for e in evs for f in e.flow_ids}
+    ends = {f for e in evs for f in e.terminating_flow_ids}
+    assert starts and starts == ends
+    released = [e.name for e in evs if e.terminating_flow_ids]
+    assert sum(name.startswith("release sync 1 step") for name in released) >= 4
+    # the mirror replays it: its state and a task's story, as its endpoints serve them
+    src = mirror.TraceSource([d])
+    end = src.state(None)
+    assert [n["node"] for n in end["nodes"]] == [0, 1, 2, 3]
+    assert end["groups"][0]["step"] == 2
+    assert end["groups"][0]["nodes"] == {str(n): 2 for n in range(4)}
+    assert end["events"] == end["total"] == sum(len(t.events) for t in traces)
+    for at in (0.25, 0.5, 0.75):
+        for n in src.state(at)["nodes"]:
+            assert sum(x is not None for x in n["slots"]) == n["running"]
+            assert len(n["queue"]) == n["queued"]
+    srv = mirror.MirrorServer(src, 0)
+    try:
+        import urllib.request
+
+        with urllib.request.urlopen(srv.url + "state?at=0.5", timeout=30) as r:
+            state = json.loads(r.read())
+        assert state["source"] == "trace" and len(state["nodes"]) == 4 and state["decisions"]
+    finally:
+        srv.close()
+
+
+def test_sim_trace_refuses_rings_that_would_not_fit(tmp_path: Any, capsys: Any) -> None:
+    argv = ["sim", "--sizes", "100000", "--schedulers", "rdmasched", "--trace", str(tmp_path)]
+    assert main(argv) == 1  # an ArgumentError: one line, no traceback
+    err = capsys.readouterr().err
+    assert "100000 nodes x 4096 events" in err and "--trace-events 178" in err
+    assert os.listdir(tmp_path) == []  # nothing run, nothing written
