@@ -99,29 +99,64 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
         plt.close(fig)
 
 
+def demo_cluster(n: int, full_mesh: bool = False) -> tuple[int | None, int, int]:
+    """What `rdmasched demo --nodes n` runs by default: (nodes per leaf, None for a full
+    mesh; heartbeat ms; dead-after ms). The calibration gives the simulator the same."""
+    import argparse
+
+    from rdmasched.cli import demo_leaf, demo_liveness
+
+    ns = argparse.Namespace(nodes=n, full_mesh=full_mesh)
+    hb, dead = demo_liveness(ns)
+    return demo_leaf(ns), hb, dead
+
+
 def calibrate(
     base: SimConfig,
     sizes: Sequence[int],
     real: Callable[[int], dict[str, Any]],
     progress: Callable[[str], None] | None = None,
+    full_mesh: bool = False,
 ) -> list[dict[str, Any]]:
     """At each size: the simulator with the shm link model and a real `rdmasched demo`
-    (both schedulers), side by side; the difference in % of the real figure. The demo's
-    nodes run a full mesh (no --leaf), so the simulated cores do too."""
+    (both schedulers), side by side; the difference in % of the real figure. The simulated
+    cluster is the demo's (`demo_cluster`): its topology (leaves of 8 unless `full_mesh`)
+    and its liveness settings, which `real` must run too."""
     out = []
     shm = preset("shm")
     for n in sizes:
+        leaf, hb, dead = demo_cluster(n, full_mesh)
         demo = real(n)
         for sched, key in (("rdmasched", "rdmasched"), ("central", "central")):
             if progress:
                 progress(f"sim {sched} at {n} nodes")
-            sim = simulate(replace(base, nodes=n, scheduler=sched, links=shm, full_mesh=True))
+            cfg = replace(
+                base,
+                nodes=n,
+                scheduler=sched,
+                links=shm,
+                full_mesh=leaf is None,
+                leaf=leaf or base.leaf,
+                heartbeat_ms=hb,
+                dead_after_ms=dead,
+            )
+            sim = simulate(cfg)
             r = demo[key]
             steps = max(1, base.workload.steps)
             # the demo reports messages per second over its run
             rate, dur = r.get("msgs_per_s"), r.get("duration_s")
             real_msgs = rate * dur if rate is not None and dur is not None else None
-            row: dict[str, Any] = {"nodes": n, "scheduler": sched}
+            row: dict[str, Any] = {
+                "nodes": n,
+                "scheduler": sched,
+                "links": "full mesh" if leaf is None else f"leaves of {leaf}",
+                "heartbeat_ms": hb,
+                "dead_after_ms": dead,
+                "sim_finished": sim["finished"],
+            }
+            if sched == "rdmasched":  # the same cluster on both sides: the same lanes
+                row["sim_lanes_per_node"] = sim.get("lanes_per_node")
+                row["real_lanes_per_node"] = r.get("lanes_max")
             for name, s_val, r_val in (
                 ("step_time_ms", sim["step_time_ms"], r.get("step_time_ms")),
                 ("slot_idle_pct", sim["slot_idle_pct"], r.get("slot_idle_pct")),
@@ -144,6 +179,11 @@ def format_calibration(rows: Sequence[dict[str, Any]]) -> str:
     head = f"{'N':>3}  {'scheduler':<9}  {'figure':<14}  {'sim':>10}  {'real':>10}  {'diff %':>7}"
     lines = [head]
     for r in rows:
+        if r.get("links") and r["scheduler"] == "rdmasched":
+            lines.append(
+                f"{r['nodes']:>3}  nodes in {r['links']}, heartbeat {r['heartbeat_ms']} ms, "
+                f"dead after {r['dead_after_ms']} ms (both sides)"
+            )
         for name in ("step_time_ms", "slot_idle_pct", "msgs_per_step"):
             s, x, d = r[f"sim_{name}"], r[f"real_{name}"], r[f"diff_{name}_pct"]
             flag = "  > 15%" if d is not None and abs(d) > 15 else ""
