@@ -103,8 +103,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workload",
         metavar="FILE",
-        help="replay a torch.profiler trace (.json/.json.gz) instead of the synthetic job "
-        "(default none: the synthetic job)",
+        help="replay a torch.profiler trace (.json/.json.gz) or a Chakra execution trace "
+        "(.et) instead of the synthetic job (default none: the synthetic job)",
     )
     p.add_argument("--links", choices=sorted(PRESETS), default="ib", help="link model")
     p.add_argument("--cpu-ns", type=int, help="per-message CPU cost, ns (default the model's)")
