@@ -249,7 +249,8 @@ def main(args: argparse.Namespace) -> int:
     say = (lambda s: print(s, file=sys.stderr)) if args.json else print
     if args.calibrate:
         call = args.central_call_ns or measure_central_call_ns()
-        say(f"central coordinator: {call} ns per call into a node core (measured here)")
+        how = "given" if args.central_call_ns else "measured here"
+        say(f"central coordinator: {call} ns per call into a node core ({how})")
         base = replace(base, central_call_ns=call)
         cal = calibrate(
             base, args.calibrate_sizes, _real_demo(args, base), full_mesh=args.full_mesh
