@@ -126,7 +126,10 @@ def calibrate(
     shm = preset("shm")
     for n in sizes:
         leaf, hb, dead = demo_cluster(n, full_mesh)
+        load_before = os.getloadavg()[0]
         demo = real(n)
+        # the host's 1-minute load average around the real run: the real figures depend on it
+        load = (round(load_before, 2), round(os.getloadavg()[0], 2))
         for sched, key in (("rdmasched", "rdmasched"), ("central", "central")):
             if progress:
                 progress(f"sim {sched} at {n} nodes")
@@ -159,6 +162,7 @@ def calibrate(
                 "heartbeat_ms": hb,
                 "dead_after_ms": dead,
                 "sim_finished": sim["finished"],
+                "loadavg_before_after_real": load,
             }
             if sched == "rdmasched":  # the same cluster on both sides: the same lanes
                 row["sim_lanes_per_node"] = sim.get("lanes_per_node")
@@ -189,7 +193,8 @@ def format_calibration(rows: Sequence[dict[str, Any]]) -> str:
         if r.get("links") and r["scheduler"] == "rdmasched":
             lines.append(
                 f"{r['nodes']:>3}  nodes in {r['links']}, heartbeat {r['heartbeat_ms']} ms, "
-                f"dead after {r['dead_after_ms']} ms (both sides)"
+                f"dead after {r['dead_after_ms']} ms (both sides); load average before/after "
+                f"the real run {r['loadavg_before_after_real']}"
             )
         for name in ("step_time_ms", "slot_idle_pct", "msgs_per_step", "msgs_per_step_no_hb"):
             s, x, d = r[f"sim_{name}"], r[f"real_{name}"], r[f"diff_{name}_pct"]

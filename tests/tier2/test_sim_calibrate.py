@@ -47,6 +47,7 @@ def test_calibrate_compares_the_same_cluster(
     want = "full mesh" if extra else "leaves of 8"
     for r in rows:
         assert r["nodes"] == 12 and r["links"] == want and r["sim_finished"]
+        assert len(r["loadavg_before_after_real"]) == 2
         for name in ("step_time_ms", "slot_idle_pct", "msgs_per_step", "msgs_per_step_no_hb"):
             assert r[f"sim_{name}"] is not None and r[f"real_{name}"] is not None
     a = rows[0]
