@@ -54,6 +54,7 @@ import rdmasched.scheduler.core as core
 import importlib.util
 assert core.IMPLEMENTATION != "python", "the scheduler core is not compiled"
 assert importlib.util.find_spec("torch"), "torch (the [torch] extra) is not installed"
+import chakra.schema.protobuf.et_def_pb2  # noqa: F401  (mlc-chakra, --no-deps, and protobuf)
 print(f"setup: rdmasched {rdmasched.__version__} built and importable")
 PY
 }
@@ -71,6 +72,10 @@ echo "setup: installing the Python dependencies and building (about 1.5 minutes)
 # -e: the compiled modules land next to the sources, where the VM (which mounts this
 # checkout and uses its own Debian python3) imports them too.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[dev]'
+# Chakra execution traces (docs/WORKLOADS.md): the dev extra brings protobuf; chakra's schema
+# comes from mlc-chakra without its requirements (its converter's, ~500 MB; the reader needs
+# none of them)
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps 'mlc-chakra==1.0.0'
 # the [torch] extra (rdmasched.integrations.torch, examples/ddp_train.py, its tests): torch
 # 2.13.0 is the CPU build on these machines (elsewhere: your own torch >= 2.3 will do)
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[torch]' 'torch==2.13.0'

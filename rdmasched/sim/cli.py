@@ -16,6 +16,7 @@ from rdmasched.sim.links import PRESETS, preset
 from rdmasched.sim.report import (
     calibrate,
     check_plot_path,
+    demo_cluster,
     format_calibration,
     format_table,
     plot,
@@ -103,8 +104,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workload",
         metavar="FILE",
-        help="replay a torch.profiler trace (.json/.json.gz) instead of the synthetic job "
-        "(default none: the synthetic job)",
+        help="replay a torch.profiler trace (.json/.json.gz) or a Chakra execution trace "
+        "(.et) instead of the synthetic job (default none: the synthetic job)",
     )
     p.add_argument("--links", choices=sorted(PRESETS), default="ib", help="link model")
     p.add_argument("--cpu-ns", type=int, help="per-message CPU cost, ns (default the model's)")
@@ -113,7 +114,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--full-mesh",
         action="store_true",
         help="no topology in the cores: a lane between every two nodes, flat sync and "
-        "liveness (as `rdmasched demo` without --leaf; --calibrate always does)",
+        "liveness (as `rdmasched demo --full-mesh`; with --calibrate, both sides run so)",
     )
     p.add_argument("--pod", type=_pos_int, default=1024, help="nodes per pod")
     p.add_argument("--seed", type=int, default=1, help="seed of every random choice")
@@ -172,10 +173,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--calibrate",
         action="store_true",
         help="the same workload in the simulator (shm model) and in real `rdmasched demo` "
-        "runs, side by side (at --calibrate-sizes)",
+        "runs, side by side (at --calibrate-sizes), in the demo's topology (leaves of 8) "
+        "unless --full-mesh",
     )
     p.add_argument(
-        "--calibrate-sizes", type=_sizes, default="4,8,16", help="node counts to calibrate at"
+        "--calibrate-sizes", type=_sizes, default="4,8,16,32", help="node counts to calibrate at"
     )
 
 
@@ -239,8 +241,17 @@ def _real_demo(args: argparse.Namespace, cfg: SimConfig) -> Any:
         from rdmasched.demo.runner import DemoConfig
         from rdmasched.demo.runner import run as demo_run
 
+        leaf, hb, dead = demo_cluster(n, args.full_mesh)
         print(f"real demo at {n} nodes ...", file=sys.stderr)
-        return demo_run(DemoConfig(nodes=n, slots=cfg.slots, workload=cfg.workload), progress=False)
+        demo = DemoConfig(
+            nodes=n,
+            slots=cfg.slots,
+            workload=cfg.workload,
+            leaf=leaf,
+            heartbeat_ms=hb,
+            dead_after_ms=dead,
+        )
+        return demo_run(demo, progress=False)
 
     return run
 
@@ -253,9 +264,12 @@ def main(args: argparse.Namespace) -> int:
     say = (lambda s: print(s, file=sys.stderr)) if args.json else print
     if args.calibrate:
         call = args.central_call_ns or measure_central_call_ns()
-        say(f"central coordinator: {call} ns per call into a node core (measured here)")
+        how = "given" if args.central_call_ns else "measured here"
+        say(f"central coordinator: {call} ns per call into a node core ({how})")
         base = replace(base, central_call_ns=call)
-        cal = calibrate(base, args.calibrate_sizes, _real_demo(args, base))
+        cal = calibrate(
+            base, args.calibrate_sizes, _real_demo(args, base), full_mesh=args.full_mesh
+        )
         if args.json:
             print(json.dumps({"central_call_ns": call, "calibration": cal}, indent=2))
         else:

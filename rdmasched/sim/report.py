@@ -99,36 +99,82 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
         plt.close(fig)
 
 
+def demo_cluster(n: int, full_mesh: bool = False) -> tuple[int | None, int, int]:
+    """What `rdmasched demo --nodes n` runs by default: (nodes per leaf, None for a full
+    mesh; heartbeat ms; dead-after ms). The calibration gives the simulator the same."""
+    import argparse
+
+    from rdmasched.cli import demo_leaf, demo_liveness
+
+    ns = argparse.Namespace(nodes=n, full_mesh=full_mesh)
+    hb, dead = demo_liveness(ns)
+    return demo_leaf(ns), hb, dead
+
+
 def calibrate(
     base: SimConfig,
     sizes: Sequence[int],
     real: Callable[[int], dict[str, Any]],
     progress: Callable[[str], None] | None = None,
+    full_mesh: bool = False,
 ) -> list[dict[str, Any]]:
     """At each size: the simulator with the shm link model and a real `rdmasched demo`
-    (both schedulers), side by side; the difference in % of the real figure. The demo's
-    nodes run a full mesh (no --leaf), so the simulated cores do too."""
+    (both schedulers), side by side; the difference in % of the real figure. The simulated
+    cluster is the demo's (`demo_cluster`): its topology (leaves of 8 unless `full_mesh`)
+    and its liveness settings, which `real` must run too."""
     out = []
     shm = preset("shm")
     for n in sizes:
+        leaf, hb, dead = demo_cluster(n, full_mesh)
+        load_before = os.getloadavg()[0]
         demo = real(n)
+        # the host's 1-minute load average around the real run: the real figures depend on it
+        load = (round(load_before, 2), round(os.getloadavg()[0], 2))
         for sched, key in (("rdmasched", "rdmasched"), ("central", "central")):
             if progress:
                 progress(f"sim {sched} at {n} nodes")
-            sim = simulate(replace(base, nodes=n, scheduler=sched, links=shm, full_mesh=True))
+            cfg = replace(
+                base,
+                nodes=n,
+                scheduler=sched,
+                links=shm,
+                full_mesh=leaf is None,
+                leaf=leaf or base.leaf,
+                heartbeat_ms=hb,
+                dead_after_ms=dead,
+            )
+            sim = simulate(cfg)
             r = demo[key]
             steps = max(1, base.workload.steps)
-            # the demo reports messages per second over its run
-            rate, dur = r.get("msgs_per_s"), r.get("duration_s")
-            real_msgs = rate * dur if rate is not None and dur is not None else None
-            row: dict[str, Any] = {"nodes": n, "scheduler": sched}
+            # messages per step: every write on a lane (a relayed message once per hop), as
+            # the demo's nodes count what they write; and the same without heartbeats, whose
+            # number per step grows with the step's wall time, not with the steps
+            sim_hb = sim["msgs_by_kind"].get("HEARTBEAT", 0)
+            sim_hb += sim.get("relays_by_kind", {}).get("HEARTBEAT", 0)
+            sim_w = sim.get("lane_writes", sim["msgs"]) / steps
+            real_per_node, kinds = r.get("msgs_per_node_step"), r.get("msgs_per_node_step_by_kind")
+            real_w = real_per_node * n if real_per_node is not None else None
+            real_hb = kinds.get("HEARTBEAT", 0.0) * n if isinstance(kinds, dict) else None
+            row: dict[str, Any] = {
+                "nodes": n,
+                "scheduler": sched,
+                "links": "full mesh" if leaf is None else f"leaves of {leaf}",
+                "heartbeat_ms": hb,
+                "dead_after_ms": dead,
+                "sim_finished": sim["finished"],
+                "loadavg_before_after_real": load,
+            }
+            if sched == "rdmasched":  # the same cluster on both sides: the same lanes
+                row["sim_lanes_per_node"] = sim.get("lanes_per_node")
+                row["real_lanes_per_node"] = r.get("lanes_max")
             for name, s_val, r_val in (
                 ("step_time_ms", sim["step_time_ms"], r.get("step_time_ms")),
                 ("slot_idle_pct", sim["slot_idle_pct"], r.get("slot_idle_pct")),
+                ("msgs_per_step", sim_w, real_w),
                 (
-                    "msgs_per_step",
-                    sim["msgs"] / steps,
-                    (real_msgs / steps) if real_msgs else None,
+                    "msgs_per_step_no_hb",
+                    sim_w - sim_hb / steps,
+                    real_w - real_hb if real_w is not None and real_hb is not None else None,
                 ),
             ):
                 row[f"sim_{name}"] = s_val
@@ -141,14 +187,20 @@ def calibrate(
 
 
 def format_calibration(rows: Sequence[dict[str, Any]]) -> str:
-    head = f"{'N':>3}  {'scheduler':<9}  {'figure':<14}  {'sim':>10}  {'real':>10}  {'diff %':>7}"
+    head = f"{'N':>3}  {'scheduler':<9}  {'figure':<19}  {'sim':>10}  {'real':>10}  {'diff %':>7}"
     lines = [head]
     for r in rows:
-        for name in ("step_time_ms", "slot_idle_pct", "msgs_per_step"):
+        if r.get("links") and r["scheduler"] == "rdmasched":
+            lines.append(
+                f"{r['nodes']:>3}  nodes in {r['links']}, heartbeat {r['heartbeat_ms']} ms, "
+                f"dead after {r['dead_after_ms']} ms (both sides); load average before/after "
+                f"the real run {r['loadavg_before_after_real']}"
+            )
+        for name in ("step_time_ms", "slot_idle_pct", "msgs_per_step", "msgs_per_step_no_hb"):
             s, x, d = r[f"sim_{name}"], r[f"real_{name}"], r[f"diff_{name}_pct"]
             flag = "  > 15%" if d is not None and abs(d) > 15 else ""
             lines.append(
-                f"{r['nodes']:>3}  {r['scheduler']:<9}  {name:<14}  "
+                f"{r['nodes']:>3}  {r['scheduler']:<9}  {name:<19}  "
                 f"{_num(s):>10}  {_num(x):>10}  {_num(d):>7}{flag}"
             )
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""`python -m rdmasched.workload FILE`: what a torch.profiler trace becomes as a workload."""
+"""`python -m rdmasched.workload FILE`: what a torch.profiler trace or a Chakra execution trace
+becomes as a workload."""
 
 from __future__ import annotations
 
@@ -7,19 +8,23 @@ import json
 import sys
 from collections.abc import Sequence
 
+from rdmasched.workload import load
+from rdmasched.workload.chakra import looks_like_chakra
 from rdmasched.workload.model import PHASES, ComputeTask, SyncTask, Workload, WorkloadError
-from rdmasched.workload.torch_trace import load
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m rdmasched.workload",
-        description="Read a torch.profiler Chrome trace (.json or .json.gz) of one DDP rank and "
+        description="Read a torch.profiler Chrome trace (.json or .json.gz) or a Chakra execution "
+        "trace (.et) of one DDP rank and "
         "print its workload: steps, compute time per phase, gradient buckets and their sizes, "
         "and the dependency graph (docs/WORKLOADS.md).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("file", metavar="FILE", help="the trace (export_chrome_trace output)")
+    p.add_argument(
+        "file", metavar="FILE", help="the trace (export_chrome_trace output, or a Chakra .et)"
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument(
         "--graph", action="store_true", help="also list every task with its dependencies"
@@ -27,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _text(wl: Workload, graph: bool) -> str:
+def _text(wl: Workload, graph: bool, chakra: bool = False) -> str:
     lines = [
         f"{wl.source}: {wl.device} trace, backend {wl.backend or '?'}, "
         f"rank {wl.rank if wl.rank is not None else '?'} of "
@@ -53,11 +58,17 @@ def _text(wl: Workload, graph: bool) -> str:
                 )
                 assert isinstance(t, ComputeTask | SyncTask)
                 lines.append(f"    [{t.id}] {t.name:<14} {what}; after {list(t.deps)}")
-    lines.append(
-        "dependencies: compute in issue order; each sync after the compute that produced it "
-        "and the sync before it; the optimizer after every sync; the next step after the "
-        "optimizer"
-    )
+    if chakra:
+        lines.append(
+            "dependencies: the trace's own (ctrl_deps and data_deps), between the tasks that "
+            "hold the nodes; a task without any follows the one before it"
+        )
+    else:
+        lines.append(
+            "dependencies: compute in issue order; each sync after the compute that produced it "
+            "and the sync before it; the optimizer after every sync; the next step after the "
+            "optimizer"
+        )
     if wl.ignored:
         lines.append(
             "ignored events: " + ", ".join(f"{k} {v}" for k, v in sorted(wl.ignored.items()))
@@ -78,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = wl.to_dict() if args.graph else wl.summary()
         print(json.dumps(out, indent=2))
     else:
-        print(_text(wl, args.graph))
+        print(_text(wl, args.graph, looks_like_chakra(args.file)))
     return 0
 
 

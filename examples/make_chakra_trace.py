@@ -1,0 +1,327 @@
+"""Record a DDP rank on the CPU (gloo) and write it as a Chakra execution trace (`.et`).
+
+    torchrun --nproc-per-node 2 examples/make_chakra_trace.py --model mlp --d-model 128 \
+        --bucket-cap-mb 0.05 --seed 1 --out tests/data/traces/mlp-chakra
+
+trains the model of examples/make_trace.py under torch.profiler with PyTorch's
+ExecutionTraceObserver attached, so rank 0 records both PyTorch's execution trace (every
+operator, its parent, its inputs' shapes and types) and the profiler's timings of the same
+operators (matched by record-function id). It writes `OUT.et`, a Chakra ET made with
+chakra's own schema and writer (`chakra.schema.protobuf.et_def_pb2`,
+`chakra.src.third_party.utils.protolib.encodeMessage`), and `OUT.meta.json` with what DDP
+itself reports (its gradient bucket sizes, the parameter bytes).
+
+Why not chakra's converter (`chakra_converter PyTorch`)? It makes communication nodes only
+from NCCL kernels on a GPU (`ncclKernel_*`, `ncclDevKernel_*`), and it takes durations from
+`chakra_trace_link`, which needs HolisticTraceAnalysis. A CPU run with gloo has neither, so
+this script does the converter's work for the CPU, node by node, from the real run:
+
+- one `COMP_NODE` per operator of a step that runs no collective, with its measured
+  (inclusive) duration; an operator that contains a collective is split into its own time
+  (a node before its children) and its children;
+- each `c10d::allreduce_` (a DDP bucket) is a `COMM_COLL_NODE`, `comm_type` ALL_REDUCE,
+  `comm_size` its tensors' bytes (shapes and types from the execution trace); any other c10d
+  collective likewise;
+- the `ProfilerStep#N`, `forward`, `backward` and `optimizer` ranges are `COMP_NODE` labels;
+- `ctrl_deps`: the parent (the converter's call-stack dependency); `data_deps`: the operator
+  issued before it on the thread (the converter's CPU chain), for a collective also the
+  collective before it (one communicator runs them in order); the first operator after a
+  backward's last bucket depends on every bucket of that backward (DDP's finalize,
+  `copy_bucket_to_grad`, waits for the reduced buckets).
+
+Needs torch (`pip install torch==2.13.0`, the CPU build) and chakra's schema
+(`pip install --no-deps mlc-chakra==1.0.0` and protobuf). Run without torchrun, it is a world
+of one rank (gloo still, so the all-reduces are real collectives).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from chakra.schema.protobuf import et_def_pb2 as pb
+from chakra.src.third_party.utils.protolib import encodeMessage
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.profiler import (
+    ExecutionTraceObserver,
+    ProfilerActivity,
+    profile,
+    record_function,
+    schedule,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_trace import build  # the same models as the profiler traces
+
+LABELS = ("forward", "backward", "optimizer")
+ELEM_BYTES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "long": 8, "int": 4}
+COLLECTIVES = {
+    "c10d::allreduce_": pb.ALL_REDUCE,
+    "c10d::broadcast_": pb.BROADCAST,
+    "c10d::allgather_": pb.ALL_GATHER,
+    "c10d::reduce_scatter_": pb.REDUCE_SCATTER,
+    "c10d::alltoall_": pb.ALL_TO_ALL,
+    "c10d::barrier": pb.BARRIER,
+}
+
+
+def _attr(n: dict[str, Any], key: str) -> Any:
+    return next((a["value"] for a in n.get("attrs", []) if a["name"] == key), None)
+
+
+def _tensor_bytes(shapes: Any, types: Any) -> int:
+    """Bytes of an op's first input (a tensor or a list of tensors), from the ET's shapes."""
+    if not shapes:
+        return 0
+    shape, typ = shapes[0], str(types[0]) if types else ""
+    dtype = typ[typ.rfind("(") + 1 : typ.find(")")].lower() if "(" in typ else "float"
+    size = ELEM_BYTES.get(dtype, 4)
+
+    def elems(s: Any) -> int:
+        if isinstance(s, list) and s and all(isinstance(x, list) for x in s):
+            return sum(elems(x) for x in s)
+        k = 1
+        for x in s if isinstance(s, list) else []:
+            k *= int(x)
+        return k
+
+    return elems(shape) * size
+
+
+def _is_gloo(n: dict[str, Any]) -> bool:
+    return str(n["name"]).startswith("gloo:")
+
+
+def _descendants(i: int, kids: dict[int, list[int]]) -> list[int]:
+    out, todo = [], list(kids.get(i, []))
+    while todo:
+        c = todo.pop()
+        out.append(c)
+        todo.extend(kids.get(c, []))
+    return out
+
+
+def to_chakra(et: dict[str, Any], kineto: dict[str, Any], meta_attrs: dict[str, Any]) -> list[Any]:
+    """Chakra messages (GlobalMetadata, then Nodes) for the profiled steps of a PyTorch ET."""
+    nodes = {n["id"]: n for n in et["nodes"]}
+    kids: dict[int, list[int]] = {}
+    for n in et["nodes"]:
+        if n["ctrl_deps"] != n["id"]:
+            kids.setdefault(n["ctrl_deps"], []).append(n["id"])
+    timing = {}  # record-function id -> (ts us, dur us), from the profiler
+    for e in kineto["traceEvents"]:
+        rf = (e.get("args") or {}).get("Record function id")
+        if e.get("ph") == "X" and rf is not None:
+            timing[rf] = (float(e["ts"]), float(e.get("dur", 0)))
+    t_base = min(t for t, _ in timing.values())
+
+    def when(i: int) -> tuple[int, int]:
+        ts, dur = timing.get(_attr(nodes[i], "rf_id"), (t_base, 0.0))
+        return round(ts - t_base), round(dur)
+
+    def has_comm(i: int) -> bool:
+        return any(nodes[c]["name"] in COLLECTIVES for c in [i, *_descendants(i, kids)])
+
+    def ordered(ids: list[int]) -> list[int]:
+        return sorted(ids, key=lambda i: (when(i)[0], _attr(nodes[i], "rf_id")))
+
+    out: list[Any] = []
+    g = pb.GlobalMetadata(version="0.0.4")
+    for k, v in meta_attrs.items():
+        a = pb.AttributeProto(name=k)
+        if isinstance(v, int):
+            a.int64_val = v
+        else:
+            a.string_val = str(v)
+        g.attr.append(a)
+    out.append(g)
+    state: dict[str, Any] = {"prev": None, "prev_comm": None, "bwd_comms": [], "phase": ""}
+
+    def node(i: int, kind: int, name: str, dur: int, parent: int | None) -> Any:
+        ts, _ = when(i)
+        n = pb.Node(id=i, name=name, type=kind, start_time_micros=ts, duration_micros=dur)
+        if parent is not None:
+            n.ctrl_deps.append(parent)
+        n.attr.append(pb.AttributeProto(name="is_cpu_op", bool_val=True))
+        out.append(n)
+        return n
+
+    def chain(n: Any, comm: bool) -> None:
+        if state["prev"] is not None:
+            n.data_deps.append(state["prev"])
+        if comm:
+            if state["prev_comm"] is not None and state["prev_comm"] != state["prev"]:
+                n.data_deps.append(state["prev_comm"])
+            state["prev_comm"] = n.id
+            if state["phase"] == "backward":
+                state["bwd_comms"].append(n.id)
+            return  # the thread goes on: an async collective does not hold it
+        if state["bwd_comms"] and not state["pending_bwd"]:
+            n.data_deps.extend(d for d in state["bwd_comms"] if d not in n.data_deps)
+            state["bwd_comms"] = []
+        state["prev"] = n.id
+
+    def emit(i: int, parent: int) -> None:
+        name = nodes[i]["name"]
+        dur = when(i)[1]
+        if name.startswith("ProfilerStep#"):
+            return
+        if name.startswith("gloo:"):
+            # a gloo op is the collective's run on gloo's worker thread: communication, not
+            # compute. The observer may file it under any op of the thread, and the thread's
+            # next ops under it: those are emitted in its place
+            for c in ordered(kids.get(i, [])):
+                emit(c, parent)
+            return
+        if name in COLLECTIVES:
+            n = node(i, pb.COMM_COLL_NODE, name, dur, parent)
+            ins = nodes[i]["inputs"]
+            n.attr.append(pb.AttributeProto(name="comm_type", int64_val=COLLECTIVES[name]))
+            n.attr.append(
+                pb.AttributeProto(
+                    name="comm_size", int64_val=_tensor_bytes(ins["shapes"], ins["types"])
+                )
+            )
+            chain(n, comm=True)
+            state["pending_bwd"] = state["phase"] == "backward" and i != state["last_bwd_comm"]
+            return
+        if name in LABELS:
+            state["phase"] = name
+            chain(node(i, pb.COMP_NODE, name, 0, parent), comm=False)
+            for c in ordered(kids.get(i, [])):
+                emit(c, i)
+            return
+        if not has_comm(i):
+            chain(node(i, pb.COMP_NODE, name, dur, parent), comm=False)
+            return
+        children = ordered(kids.get(i, []))
+        own = max(0, dur - sum(when(c)[1] for c in children if not _is_gloo(nodes[c])))
+        chain(node(i, pb.COMP_NODE, name, own, parent), comm=False)
+        for c in children:
+            emit(c, i)
+
+    # the steps' windows come from the profiler (the observer's nesting of the ops at a step
+    # boundary is not reliable): an op belongs to the step its start falls in
+    steps = ordered([i for i, n in nodes.items() if n["name"].startswith("ProfilerStep#")])
+    windows = [(when(s)[0], sum(when(s)), s) for s in steps]
+    tops = [
+        i
+        for i, n in nodes.items()
+        if nodes.get(n["ctrl_deps"], {}).get("name", "").startswith(("ProfilerStep#", "[pytorch"))
+        and not n["name"].startswith(("ProfilerStep#", "[pytorch"))
+        and _attr(n, "rf_id") in timing  # not the set-up before the profiler (no timing)
+    ]
+    for t0, t1, s in windows:
+        mine = ordered([i for i in tops if t0 <= when(i)[0] < t1])
+        comms = [i for i in mine if nodes[i]["name"] == "backward"]
+        bwd_comms = [
+            c for b in comms for c in _descendants(b, kids) if nodes[c]["name"] in COLLECTIVES
+        ]
+        state["last_bwd_comm"] = max(bwd_comms, key=lambda i: when(i)[0]) if bwd_comms else None
+        state["pending_bwd"] = False
+        state["bwd_comms"] = []
+        state["phase"] = "forward"
+        chain(node(s, pb.COMP_NODE, nodes[s]["name"], 0, None), comm=False)
+        for c in mine:
+            emit(c, s)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", choices=("lm", "mlp"), default="mlp", help="default mlp")
+    p.add_argument("--out", required=True, help="output path without extension")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="default 25 (DDP's)")
+    p.add_argument("--d-model", type=int, default=64, help="lm width / mlp width (default 64)")
+    p.add_argument("--layers", type=int, default=2, help="lm layers (default 2)")
+    p.add_argument("--vocab", type=int, default=512, help="lm vocabulary (default 512)")
+    p.add_argument("--seq", type=int, default=32, help="lm sequence length (default 32)")
+    p.add_argument("--batch", type=int, default=8, help="batch per rank (default 8)")
+    p.add_argument("--active", type=int, default=2, help="profiled steps (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="default 0")
+    args = p.parse_args(argv)
+
+    if "RANK" not in os.environ:  # not under torchrun: a world of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29518")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)
+    model, batch = build(args)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+
+    tmp = Path(tempfile.mkdtemp(prefix="make_chakra"))
+    et_path, kin_path = tmp / "et.json", tmp / "kineto.json"
+    observer = ExecutionTraceObserver().register_callback(str(et_path))
+
+    def ready(prof: profile) -> None:
+        if rank == 0:
+            prof.export_chrome_trace(str(kin_path))
+
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=1, warmup=1, active=args.active, repeat=1),
+        on_trace_ready=ready,
+        record_shapes=True,
+        execution_trace_observer=observer,
+    ) as prof:
+        for _ in range(2 + args.active):
+            x, y = batch()
+            opt.zero_grad(set_to_none=True)
+            with record_function("forward"):
+                out = ddp(x)
+                loss = loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+            with record_function("backward"):
+                loss.backward()
+            with record_function("optimizer"):
+                opt.step()
+            prof.step()
+    observer.unregister_callback()
+
+    if rank == 0:
+        et = json.loads(et_path.read_text())
+        kineto = json.loads(kin_path.read_text())
+        attrs = {"rank": rank, "world_size": world, "backend": "gloo", "schema": et["schema"]}
+        msgs = to_chakra(et, kineto, attrs)
+        out_base = Path(args.out)
+        out_base.parent.mkdir(parents=True, exist_ok=True)
+        with open(f"{out_base}.et", "wb") as f:
+            for m in msgs:
+                encodeMessage(f, m)
+        logging = ddp._get_ddp_logging_data()
+        params = [q for q in model.parameters() if q.requires_grad]
+        meta = {
+            "model": args.model,
+            "torch": torch.__version__,
+            "world_size": world,
+            "backend": "gloo",
+            "bucket_cap_mb": args.bucket_cap_mb,
+            "param_bytes": sum(q.numel() * q.element_size() for q in params),
+            "bucket_sizes": [int(s) for s in str(logging.get("bucket_sizes", "")).split(",") if s],
+            "rebuilt_bucket_sizes": [
+                int(s) for s in str(logging.get("rebuilt_bucket_sizes", "")).split(",") if s
+            ],
+            "active_steps": args.active,
+            "nodes": len(msgs) - 1,
+            "command": " ".join(sys.argv),
+        }
+        Path(f"{out_base}.meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        print(f"wrote {out_base}.et and {out_base}.meta.json", file=sys.stderr)
+    shutil.rmtree(tmp, ignore_errors=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
