@@ -506,13 +506,11 @@ class Scheduler:
         if outranked:
             # Its preemptor may have finished before this handler returned, and its slot gone
             # to the queue head, a task this one outranks: as on arrival, it preempts that.
-            self._n_requeues += 1
-            self._rec(now, D_REQUEUE, R_YIELDED, task, -1, None, 0, 0)
             victim = self._lowest_running()
             if task.priority > victim[0] and self._heads_queue(task, now, key):
+                self._n_requeues += 1
+                self._rec(now, D_REQUEUE, R_YIELDED, task, -1, None, 0, 0)
                 return self._preempt_for(task, victim, now)
-            self._enqueue(task, now, key)
-            return out
         self._enqueue(task, now, key)
         self._n_requeues += 1
         self._rec(now, D_REQUEUE, R_YIELDED, task, -1, None, 0, 0)
