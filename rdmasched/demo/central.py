@@ -42,7 +42,10 @@ class Coordinator:
         sync_cost_ns: int,
         starvation_us: int,
         aging_us: int | None,
+        events: int = 4096,
     ) -> None:
+        """`events`: each core's decision-event ring (docs/TELEMETRY.md; 0: off, as the
+        simulator's cores have it unless it writes a trace)."""
         self.loop = loop
         self.clock = loop.clock
         now = self.clock()
@@ -61,6 +64,7 @@ class Coordinator:
                 starvation_us=starvation_us,
                 aging_us=aging_us,
                 sync_cost_ns=sync_cost_ns,
+                events=events,
             )
             core.define_group(group, frozenset(nodes), now)
             self.cores[node] = core

@@ -297,6 +297,7 @@ class Run:
             sync_cost_ns=int(cfg.workload.sync_ms * MS),
             starvation_us=1_000_000,
             aging_us=100_000,
+            events=cfg.events,
         )
         coord.jobs = jobs
         self.coordinator = coord
@@ -494,6 +495,7 @@ def _time_coordinator(nodes: int, steps: int, slots: int) -> int:
         sync_cost_ns=MS,
         starvation_us=1_000_000,
         aging_us=100_000,
+        events=0,
     )
     eps[me] = Endpoint(eng, me, 0, coord.on_message)
     coded = net._coded
