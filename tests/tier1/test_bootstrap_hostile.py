@@ -22,6 +22,7 @@ import pytest
 
 from rdmasched import bootstrap
 from rdmasched.errors import BootstrapError, ConfigError
+from tests.waiting import wait_for
 
 TOKEN = "correct horse battery"
 GOOD_NODE = 1
@@ -52,14 +53,6 @@ def serve_good(lst: bootstrap.Listener, accept_s: float = 30) -> dict[str, Any]:
         msg = ch.recv("desc")
         ch.send({"t": "desc", "x": msg["x"] + 1})
         return {"peer_node": ch.peer_node, "x": msg["x"]}
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached within {timeout_s} s: {what}")
-        time.sleep(0.01)
 
 
 def frame(obj: Any) -> bytes:

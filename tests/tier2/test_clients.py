@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,16 +30,10 @@ from rdmasched.cluster import ClusterConfig
 from rdmasched.daemon.clients import ClientHub
 from rdmasched.daemon.node import Node
 from rdmasched.errors import ArgumentError, ConfigError, LaneBusyError
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
-
-
-def wait(cond: Any, timeout_s: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def one_host(name: str, slots: int = 2) -> ClusterConfig:
@@ -116,7 +109,7 @@ def test_two_ranks_on_one_daemon_get_only_their_own_callbacks(
     # both slots were busy when step 0 was released (nothing completes before): the sync
     # task took one, preempting a task of one of the two ranks, which that rank alone heard
     assert len(preempts) >= 1
-    wait(lambda: hub.stats()["clients_left"] == 2, what="both ranks to leave")
+    wait_for(lambda: hub.stats()["clients_left"] == 2, what="both ranks to leave")
     s = node.stats()
     assert s["clients"]["connects"] == 2 and s["clients"]["clients_dead"] == 0
     assert s["rejected"] == {} and s["scheduler"]["running"] == 0
@@ -140,7 +133,7 @@ def test_bad_requests_get_clear_errors(daemon: tuple[Node, ClientHub]) -> None:
         assert "still held" in (c.last_rejection or "")
         with pytest.raises(LaneBusyError, match=r"another running process|is taken"):
             Client(hub.endpoint, 0, connect_timeout_s=2).open()
-    wait(lambda: not hub.clients, what="the client to leave")
+    wait_for(lambda: not hub.clients, what="the client to leave")
 
 
 def test_no_daemon_is_a_clear_error_at_connect(lane_name: Any) -> None:
@@ -208,10 +201,10 @@ def test_killed_client_is_dropped_counted_and_replaced(daemon: tuple[Node, Clien
     ]
     assert p.stdout is not None
     assert p.stdout.readline().strip() == "ready"
-    wait(lambda: node.stats()["scheduler"]["running"] == 2, what="two tasks running")
+    wait_for(lambda: node.stats()["scheduler"]["running"] == 2, what="two tasks running")
     p.kill()
     p.wait()
-    wait(lambda: hub.stats()["clients_dead"] == 1, what="the daemon to notice")
+    wait_for(lambda: hub.stats()["clients_dead"] == 1, what="the daemon to notice")
     node.flush()
     s = node.stats()
     assert s["clients"]["cancelled"] == 3 and s["clients"]["owned_tasks"] == 0
@@ -282,7 +275,7 @@ def test_torchrun_style_two_hosts_find_each_other_through_the_tcpstore() -> None
     # the daemons exit once their ranks have left (--exit-when-idle), leaving nothing
     from rdmasched.transport import shm
 
-    wait(
+    wait_for(
         lambda: not [s for s in shm.list_segments() if name in s],
         what="the daemons to exit and remove their segments",
     )
@@ -387,7 +380,7 @@ def test_real_torchrun_two_agents_as_two_hosts() -> None:
         assert r["rejected"] == {} and r["handler_errors"] == {}
     from rdmasched.transport import shm
 
-    wait(
+    wait_for(
         lambda: not [s for s in shm.list_segments() if job in s],
         what="the daemons to exit and remove their segments",
     )
@@ -422,11 +415,11 @@ def test_killed_client_tasks_placed_on_another_host_are_cancelled_there() -> Non
         assert p.stdout is not None
         assert p.stdout.readline().strip() == "ready"
         # one task runs on h0, the other was placed on h1 (h0's one slot is busy)
-        wait(lambda: nodes[1].stats()["scheduler"]["running"] == 1, what="a task on h1")
+        wait_for(lambda: nodes[1].stats()["scheduler"]["running"] == 1, what="a task on h1")
         p.kill()
         p.wait()
-        wait(lambda: hub.stats()["clients_dead"] == 1, what="h0 to notice")
-        wait(lambda: nodes[1].stats()["scheduler"]["running"] == 0, what="h1 to cancel it")
+        wait_for(lambda: hub.stats()["clients_dead"] == 1, what="h0 to notice")
+        wait_for(lambda: nodes[1].stats()["scheduler"]["running"] == 0, what="h1 to cancel it")
         nodes[0].flush()
         assert hub.stats()["cancelled"] == 2
         s = nodes[0].stats()

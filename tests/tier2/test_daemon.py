@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ from rdmasched.errors import ConfigError
 from rdmasched.scheduler import Decision, Task
 from rdmasched.transport import shm
 from rdmasched.wire import Kind
+from tests.waiting import wait_for
 
 ctx = mp.get_context("fork")
 
@@ -216,13 +217,6 @@ def pair() -> Iterator[tuple[Node, Node, list[tuple[str, Any]]]]:
     yield a, b, seen
     a.stop()
     b.stop()
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.002)
 
 
 def test_preempt_from_a_peer_and_explain(pair: Any) -> None:

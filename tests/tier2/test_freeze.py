@@ -17,7 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +31,7 @@ from rdmasched.integrations.freeze import (
     FreezerUnavailableError,
     NoSuchProcessError,
 )
+from tests.waiting import wait_for
 
 DEADLINE_S = 60.0
 QUIET_S = 0.5  # how long a frozen process is watched for progress
@@ -60,14 +61,6 @@ def cpu_ticks(pid: int) -> int:
     st = freeze.read_stat(pid)
     assert st is not None, f"pid {pid} is gone"
     return st.utime + st.stime
-
-
-def wait_for(cond: Callable[[], bool], what: str, deadline_s: float = DEADLINE_S) -> None:
-    end = time.monotonic() + deadline_s
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {deadline_s} s: {what}")
-        time.sleep(0.01)
 
 
 def advances(pid: int) -> None:

@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ import pytest
 from rdmasched.cluster import ClusterConfig
 from rdmasched.daemon.node import Node
 from rdmasched.scheduler import Task
+from tests.waiting import wait_for
 
 ctx = mp.get_context("fork")
 
@@ -40,13 +41,6 @@ def cluster(n: int, slots: int, lane_slots: int = 4096) -> ClusterConfig:
             "node": [{"name": f"n{i}", "slots": slots, "domain": "r0"} for i in range(n)],
         }
     )
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"{what} not reached within {timeout} s"
-        time.sleep(0.005)
 
 
 # ---- the same id on two nodes, in one process -------------------------------------------------
@@ -188,7 +182,7 @@ def test_a_node_stopped_past_dead_after_rejoins_and_nothing_runs_twice(lane_slot
         os.kill(procs[1].pid, signal.SIGSTOP)  # type: ignore[arg-type]
         time.sleep(5 * DEAD_AFTER_MS / 1000)
         os.kill(procs[1].pid, signal.SIGCONT)  # type: ignore[arg-type]
-        wait_for(lambda: all(ctl.done[i] >= n_tasks for i in range(n)), 120, "all done")
+        wait_for(lambda: all(ctl.done[i] >= n_tasks for i in range(n)), "all done", 120)
         time.sleep(3 * DEAD_AFTER_MS / 1000)  # let views settle, then stop
         ctl.stop.value = 1
         while len(results) < n:
@@ -286,7 +280,7 @@ def test_a_killed_node_restarted_is_re_admitted_as_a_new_incarnation() -> None:
         time.sleep(0.5)
         os.kill(workers[2].pid, signal.SIGKILL)  # type: ignore[arg-type]
         workers[2].join(10)
-        wait_for(lambda: ctl.done[0] == 1, 60, "node 2 declared dead")
+        wait_for(lambda: ctl.done[0] == 1, "node 2 declared dead", 60)
         workers[2] = ctx.Process(target=restart_worker, args=(c, 2, ctl), daemon=True)
         workers[2].start()
         r = q.get(timeout=90)

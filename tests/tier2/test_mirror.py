@@ -14,11 +14,10 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +28,10 @@ from rdmasched.cluster import local_cluster
 from rdmasched.daemon.node import Node
 from rdmasched.telemetry import mirror
 from rdmasched.telemetry.records import read_dir
+from tests.waiting import wait_for
 
 CLI = [sys.executable, "-m", "rdmasched.cli"]
 STEPS = 20
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")

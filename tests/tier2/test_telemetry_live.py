@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,15 +17,9 @@ from rdmasched.cluster import local_cluster
 from rdmasched.daemon.node import Node
 from rdmasched.telemetry import live
 from tests.telemetry_deps import need
+from tests.waiting import wait_for
 
 parser = need("prometheus_client.parser")
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
 
 
 @pytest.fixture

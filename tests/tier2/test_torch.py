@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from rdmasched.daemon.clients import endpoint_name
 from rdmasched.integrations.freeze import cgroup_available
 from rdmasched.launch import daemon_running
 from rdmasched.transport import shm
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.torch
 
@@ -69,14 +69,6 @@ def host_env(world: int, cluster: str, port: int) -> dict[str, str]:
         "RDMASCHED_HOST": "host0",
         "PYTHONPATH": str(ROOT),
     }
-
-
-def wait_until(cond: Any, what: str, deadline_s: float = 60.0) -> None:
-    end = time.monotonic() + deadline_s
-    while not cond():
-        if time.monotonic() > end:
-            pytest.fail(f"not within {deadline_s} s: {what}")
-        time.sleep(0.05)
 
 
 def run_ranks(
@@ -160,7 +152,7 @@ def run_ranks(
     # a daemon a rank started leaves once its ranks have (--exit-when-idle)
     for h in range(hosts):
         endpoint = endpoint_name(cluster, f"host{h}")
-        wait_until(lambda e=endpoint: not daemon_running(e), "the daemon exits after its ranks")
+        wait_for(lambda e=endpoint: not daemon_running(e), "the daemon exits after its ranks")
     del store
     return results
 

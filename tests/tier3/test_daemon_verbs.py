@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,19 +17,13 @@ import pytest
 from rdmasched.cluster import ClusterConfig
 from rdmasched.daemon.node import Node
 from rdmasched.scheduler import Decision
+from tests.waiting import wait_for
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
 
 
 @pytest.fixture
