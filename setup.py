@@ -1,7 +1,8 @@
 """Build the Cython hot path (sources in cython/) into private modules rdmasched._*, and
 compile the scheduler's policy (rdmasched/scheduler/core.py, plain Python with an augmenting
-core.pxd beside it, and its Task, task.py with task.pxd) so it runs at a million decisions a second; without the build the same
-file runs as Python.
+core.pxd beside it, and its Task, task.py with task.pxd) so it runs at a million decisions a
+second, and the node core that drives it (rdmasched/daemon/core.py with its core.pxd); without
+the build the same files run as Python.
 
 Cython warnings are errors, and so are the C compiler's. The verbs module is built only where
 libibverbs' headers are installed (Debian: libibverbs-dev); without it rdmasched still works
@@ -46,7 +47,11 @@ extensions = [ext("_wire"), ext("_ring"), ext("_shm"), ext("_bench"),
               Extension("rdmasched.scheduler.task", ["rdmasched/scheduler/task.py"],
                         extra_compile_args=CFLAGS),
               Extension("rdmasched.scheduler.core", ["rdmasched/scheduler/core.py"],
-                        extra_compile_args=CFLAGS)]
+                        extra_compile_args=CFLAGS),
+              # the node core (daemon/core.py + core.pxd): receive's fast path calls the
+              # compiled scheduler's typed methods and reads Message fields as C members
+              Extension("rdmasched.daemon.core", ["rdmasched/daemon/core.py"],
+                        include_dirs=INCLUDE, extra_compile_args=CFLAGS)]
 if os.path.exists("cython/rdmasched/_verbs.pyx"):
     if have_verbs():
         extensions.append(ext("_verbs", libraries=["ibverbs"]))

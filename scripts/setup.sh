@@ -53,6 +53,8 @@ import rdmasched, rdmasched._ring, rdmasched._shm, rdmasched._bench  # noqa: E40
 import rdmasched.scheduler.core as core
 import importlib.util
 assert core.IMPLEMENTATION != "python", "the scheduler core is not compiled"
+import rdmasched.daemon.core as node_core
+assert node_core.IMPLEMENTATION != "python", "the node core is not compiled"
 assert importlib.util.find_spec("torch"), "torch (the [torch] extra) is not installed"
 import chakra.schema.protobuf.et_def_pb2  # noqa: F401  (mlc-chakra, --no-deps, and protobuf)
 print(f"setup: rdmasched {rdmasched.__version__} built and importable")

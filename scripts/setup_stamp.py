@@ -7,7 +7,7 @@ changed skips pip and the ~1.5-minute Cython build.
 The inputs: scripts/setup.sh itself (its Debian package list and pip steps), setup.py,
 pyproject.toml (dependencies, build requirements), every file under cython/ (the hot path's
 .pyx/.pxd/.h), the scheduler source Cython compiles (rdmasched/scheduler/core.py,
-core.pxd, task.py and task.pxd), and the Python that runs this (the venv's interpreter and its version). Any change
+core.pxd, task.py and task.pxd; the node core rdmasched/daemon/core.py and core.pxd), and the Python that runs this (the venv's interpreter and its version). Any change
 to one of them, or a missing stamp, means a full set-up. Standard library only: it runs
 before anything is installed.
 """
@@ -27,6 +27,8 @@ FILES = (
     "rdmasched/scheduler/core.pxd",
     "rdmasched/scheduler/task.py",
     "rdmasched/scheduler/task.pxd",
+    "rdmasched/daemon/core.py",
+    "rdmasched/daemon/core.pxd",
 )
 TREES = ("cython",)
 #: build outputs and caches under the trees, never inputs

@@ -12,23 +12,16 @@ one, and a message for an unlinked node is relayed by the cores on its route.
 from __future__ import annotations
 
 from collections import Counter, defaultdict, deque
+from types import ModuleType
 from typing import Any
 
 from rdmasched import _wire
 from rdmasched import messages as msg
+from rdmasched.daemon import core as _core
 from rdmasched.daemon.core import (
     MAX_RELAYS,
-    CompleteNotice,
     Effect,
-    MarkDead,
     NodeCore,
-    PreemptTask,
-    Relay,
-    Revive,
-    RunSync,
-    Send,
-    SetLoad,
-    SetTimer,
     StartTask,
 )
 from rdmasched.scheduler import Task
@@ -50,9 +43,12 @@ class Cluster:
         slots: int = 1,
         topology: Topology | None = None,
         max_relays: int = MAX_RELAYS,
+        core: ModuleType = _core,
     ) -> None:
         """`topology`: the cores' (NodeCore(topology=...)); its domains name the nodes'.
-        With one, each core's links are its lanes; without, a full mesh."""
+        With one, each core's links are its lanes; without, a full mesh. `core`: the node
+        core's module (another load of daemon/core.py: its plain-Python run)."""
+        self.core = core
         self.now = 10_000 * MS
         self.slots = slots
         self.topology = topology
@@ -81,7 +77,7 @@ class Cluster:
             self.do(i, core.open(self.now))
 
     def make_core(self, i: int, inc: int) -> NodeCore:
-        return NodeCore(
+        return self.core.NodeCore(  # type: ignore[no-any-return]
             i,
             self.domains,
             slots=self.slots,
@@ -103,15 +99,16 @@ class Cluster:
     def do(self, node: int, effects: list[Effect]) -> None:
         """Carry out `node`'s effects as the threaded Node does (handlers answer at once)."""
         core, seen = self.cores[node], self.seen[node]
+        m = self.core
         i = 0
         while i < len(effects):
             e = effects[i]
             i += 1
-            if isinstance(e, Send | Relay):
+            if isinstance(e, m.Send | m.Relay):
                 # a lane exists only over a link (every other node without a topology)
                 assert e.peer in core.links, f"node {node} has no lane to node {e.peer}: {e!r}"
                 self.traversals += 1
-                if isinstance(e, Send):
+                if isinstance(e, m.Send):
                     self.sent[node, e.dst, e.message.encode()[0]] += 1
                     self.wire.append((node, e.peer, (e.message, e.dst)))
                     if e.dst not in core.links:
@@ -120,23 +117,23 @@ class Cluster:
                     self.wire.append((node, e.peer, e.message))
             elif type(e) is StartTask:
                 seen.append(("start", e.task.origin, e.task.id, e.slot))
-            elif isinstance(e, PreemptTask):
+            elif isinstance(e, m.PreemptTask):
                 seen.append(("preempt", e.victim.origin, e.victim.id, e.cancel, e.trigger_ns))
                 progress = e.victim.progress_ns + self.progress_step
                 effects[i:i] = core.preempted(e.victim, progress, self.now)
-            elif isinstance(e, RunSync):
+            elif isinstance(e, m.RunSync):
                 assert e.task.payload is not None
                 seen.append(("sync", e.task.group, e.task.payload["step"], e.slot))
                 effects[i:i] = core.sync_done(e.task, self.now)
-            elif isinstance(e, CompleteNotice):
+            elif isinstance(e, m.CompleteNotice):
                 seen.append(("completed", e.task_id, e.node))
-            elif isinstance(e, SetTimer):
+            elif isinstance(e, m.SetTimer):
                 self.timers[node] = e.at_ns
-            elif isinstance(e, MarkDead):
+            elif isinstance(e, m.MarkDead):
                 seen.append(("dead", e.peer))
-            elif isinstance(e, Revive):
+            elif isinstance(e, m.Revive):
                 seen.append(("revive", e.peer))
-            elif isinstance(e, SetLoad):
+            elif isinstance(e, m.SetLoad):
                 self.load[node] = e.load
             else:
                 raise AssertionError(f"unknown effect {e!r}")

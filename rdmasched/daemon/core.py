@@ -1,3 +1,4 @@
+# cython: language_level=3, annotation_typing=False, boundscheck=False, wraparound=False
 """`NodeCore`: a node's decision logic, sans-IO (like h11 or hyper-h2).
 
 The core takes inputs (a received message, a timer tick, an API call, what a user's handler
@@ -31,6 +32,13 @@ Effects (docs/DAEMON.md, "The node core", is the contract):
 
 Errors in inputs that depend on the state (an unknown task, a full queue) are counted in
 `rejected` and logged; the core goes on.
+
+This file is also compiled by Cython, like the scheduler (pure-Python mode: `core.pxd` beside
+it declares NodeCore's attributes and internal methods as C; the directives are on the first
+line). The compiled module has the same behaviour and takes precedence on import when it is
+built; `IMPLEMENTATION` says which one is loaded. Compiled, `receive` reads the `Message` as C
+struct members and calls the compiled scheduler's typed methods as C calls
+(docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -62,15 +70,20 @@ from rdmasched.scheduler import (
     Forward,
     PeerTable,
     Preempt,
-    Scheduler,
     SchedulerError,
     Start,
     Task,
 )
+from rdmasched.scheduler.core import Scheduler
 from rdmasched.topology import Topology
 from rdmasched.wire import Flag, Kind
 
 _log = logging.getLogger("rdmasched.daemon")
+
+#: "compiled" when this module was built by Cython, else "python". Compiled, it refuses to load
+#: next to a plain-Python scheduler (rdmasched/scheduler/core.py not built, or another build):
+#: Cython's import of the `Scheduler` type it calls at C offsets checks the type's size.
+IMPLEMENTATION = "python" if __file__.endswith(".py") else "compiled"
 
 _DISPATCH, _PREEMPT, _SYNC_READY = int(Kind.DISPATCH), int(Kind.PREEMPT), int(Kind.SYNC_READY)
 _COMPLETE, _HEARTBEAT = int(Kind.COMPLETE), int(Kind.HEARTBEAT)
@@ -302,6 +315,8 @@ class NodeCore:
         self._early_sync_n = 0
         self._trigger_ns = 0
         self._load = -1
+        # a bound method the hot path calls, made once (not one per message)
+        self._seen = self.peers.seen
 
     # ---- time and liveness -------------------------------------------------------------------
     def open(self, now: int) -> list[Effect]:
@@ -356,7 +371,8 @@ class NodeCore:
             return self._relay(m, peer)
         src = m.src
         kind = m.kind
-        self.received[kind] = self.received.get(kind, 0) + 1
+        received = self.received
+        received[kind] = received.get(kind, 0) + 1
         out: list[Effect] = []
         far = self._far and src not in self.links
         if kind == _HEARTBEAT:  # Heartbeat: meta = incarnations (and news, summaries)
@@ -373,22 +389,23 @@ class NodeCore:
             self.stale_msgs += 1
             return out
         if peer not in shunned:  # the last hop wrote the load hint: src's unless relayed
-            self.peers.seen(peer, m.load)
+            self._seen(peer, m.load)
         if peer != src and not far:  # relayed from a link (around a dead lane): alive
             self.peers.revive(src)
         sched = self.scheduler
         # the message every decision below records as its cause (docs/TELEMETRY.md)
         sent = m.arg0 if kind == _PREEMPT else m.arg1 if kind == _SYNC_READY else 0
-        sched.cause(kind, m.src, m.seq, sent)
+        sched.cause(kind, src, m.seq, sent)
         try:
             if kind == _PREEMPT:  # Preempt: id=task, job, arg0=trigger_ns, CANCEL, JOB
                 self._trigger_ns = m.arg0
-                cancel = bool(m.flags & _CANCEL)
-                if m.flags & _JOB:
+                flags = m.flags
+                cancel = (flags & _CANCEL) != 0
+                if flags & _JOB:
                     return self._act(sched.preempt(job=m.job, cancel=cancel), out)
-                t = self.resolve(m.id, None, prefer=src)
+                t = self.resolve(m.id, None, src)
                 if t is not None:
-                    return self._act(sched.preempt(m.id, cancel=cancel, origin=t.origin), out)
+                    return self._act(sched.preempt_task(t, cancel), out)
             elif kind == _DISPATCH:
                 # Dispatch: id=task, job, priority, arg0=cost, arg1=progress, arg2=origin,
                 # hops, meta=payload, SUBMITTED
@@ -613,7 +630,12 @@ class NodeCore:
     def sync_done(self, task: Task, now: int) -> list[Effect]:
         """The sync handler for `task` is done (after a `RunSync`): the slot is free."""
         self.now = now
-        return self._act(self._guard(lambda: self.scheduler.complete(task.id)))
+        try:  # no _guard (a closure per call): a sync step's path
+            actions = self.scheduler.complete(task.id)
+        except (SchedulerError, ValueError) as exc:
+            self._reject(type(exc).__name__, str(exc))
+            actions = []
+        return self._act(actions)
 
     # ---- lookups --------------------------------------------------------------------------
     def resolve(self, task_id: int, origin: int | None, prefer: int | None = None) -> Task | None:
@@ -680,8 +702,12 @@ class NodeCore:
                 out.append(self._send(o.dst, o.message))
             elif isinstance(o, Release):
                 self._trigger_ns = o.trigger_ns
-                g, s = o.group, o.step
-                self._act(self._guard(lambda g=g, s=s: self.scheduler.release(g, s)), out)  # type: ignore[misc]
+                try:
+                    actions = self.scheduler.release(o.group, o.step)
+                except (SchedulerError, ValueError) as exc:
+                    self._reject(type(exc).__name__, str(exc))
+                    actions = []
+                self._act(actions, out)
             else:
                 self._reject(o.reason, o.detail)
         return out

@@ -545,6 +545,15 @@ class Scheduler:
                 self._reject(UnknownJobError(f"unknown job {job}"), NO_TASK, now)
         return self._stop(targets, cancel, R_PEER_CANCEL if cancel else R_PEER, None, now)
 
+    def preempt_task(self, task: Task, cancel: bool = False) -> list[Action]:
+        """``preempt`` of one task held here that the caller already looked up
+        (``lookup``): the node core's path for a peer's PREEMPT (one lookup, no keyword
+        arguments).  Decides as ``preempt(task.id, cancel=cancel, origin=task.origin)``."""
+        now = self._clock()
+        if self._tasks.get((task.origin << 64) | task.id) is not task:
+            self._reject(UnknownTaskError(f"unknown task {task.id}"), task.id, now)
+        return self._stop([task], cancel, R_PEER_CANCEL if cancel else R_PEER, None, now)
+
     def _stop(
         self,
         targets: list[Task],

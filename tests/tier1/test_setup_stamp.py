@@ -108,3 +108,18 @@ def test_setup_sh_skips_only_on_a_matching_stamp_and_says_everything_on_stderr()
     assert "exec 1>&2" in text
     assert 'setup_stamp.py check "$STAMP"' in text and 'setup_stamp.py write "$STAMP"' in text
     assert text.index("setup_stamp.py check") < text.index("pip install")
+
+
+def test_every_python_source_setup_py_compiles_is_an_input_with_its_pxd() -> None:
+    """setup.py compiles some plain-Python sources (the scheduler, the node core) with a
+    .pxd beside each: a change to one must trigger the build (issue 12 item 2)."""
+    import re
+
+    names = {str(p.relative_to(ROOT)) for p in load().inputs(ROOT)}
+    compiled = re.findall(r'"(rdmasched/[\w/]+\.py)"', (ROOT / "setup.py").read_text())
+    assert "rdmasched/daemon/core.py" in compiled
+    for src in compiled:
+        assert src in names, src
+        pxd = src[:-3] + ".pxd"
+        if (ROOT / pxd).exists():
+            assert pxd in names, pxd

@@ -1,0 +1,73 @@
+# Cython declarations for core.py ("augmenting .pxd", pure-Python mode), like the scheduler's
+# (rdmasched/scheduler/core.pxd).
+#
+# core.py stays the one source of the node's decisions and runs as plain Python. Built by
+# setup.py, this file turns NodeCore into an extension type: its state becomes typed C fields,
+# the received `Message` (rdmasched._wire) is read as C struct members, the scheduler's typed
+# (cpdef) methods are C calls, and the internal methods below are C calls. Keep it in step with
+# core.py: every attribute NodeCore sets must be declared here, and the signatures must match.
+# Attributes other code reads or sets (the driver, the simulator, tests) are `public`.
+
+cimport cython
+
+from rdmasched._wire cimport Message
+from rdmasched.scheduler.core cimport Scheduler
+
+# the wire's kinds and flags, and _next_hop's "off the route", as C constants
+cdef int _DISPATCH, _PREEMPT, _SYNC_READY, _COMPLETE, _HEARTBEAT, _CANCEL, _JOB, _SUBMITTED
+cdef long long _OFF_ROUTE
+
+
+cdef class NodeCore:
+    cdef public long long me
+    cdef public object topology
+    cdef public int max_relays
+    cdef public object relayed, rerouted, stale_msgs, sync_early_kept
+    cdef public dict relay_dropped
+    cdef dict _routes
+    cdef public frozenset links
+    cdef public object now
+    cdef public object heartbeat_ns, sync_cost_ns, dead_after_ns
+    cdef public object peers
+    cdef bint _far
+    cdef public object members
+    cdef public dict summaries
+    cdef object _sum_next
+    cdef long long _leaf
+    cdef list _leaf_peers
+    cdef public set _cut
+    cdef dict _leaf_gw
+    cdef dict _pending_far
+    cdef public Scheduler scheduler
+    cdef set _shunned
+    cdef set _unacked
+    cdef public dict received
+    cdef public dict rejected
+    cdef public dict groups
+    cdef public object sync
+    cdef dict _early_sync
+    cdef Py_ssize_t _early_sync_n
+    cdef object _trigger_ns
+    cdef object _load
+    # a bound method the hot path calls (made once, not per message)
+    cdef object _seen
+
+    @cython.locals(kind=int, src=int, far=bint, out=list, sched=Scheduler, shunned=set,
+                   sent=cython.ulonglong, flags=int, cancel=bint, origin=object)
+    cpdef list receive(self, Message m, peer, now)
+    @cython.locals(nxt=cython.longlong)
+    cdef list _relay(self, Message m, peer)
+    cdef list _drop_relay(self, Message m, peer, str why)
+    cdef long long _detour(self, dst, back=*) except? -3
+    cdef long long _next_hop(self, src, dst) except? -3
+    cpdef _send(self, dst, message)
+    cdef _dispatch_msg(self, task, bint submitted)
+    @cython.locals(t=object, trigger=object, load=object)
+    cdef list _act(self, list actions, list out=*)
+    cdef _reject(self, str reason, str detail)
+    cdef list _sync_msg(self, group, flags, step, sent, node)
+    cdef list _sync(self, list outs)
+    cdef _place(self, peer, m, list out)
+    cdef _notice(self, peer)
+    @cython.locals(sched=Scheduler)
+    cpdef object resolve(self, task_id, origin, prefer=*)
