@@ -29,7 +29,7 @@ path, and reads the same fields as plain ints in one function, following the map
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from rdmasched._wire import Message
 from rdmasched.errors import MessageError
@@ -49,6 +49,29 @@ _SYNC_FLAGS = 0x10 | 0x20 | 0x40
 DONE = 0
 #: COMPLETE status (central baseline only, PROTOCOL.md 4.1): a preempted task's progress
 YIELDED = 1
+
+
+class Relayed(NamedTuple):
+    """A received message as its relay writes it on: `Loop.send(next_hop, *fields,
+    src=src, dst=dst, relays=relays)`."""
+
+    fields: Outgoing
+    src: int
+    dst: int
+    relays: int
+
+
+def relayed(m: Message) -> Relayed:
+    """The one statement of docs/PROTOCOL.md section 10's relay rule: a message for another
+    node goes on with every field unchanged but `relays` + 1 (the relay writes its own load
+    hint in the slot, as every writer does). The daemon, the simulator and the tests' codec
+    all relay through this."""
+    return Relayed(
+        (m.kind, m.id, m.job, m.priority, m.flags, m.arg0, m.arg1, m.arg2, m.hops, m.meta),
+        m.src,
+        m.dst,
+        m.relays + 1,
+    )
 
 
 def _expect(m: Message, kind: int, flags: int) -> None:

@@ -32,23 +32,12 @@ def through_codec(
 
 
 def relayed_through_codec(m: _wire.Message, load: int = 0) -> _wire.Message:
-    """A received message as a relay writes it on (docs/PROTOCOL.md section 10): every field
-    unchanged but `relays` + 1 and the relay's own `load`, decoded back."""
+    """A received message as a relay writes it on (docs/PROTOCOL.md section 10,
+    `rdmasched.messages.relayed`), with the relay's own `load`, decoded back."""
+    r = msg.relayed(m)
+    kind, id_, job, prio, flags, a0, a1, a2, hops, meta = r.fields
     raw = _wire.encode(
-        m.kind,
-        id=m.id,
-        job=m.job,
-        priority=m.priority,
-        flags=m.flags,
-        arg0=m.arg0,
-        arg1=m.arg1,
-        arg2=m.arg2,
-        hops=m.hops,
-        meta=m.meta,
-        src=m.src,
-        load=load,
-        dst=m.dst,
-        relays=m.relays + 1,
-        nslots=64,
-    )
+        kind, id=id_, job=job, priority=prio, flags=flags, arg0=a0, arg1=a1, arg2=a2,
+        hops=hops, meta=meta, src=r.src, load=load, dst=r.dst, relays=r.relays, nslots=64,
+    )  # fmt: skip
     return _wire.decode(raw, nslots=64)

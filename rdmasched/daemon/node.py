@@ -804,11 +804,8 @@ class Node:
                 else:
                     self._loop().send(e.peer, *enc, dst=e.dst)
             elif t is Relay:  # a message for another node, on to the next hop
-                m = e.message
-                self._loop().send(
-                    e.peer, m.kind, m.id, m.job, m.priority, m.flags, m.arg0, m.arg1, m.arg2,
-                    m.hops, m.meta, dst=m.dst, src=m.src, relays=m.relays + 1,
-                )  # fmt: skip
+                r = msg.relayed(e.message)
+                self._loop().send(e.peer, *r.fields, dst=r.dst, src=r.src, relays=r.relays)
             elif t is SetLoad:
                 self._loop().set_load(e.load)
             elif t is RunSync:

@@ -163,3 +163,14 @@ def test_bad_kind_and_flags_are_refused() -> None:
 def test_a_preempt_stamped_at_sending_is_the_preempt_with_that_trigger() -> None:
     p = Preempt(3, job=1, cancel=True)
     assert p.stamped(777) == Preempt(3, job=1, trigger_ns=777, cancel=True).encode()
+
+
+@settings(max_examples=100, deadline=None)
+@given(any_message, st.integers(0, 0xFFFFFE), st.integers(0, 0xFFFFFE), st.integers(0, 7))
+def test_a_relay_changes_nothing_but_the_relay_count(
+    x: messages.ControlMessage, src: int, dst: int, relays: int
+) -> None:
+    m = through_codec(x, src=src, load=3, dst=dst, relays=relays)
+    r = messages.relayed(m)
+    assert (r.src, r.dst, r.relays) == (src, dst, relays + 1)
+    assert r.fields == x.encode()
