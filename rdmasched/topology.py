@@ -33,13 +33,15 @@ import re
 import shlex
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from rdmasched.cluster import MAX_NODES, ClusterConfig, read_toml
 from rdmasched.errors import ConfigError
+
+_T = TypeVar("_T")
 
 #: Targets of issue 8 at 100,000 nodes.
 TARGET_LANES = 64
@@ -276,6 +278,8 @@ class Topology:
         self._m_group = 0
         self.plan = plan if plan is not None else choose_plan(self)
         self._apply(self.plan)
+        #: values that are pure functions of this topology and a key (`shared`)
+        self._shared: dict[Hashable, Any] = {}
 
     # ---- constructors --------------------------------------------------------------------
     @classmethod
@@ -523,6 +527,17 @@ class Topology:
             return self.names.index(name)
         except ValueError:
             raise ConfigError(f"{self.source}: no node {name!r}") from None
+
+    def shared(self, key: Hashable, make: Callable[[], _T]) -> _T:
+        """The value for `key`, made by `make()` on first use and kept with the topology.
+        For what is a pure function of the topology and `key` (a sync group's tree layout,
+        rdmasched/daemon/sync.py): every node core of a process that holds this topology
+        gets the same object, so a simulator of N cores builds it once, not N times."""
+        try:
+            return cast(_T, self._shared[key])
+        except KeyError:
+            got = self._shared[key] = make()
+            return got
 
     # ---- the plan's arithmetic ----------------------------------------------------------
     def _apply(self, plan: Plan) -> None:
