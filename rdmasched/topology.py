@@ -518,9 +518,15 @@ class Topology:
         return node - self.leaf_start[self.node_leaf[node]]
 
     def domain(self, node: int) -> str:
-        """``pod/leaf`` of a node, as the cluster config's `domain` names it."""
-        x = self.node_leaf[node]
-        return f"{self.pods[self.leaf_pod[x]]}/{self.leaf_names[x]}"
+        """``pod/leaf`` of a node, as the cluster config's `domain` names it (one string per
+        leaf, shared by every caller: a core holds one per link)."""
+        names = self._shared.get("domains")
+        if names is None:
+            names = self._shared["domains"] = tuple(
+                f"{self.pods[p]}/{leaf}"
+                for leaf, p in zip(self.leaf_names, self.leaf_pod, strict=True)
+            )
+        return cast(str, names[self.node_leaf[node]])
 
     def index(self, name: str) -> int:
         try:

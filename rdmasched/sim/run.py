@@ -348,11 +348,19 @@ class Run:
         wall0 = time.perf_counter()
         self.stopped: str | None = None
 
+        # trainers[:first[0]] are done or dead (both for good): each is looked at once
+        # while it is not, so asking costs O(1) per call and O(N) per run, not O(N) per call
+        first = [0]
+
         def done() -> bool:
             if limit and time.perf_counter() - wall0 > limit:
                 self.stopped = f"stopped at the wall-clock limit of {limit:g} s"
                 return True
-            return all(t.done or not alive[t.node] for t in trainers)
+            k, n = first[0], len(trainers)
+            while k < n and (trainers[k].done or not alive[trainers[k].node]):
+                k += 1
+            first[0] = k
+            return k == n
 
         finished = False
         last, last_t = -1, 0
