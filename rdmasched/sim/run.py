@@ -218,13 +218,14 @@ class Run:
         self.killed: list[int] = []
         self.coordinator: Coordinator | None = None
         self.cores: list[NodeCore] = []
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with _few_collections():
             if cfg.scheduler in ("rdmasched", "fifo"):
                 self._build_cores()
             else:
                 self._build_central()
         self.build_s = time.perf_counter() - t0
+        self.build_cpu_s = time.process_time() - c0
 
     # ---- construction ----------------------------------------------------------------------
     def group_of(self, node: int) -> int:
@@ -371,7 +372,7 @@ class Run:
             return ledger.progress
 
         limit = cfg.wall_limit_s
-        wall0 = time.perf_counter()
+        wall0, cpu0 = time.perf_counter(), time.process_time()
         self.stopped: str | None = None
 
         # trainers[:first[0]] are done or dead (both for good): each is looked at once
@@ -395,7 +396,7 @@ class Run:
         with _few_collections():
             while True:
                 finished = eng.run(done, horizon)
-                if finished or not eng._heap:
+                if finished or eng.next_at() is None:
                     break
                 p = progress()
                 if p != last:
@@ -405,6 +406,7 @@ class Run:
                     break
                 horizon = eng.now + stall // 4 + 1
         wall = time.perf_counter() - wall0
+        self.cpu_s = time.process_time() - cpu0
         if self.stopped is None and not finished:
             self.stopped = "no events left"
         return self.figures(finished and self.stopped is None, wall)
@@ -450,6 +452,10 @@ class Run:
             "build_s": round(self.build_s, 3),
             "wall_s": round(wall_s, 3),
             "events_per_s": round(self.engine.events / wall_s) if wall_s > 0 else None,
+            # CPU time of this process: on a shared machine, the simulator's own speed
+            "build_cpu_s": round(self.build_cpu_s, 3),
+            "cpu_s": round(self.cpu_s, 3),
+            "events_per_cpu_s": round(self.engine.events / self.cpu_s) if self.cpu_s > 0 else None,
         }
         if self.coordinator is not None:
             out["coordinator_msgs"] = self._eps[self._coord_node].handled

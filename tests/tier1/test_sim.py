@@ -21,7 +21,7 @@ from rdmasched.workload import load
 
 TRACES = Path(__file__).resolve().parent.parent / "data" / "traces"
 #: figures that depend on the wall clock, not on the model
-WALL = ("wall_s", "events_per_s", "build_s")
+WALL = ("wall_s", "events_per_s", "build_s", "build_cpu_s", "cpu_s", "events_per_cpu_s")
 
 
 @pytest.fixture(autouse=True)
