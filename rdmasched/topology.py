@@ -33,13 +33,15 @@ import re
 import shlex
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from rdmasched.cluster import MAX_NODES, ClusterConfig, read_toml
 from rdmasched.errors import ConfigError
+
+_T = TypeVar("_T")
 
 #: Targets of issue 8 at 100,000 nodes.
 TARGET_LANES = 64
@@ -276,6 +278,8 @@ class Topology:
         self._m_group = 0
         self.plan = plan if plan is not None else choose_plan(self)
         self._apply(self.plan)
+        #: values that are pure functions of this topology and a key (`shared`)
+        self._shared: dict[Hashable, Any] = {}
 
     # ---- constructors --------------------------------------------------------------------
     @classmethod
@@ -514,15 +518,32 @@ class Topology:
         return node - self.leaf_start[self.node_leaf[node]]
 
     def domain(self, node: int) -> str:
-        """``pod/leaf`` of a node, as the cluster config's `domain` names it."""
-        x = self.node_leaf[node]
-        return f"{self.pods[self.leaf_pod[x]]}/{self.leaf_names[x]}"
+        """``pod/leaf`` of a node, as the cluster config's `domain` names it (one string per
+        leaf, shared by every caller: a core holds one per link)."""
+        names = self._shared.get("domains")
+        if names is None:
+            names = self._shared["domains"] = tuple(
+                f"{self.pods[p]}/{leaf}"
+                for leaf, p in zip(self.leaf_names, self.leaf_pod, strict=True)
+            )
+        return cast(str, names[self.node_leaf[node]])
 
     def index(self, name: str) -> int:
         try:
             return self.names.index(name)
         except ValueError:
             raise ConfigError(f"{self.source}: no node {name!r}") from None
+
+    def shared(self, key: Hashable, make: Callable[[], _T]) -> _T:
+        """The value for `key`, made by `make()` on first use and kept with the topology.
+        For what is a pure function of the topology and `key` (a sync group's tree layout,
+        rdmasched/daemon/sync.py): every node core of a process that holds this topology
+        gets the same object, so a simulator of N cores builds it once, not N times."""
+        try:
+            return cast(_T, self._shared[key])
+        except KeyError:
+            got = self._shared[key] = make()
+            return got
 
     # ---- the plan's arithmetic ----------------------------------------------------------
     def _apply(self, plan: Plan) -> None:

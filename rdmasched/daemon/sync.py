@@ -100,75 +100,150 @@ class _Step:
         self.by: set[int] = set()
 
 
-class _Group:
+class _Layout:
+    """The tree of one group: a pure function of (group id, members, topology), so it is
+    built once per process and shared by every node core there that defines the group
+    (`_layout`). Its domains' first members (`first`) are their combiners while no member
+    is dead. Nothing in it changes after it is built; what a node has seen (deaths, steps)
+    is in that node's `_Group`."""
+
     __slots__ = (
-        "combiners",
-        "dead",
-        "history",
+        "first",
         "id",
         "leaf_of",
         "leaves",
         "members",
         "order",
         "pod_of",
+        "pod_order",
         "pods",
-        "released",
-        "steps",
     )
 
     def __init__(self, gid: int, members: frozenset[int], topology: Topology | None) -> None:
         self.id = gid
         self.members = members
-        self.dead: set[int] = set()
-        self.released = -1
-        self.history: dict[int, int] = {}  # released step -> trigger (the last HISTORY)
-        self.steps: dict[int, _Step] = {}
         self.leaf_of: dict[int, int] = {}
         self.pod_of: dict[int, int] = {}
         self.order: tuple[int, ...] = tuple(sorted(members))
-        self.combiners: dict[_Domain, int] = {}
-        self.leaves: dict[int, list[int]] = {}  # leaf -> its members, in order
-        self.pods: dict[int, list[int]] = {}  # pod -> its leaves
-        if topology is not None:
-            n = len(topology)
-            bad = sorted(m for m in members if not 0 <= m < n)
-            if bad:
-                raise ValueError(f"group {gid}: members {bad} are not in the topology")
-            rails = topology.rails
-            for m in members:
-                self.leaf_of[m] = topology.leaf(m)
-                self.pod_of[m] = topology.pod(m)
+        self.leaves: dict[int, tuple[int, ...]] = {}  # leaf -> its members, in order
+        self.pods: dict[int, tuple[int, ...]] = {}  # pod -> its leaves
+        self.pod_order: dict[int, tuple[int, ...]] = {}  # pod -> its members, in order
+        #: domain -> its first member in the group's order (its combiner if none is dead)
+        self.first: dict[_Domain, int] = {}
+        if topology is None:
+            if self.order:
+                self.first[_ROOT_DOMAIN] = self.order[0]
+            return
+        n = len(topology)
+        bad = sorted(m for m in members if not 0 <= m < n)
+        if bad:
+            raise ValueError(f"group {gid}: members {bad} are not in the topology")
+        rails = topology.rails
+        node_leaf, leaf_pod, leaf_start = topology.node_leaf, topology.leaf_pod, topology.leaf_start
+        leaf_of, pod_of = self.leaf_of, self.pod_of
+        for m in members:
+            x = node_leaf[m]
+            leaf_of[m] = x
+            pod_of[m] = leaf_pod[x]
 
-            def key(m: int) -> tuple[int, int, int]:
-                return ((topology.rail(m) - gid) % rails, self.leaf_of[m], m)
+        def key(m: int) -> tuple[int, int, int]:
+            x = leaf_of[m]
+            return ((m - leaf_start[x] - gid) % rails, x, m)
 
-            self.order = tuple(sorted(members, key=key))
-            for m in self.order:
-                x = self.leaf_of[m]
-                if x not in self.leaves:
-                    self.leaves[x] = []
-                    self.pods.setdefault(self.pod_of[m], []).append(x)
-                self.leaves[x].append(m)
+        self.order = tuple(sorted(members, key=key))
+        leaves: dict[int, list[int]] = {}
+        pods: dict[int, list[int]] = {}
+        pod_order: dict[int, list[int]] = {}
+        first = self.first
+        for m in self.order:
+            x, p = leaf_of[m], pod_of[m]
+            if x not in leaves:
+                leaves[x] = []
+                pods.setdefault(p, []).append(x)
+                first[_LEAF, x] = m
+            leaves[x].append(m)
+            if p not in pod_order:
+                pod_order[p] = []
+                first[_POD, p] = m
+            pod_order[p].append(m)
+        if self.order:
+            first[_ROOT_DOMAIN] = self.order[0]
+        self.leaves = {x: tuple(v) for x, v in leaves.items()}
+        self.pods = {p: tuple(v) for p, v in pods.items()}
+        self.pod_order = {p: tuple(v) for p, v in pod_order.items()}
+
+    def in_domain(self, d: _Domain) -> tuple[int, ...]:
+        """The members of domain `d`, in the group's order."""
+        level, idx = d
+        if level == _LEAF:
+            return self.leaves.get(idx, ())
+        if level == _POD:
+            return self.pod_order.get(idx, ())
+        return self.order
+
+
+#: layouts of groups without a topology (a full mesh), shared the same way; bounded
+_MESH_LAYOUTS: dict[tuple[int, frozenset[int]], _Layout] = {}
+_MESH_LAYOUTS_MAX = 256
+
+
+def _layout(gid: int, members: frozenset[int], topology: Topology | None) -> _Layout:
+    """The layout of group `gid` over `members` in `topology`, built on first use. With a
+    topology it is kept in the topology's cache (`Topology.shared`): it lives as long as
+    the topology, and every core holding that topology gets the same object."""
+    key = (gid, members)
+    if topology is not None:
+        return topology.shared(("sync-layout", key), lambda: _Layout(gid, members, topology))
+    got = _MESH_LAYOUTS.get(key)
+    if got is None:
+        if len(_MESH_LAYOUTS) >= _MESH_LAYOUTS_MAX:
+            _MESH_LAYOUTS.clear()
+        got = _MESH_LAYOUTS[key] = _Layout(gid, members, None)
+    return got
+
+
+class _Group:
+    """One node's view of one group: the shared layout, and this node's own state."""
+
+    __slots__ = ("_comb", "dead", "history", "id", "layout", "members", "released", "steps")
+
+    def __init__(self, layout: _Layout) -> None:
+        self.layout = layout
+        self.id = layout.id
+        self.members = layout.members
+        self.dead: set[int] = set()  # members declared dead, as this node knows
+        self.released = -1
+        self.history: dict[int, int] = {}  # released step -> trigger (the last HISTORY)
+        self.steps: dict[int, _Step] = {}
+        #: domain -> its combiner in this node's view (-1: no live member), computed when
+        #: first asked for since the last change of `dead` (only while some member is dead)
+        self._comb: dict[_Domain, int] = {}
+
+    def comb(self, d: _Domain) -> int:
+        """The combiner of domain `d`: its first live member in the group's order (-1:
+        none live, or not a domain of the group)."""
+        if not self.dead:
+            return self.layout.first.get(d, -1)
+        got = self._comb.get(d)
+        if got is None:
+            got = -1
+            dead = self.dead
+            for m in self.layout.in_domain(d):
+                if m not in dead:
+                    got = m
+                    break
+            self._comb[d] = got
+        return got
 
     def view(self) -> None:
-        """Recompute every domain's combiner: its first live member in the group's order."""
-        comb: dict[_Domain, int] = {}
-        for m in self.order:
-            if m in self.dead:
-                continue
-            if not self.leaf_of:  # no topology: no tree
-                comb[_ROOT_DOMAIN] = m
-                break
-            comb.setdefault((_LEAF, self.leaf_of[m]), m)
-            comb.setdefault((_POD, self.pod_of[m]), m)
-            comb.setdefault(_ROOT_DOMAIN, m)
-        self.combiners = comb
+        """`dead` changed: combiners are computed again as they are asked for."""
+        self._comb.clear()
 
     def domain(self, node: int, level: int) -> _Domain:
         if level == _LEAF:
-            return (_LEAF, self.leaf_of[node])
+            return (_LEAF, self.layout.leaf_of[node])
         if level == _POD:
-            return (_POD, self.pod_of[node])
+            return (_POD, self.layout.pod_of[node])
         return _ROOT_DOMAIN
 
 
@@ -195,9 +270,8 @@ class SyncGroups:
         mem = frozenset(members)
         if group in self.groups:
             raise ValueError(f"group {group} is already defined")
-        g = _Group(group, mem, self.topology)
+        g = _Group(_layout(group, mem, self.topology))
         g.dead = {m for m in self.dead if m in mem}
-        g.view()
         self.groups[group] = g
         return []
 
@@ -217,7 +291,7 @@ class SyncGroups:
         if self.topology is None:
             st.ready[me] = now
             m = msg.SyncReady(group, step, me, sent_ns=now, job=group)
-            out += [SendSync(p, m) for p in sorted(g.members) if p != me and p not in g.dead]
+            out += [SendSync(p, m) for p in g.layout.order if p != me and p not in g.dead]
         self._advance(g, step, out)
         return out
 
@@ -275,7 +349,7 @@ class SyncGroups:
         g = self.groups[group]
         if self.topology is None:
             return node
-        return g.combiners[g.domain(node, level)]
+        return g.comb(g.domain(node, level))
 
     def stats(self) -> dict[str, int]:
         """The counters: steps released here, reports re-sent to a new combiner, late
@@ -306,14 +380,17 @@ class SyncGroups:
     def _complete(g: _Group, d: _Domain, st: _Step) -> bool:
         """Every live child of domain `d` is ready."""
         level, idx = d
+        lay = g.layout
         if level == _LEAF:
-            return all(m in st.ready for m in g.leaves[idx] if m not in g.dead)
+            ready, dead = st.ready, g.dead
+            return all(m in ready or m in dead for m in lay.leaves[idx])
         if level == _POD:
-            children = [(_LEAF, x) for x in g.pods[idx]]
+            children = [(_LEAF, x) for x in lay.pods[idx]]
         else:
-            children = [(_POD, p) for p in g.pods]
+            children = [(_POD, p) for p in lay.pods]
         # a child domain without a live member has no combiner: not waited for
-        return all(c in st.done for c in children if c in g.combiners)
+        done = st.done
+        return all(c in done or g.comb(c) < 0 for c in children)
 
     def _advance(self, g: _Group, step: int, out: list[SyncOut]) -> None:
         """Combine what is known of `step`, release it at the root, report what is complete
@@ -328,30 +405,30 @@ class SyncGroups:
             return
         if me not in g.members:
             return  # not in the tree: it combines nothing
-        comb = g.combiners
-        if st.mine is not None and comb[g.domain(me, _LEAF)] == me:
+        comb = g.comb
+        if st.mine is not None and comb(g.domain(me, _LEAF)) == me:
             st.ready.setdefault(me, st.mine)
         for level in (_LEAF, _POD, _ROOT):
             d = g.domain(me, level)
-            if comb[d] != me:
+            if comb(d) != me:
                 break
             if d not in st.done:
                 if not self._complete(g, d, st):
                     break
                 st.done[d] = st.last  # the time of the readiness that completed it
-        if _ROOT_DOMAIN in st.done and comb[_ROOT_DOMAIN] == me:
+        if _ROOT_DOMAIN in st.done and comb(_ROOT_DOMAIN) == me:
             self._release(g, step, st.done[_ROOT_DOMAIN], None, out)
             return
         for level in (_MEMBER, _LEAF, _POD):
             if level == _MEMBER:
                 t = st.mine
-            elif comb[g.domain(me, level)] == me:
+            elif comb(g.domain(me, level)) == me:
                 t = st.done.get(g.domain(me, level))
             else:
                 break
             if t is None:
                 continue
-            to = comb[g.domain(me, level + 1)]
+            to = comb(g.domain(me, level + 1))
             if to == me or st.up.get(level) == to:
                 continue
             if level in st.up:
@@ -385,29 +462,29 @@ class SyncGroups:
     def _children(self, g: _Group) -> list[int]:
         """The nodes this node passes a release to: the combiners of the domains below the
         ones it combines, and the members of its leaf if it combines that."""
-        me, comb = self.me, g.combiners
+        me, comb, lay = self.me, g.comb, g.layout
         if me not in g.members:
             return []
         out: dict[int, None] = {}  # ordered, without repeats
-        if comb[_ROOT_DOMAIN] == me:
-            out.update((comb[_POD, p], None) for p in g.pods if (_POD, p) in comb)
-        if comb[g.domain(me, _POD)] == me:
-            leaves = g.pods[g.pod_of[me]]
-            out.update((comb[_LEAF, x], None) for x in leaves if (_LEAF, x) in comb)
-        if comb[g.domain(me, _LEAF)] == me:
-            out.update((m, None) for m in g.leaves[g.leaf_of[me]] if m not in g.dead)
+        if comb(_ROOT_DOMAIN) == me:
+            out.update((c, None) for p in lay.pods if (c := comb((_POD, p))) >= 0)
+        if comb(g.domain(me, _POD)) == me:
+            leaves = lay.pods[lay.pod_of[me]]
+            out.update((c, None) for x in leaves if (c := comb((_LEAF, x))) >= 0)
+        if comb(g.domain(me, _LEAF)) == me:
+            out.update((m, None) for m in lay.leaves[lay.leaf_of[me]] if m not in g.dead)
         out.pop(me, None)
         return list(out)
 
     def _parents(self, g: _Group) -> set[int]:
         """The nodes this node reports to (its leaf's combiner, and the combiner above each
         domain it combines)."""
-        me, comb = self.me, g.combiners
-        out = {comb[g.domain(me, _LEAF)]}
+        me, comb = self.me, g.comb
+        out = {comb(g.domain(me, _LEAF))}
         for level in (_LEAF, _POD):
-            if comb[g.domain(me, level)] != me:
+            if comb(g.domain(me, level)) != me:
                 break
-            out.add(comb[g.domain(me, level + 1)])
+            out.add(comb(g.domain(me, level + 1)))
         out.discard(me)
         return out
 
@@ -428,14 +505,15 @@ class SyncGroups:
             if node not in g.members:
                 continue
             tree = self.topology is not None and self.me in g.members
-            before = self._parents(g) if tree and g.combiners else set()
-            below = set(self._children(g)) if tree and g.combiners else set()
+            live = g.comb(_ROOT_DOMAIN) >= 0
+            before = self._parents(g) if tree and live else set()
+            below = set(self._children(g)) if tree and live else set()
             if node in self.dead:
                 g.dead.add(node)
             else:
                 g.dead.discard(node)
             g.view()
-            if not g.combiners:  # every member is dead
+            if g.comb(_ROOT_DOMAIN) < 0:  # every member is dead
                 continue
             if tree and node in self.dead:
                 # a report whose route crossed the dead node may be lost with it: sent again

@@ -16,12 +16,13 @@ from rdmasched.demo.workload import GROUP, KIND_COMPUTE, WorkloadConfig, task_ki
 from rdmasched.errors import ArgumentError, LaneError
 from rdmasched.messages import SyncReady
 from rdmasched.sim import PRESETS, Run, SimConfig, simulate
+from rdmasched.sim.engine import Endpoint, Engine
 from rdmasched.sim.trace import TRACE_GROUP_BASE
 from rdmasched.workload import load
 
 TRACES = Path(__file__).resolve().parent.parent / "data" / "traces"
 #: figures that depend on the wall clock, not on the model
-WALL = ("wall_s", "events_per_s", "build_s")
+WALL = ("wall_s", "events_per_s", "build_s", "build_cpu_s", "cpu_s", "events_per_cpu_s")
 
 
 @pytest.fixture(autouse=True)
@@ -309,3 +310,57 @@ def test_cli_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["sim", "--sizes", "4,8", "--steps", "2", "--central-call-ns", "2000"]
     assert main([*args, "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_engine_runs_events_by_time_then_in_the_order_scheduled() -> None:
+    """The engine's heap holds times, and the events of one time are one batch: an event
+    scheduled for the current time while its batch runs comes after every event already
+    due then, as with a heap of (time, sequence) pairs."""
+    eng = Engine()
+    log: list[tuple[int, str]] = []
+
+    def ev(name: str, then: str | None = None) -> None:
+        log.append((eng.now, name))
+        if then is not None:
+            eng.at(eng.now, ev, then)
+            eng.at(eng.now - 1, ev, then + "'")  # in the past: now
+
+    eng.at(5, ev, "a", "a2")
+    eng.at(3, ev, "b")
+    eng.at(5, ev, "c")
+    eng.at(1, ev, "d")
+    assert eng.run(lambda: False, 4) is False
+    assert log == [(1, "d"), (3, "b")]
+    assert eng.next_at() == 5
+    eng.run(lambda: False, 100)
+    assert log[2:] == [(5, "a"), (5, "c"), (5, "a2"), (5, "a2'")]
+    assert eng.next_at() is None and eng.events == 6
+
+
+def test_engine_stopped_within_a_batch_keeps_the_rest_in_order() -> None:
+    """`done()` is asked every 64 events: a run stopped in the middle of one time's batch
+    leaves the rest of it, in order, for the next run."""
+    eng = Engine()
+    log: list[int] = []
+    for i in range(100):
+        eng.at(7, log.append, i)
+    eng.at(8, log.append, 100)
+    assert eng.run(lambda: len(log) >= 64, 100) is True
+    assert log == list(range(64)) and eng.next_at() == 7
+    assert eng.run(lambda: False, 100) is False
+    assert log == list(range(101)) and eng.events == 101
+
+
+def test_a_busy_node_drains_its_inbox_only_while_nothing_else_is_due() -> None:
+    """A node handles queued messages back to back without the heap only while no other
+    event is due before it is free, also one of the batch that is running now."""
+    eng = Engine()
+    log: list[tuple[int, Any]] = []
+    ep = Endpoint(eng, 0, 5, lambda m, writer: log.append((eng.now, m)))
+    eng.at(0, ep.arrive, "m0", 1)  # handled at once: busy until 5
+    eng.at(2, ep.arrive, "m1", 1)  # waits: handled at 5
+    eng.at(3, ep.arrive, "m2", 1)  # waits: handled at 10
+    # scheduled after m1's turn at 5, so it runs after m1 and before m2, at 5
+    eng.at(4, lambda: eng.at(5, lambda: log.append((eng.now, "probe"))))
+    eng.run(lambda: False, 100)
+    assert log == [(0, "m0"), (5, "m1"), (5, "probe"), (10, "m2")]

@@ -354,3 +354,33 @@ def test_random_deaths_mid_step_release_every_step_once_in_order(seed: int) -> N
     assert len(c.down) == 2
     for i in live:
         assert [s[2] for s in c.of(i, "sync")] == list(range(steps)), (i, c.seen[i])
+
+
+def test_the_tree_layout_is_shared_and_the_view_is_per_node() -> None:
+    """A group's layout (its members' leaves, pods and order) is a function of the group,
+    its members and the topology: every core of the process that defines the group holds
+    the same one (built once, not once per core: O(N) at N nodes, not O(N^2)). What a node
+    has seen (a death) stays its own."""
+    c, _ = tree_cluster(64, leaf=8, pod=32, heartbeats=False)
+    groups = [core.sync.groups[GROUP] for core in c.cores.values()]
+    assert all(g.layout is groups[0].layout for g in groups)
+    # a second group over the same members is laid out on its own (its own rail rotation)
+    a, b = c.cores[0], c.cores[1]
+    members = frozenset(c.cores)
+    a.define_group(GROUP + 1, members, c.now)
+    b.define_group(GROUP + 1, members, c.now)
+    assert a.sync.groups[GROUP + 1].layout is b.sync.groups[GROUP + 1].layout
+    assert a.sync.groups[GROUP + 1].layout is not a.sync.groups[GROUP].layout
+    # a death seen by one node changes its view only
+    root = a.sync.combiner(GROUP, 0, 2)
+    assert b.sync.combiner(GROUP, 0, 2) == root
+    a.sync.node_gone(root)
+    assert a.sync.combiner(GROUP, 0, 2) != root
+    assert b.sync.combiner(GROUP, 0, 2) == root
+    assert root not in b.sync.groups[GROUP].dead
+    a.sync.node_back(root)
+    assert a.sync.combiner(GROUP, 0, 2) == root
+    # the same members in another topology: another layout
+    other = sync.SyncGroups(0, Topology.generate(nodes=64, leaf=16, pod=32))
+    other.define(GROUP, members)
+    assert other.groups[GROUP].layout is not groups[0].layout
