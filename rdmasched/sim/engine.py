@@ -18,7 +18,7 @@ from typing import Any
 
 from rdmasched import _wire
 from rdmasched.errors import LaneError
-from rdmasched.messages import ControlMessage, Outgoing
+from rdmasched.messages import ControlMessage, Outgoing, relayed
 from rdmasched.sim.links import LinkModel
 from rdmasched.topology import Topology
 from rdmasched.wire import Kind
@@ -242,23 +242,7 @@ class Network:
         if c is not None and c[3] is message and c[0] == src and c[2] == dst and c[1] == load:
             return c[4], c[5]
         out = message if type(message) is tuple else message.encode()  # type: ignore[union-attr]
-        kind, id_, job, prio, flags, a0, a1, a2, hops, meta = out
-        raw = _wire.encode(
-            kind,
-            id=id_,
-            job=job,
-            priority=prio,
-            flags=flags,
-            arg0=a0,
-            arg1=a1,
-            arg2=a2,
-            hops=hops,
-            meta=meta,
-            src=src,
-            load=load,
-            dst=dst,
-            nslots=64,
-        )
+        raw = _slot_bytes(out, src, load, dst, 0)
         m = _wire.decode(raw, nslots=64)
         self._cache = (src, load, dst, message, m, len(raw))
         return m, len(raw)
@@ -350,23 +334,8 @@ class Network:
         """`writer` writes the received `m` (for another node) on to `peer`, the next hop of
         its route: every field unchanged but `relays` + 1 and the writer's load hint
         (docs/PROTOCOL.md section 10), as the threaded `Node` does."""
-        raw = _wire.encode(
-            m.kind,
-            id=m.id,
-            job=m.job,
-            priority=m.priority,
-            flags=m.flags,
-            arg0=m.arg0,
-            arg1=m.arg1,
-            arg2=m.arg2,
-            hops=m.hops,
-            meta=m.meta,
-            src=m.src,
-            load=load,
-            dst=m.dst,
-            relays=m.relays + 1,
-            nslots=64,
-        )
+        r = relayed(m)
+        raw = _slot_bytes(r.fields, r.src, load, r.dst, r.relays)
         out = _wire.decode(raw, nslots=64)
         size = len(raw)
         arrive = self._arrival(writer, peer, size, leave)
@@ -377,6 +346,16 @@ class Network:
         ep = self.endpoints.get(peer)
         if ep is not None:
             self.engine.at(arrive, ep.arrive, out, writer)
+
+
+def _slot_bytes(out: Outgoing, src: int, load: int, dst: int, relays: int) -> bytes:
+    """A message as a writer puts it in a lane: its slot (and continuations), encoded by
+    the project's codec so that the receiving core decodes what a real lane delivers."""
+    kind, id_, job, prio, flags, a0, a1, a2, hops, meta = out
+    return _wire.encode(
+        kind, id=id_, job=job, priority=prio, flags=flags, arg0=a0, arg1=a1, arg2=a2,
+        hops=hops, meta=meta, src=src, load=load, dst=dst, relays=relays, nslots=64,
+    )  # fmt: skip
 
 
 def _deliver_all(group: list[tuple[Endpoint, _wire.Message]], writer: int) -> None:
