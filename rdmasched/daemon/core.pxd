@@ -33,6 +33,7 @@ cdef class NodeCore:
     cdef public object members
     cdef public dict summaries
     cdef object _sum_next
+    cdef object _sum_order
     cdef long long _leaf
     cdef list _leaf_peers
     cdef public set _cut

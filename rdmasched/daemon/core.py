@@ -275,6 +275,9 @@ class NodeCore:
         #: when heard here]; this node's leaf's too (docs/SCALE.md, "Placement")
         self.summaries: dict[int, list[int]] = {}
         self._sum_next = 0
+        #: the other leaves of `summaries`, sorted: gossip_meta's turn order (None: to be
+        #: made again, after a leaf came in or went out)
+        self._sum_order: list[int] | None = None
         self._leaf = -1 if topology is None else topology.leaf(me)
         self._leaf_peers = (
             []
@@ -953,10 +956,14 @@ class NodeCore:
         mine = self.summaries.get(self._leaf)
         if mine is not None:
             sums.append([self._leaf, *mine[:4]])
-        others = sorted(k for k in self.summaries if k != self._leaf)
-        if others:
-            k = self._sum_next % len(others)
-            for leaf in (others[k:] + others[:k])[:SUMMARIES_PER_BEAT]:
+        others = self._sum_order
+        if others is None:
+            others = self._sum_order = sorted(k for k in self.summaries if k != self._leaf)
+        n = len(others)
+        if n:
+            k = self._sum_next % n
+            for i in range(min(n, SUMMARIES_PER_BEAT)):  # the next in turn, from k round
+                leaf = others[(k + i) % n]
                 sums.append([leaf, *self.summaries[leaf][:4]])
             if consume:
                 self._sum_next = k + SUMMARIES_PER_BEAT
@@ -999,6 +1006,8 @@ class NodeCore:
                 (k for k in self.summaries if k != self._leaf), key=lambda k: self.summaries[k][4]
             )
             del self.summaries[oldest]
+        if cur is None:
+            self._sum_order = None
         self.summaries[leaf] = [version, load, node, inc, now]
 
     def _summarize(self, now: int) -> list[Effect]:
