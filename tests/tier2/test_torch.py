@@ -261,7 +261,8 @@ def test_managed_training_keeps_its_slot_past_the_starvation_cap(tmp_path: Path)
     r0, r1 = run_ranks(tmp_path, "managed", 2)
     for r in (r0, r1):
         assert r["steps"] == 3
-        assert r["colocated_ran_during_a_step"] is False, (r["seen"], r.get("explain"))
+        story = "\n".join(r.get("explain", []))
+        assert r["colocated_ran_during_a_step"] is False, f"{r['seen']}\n{story}"
         assert r["errors"] == []
 
 

@@ -136,7 +136,7 @@ def main() -> int:
                 steps = 0
                 while True:
                     x = torch.randn(2, 256)
-                    with sched.compute():
+                    with sched.compute() as tid:
                         # every rank in its step: every slot of the host is the job's, so
                         # every co-located task is preempted (another rank's compute may
                         # have started a moment before this rank's freeze was done)
@@ -151,8 +151,8 @@ def main() -> int:
                         # compute task, not to co-located work that has waited past the cap
                         dist.barrier()
                         seen.append(not _settles(lambda: not colo.running))
-                        if seen[-1]:  # why: the daemon's decisions about the co-located task
-                            result["explain"] = [str(e) for e in node.explain(colo.task_id)]
+                        if seen[-1]:  # why: the daemon's decisions about both tasks
+                            result["explain"] = _story(node, colo.task_id) + _story(node, tid)
                     steps += 1
                     dist.barrier()  # the same number of steps on both ranks
                     if steps == 3:
@@ -201,6 +201,14 @@ def main() -> int:
         os._exit(0)  # the gloo groups still name a dead peer: do not wait on their teardown
     dist.destroy_process_group()
     return 0
+
+
+def _story(node: Any, task_id: int) -> list[str]:
+    """A task's decisions, one short line each (for a failing check's message)."""
+    return [
+        f"{e.t_ns} {e.decision} {e.task_id} slot={e.slot} {e.reason} beaten={e.beaten}"
+        for e in node.explain(task_id)
+    ]
 
 
 def _settles(cond: Any, deadline_s: float = 10.0) -> bool:
