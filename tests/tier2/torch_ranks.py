@@ -153,6 +153,9 @@ def main() -> int:
                         seen.append(not _settles(lambda: not colo.running))
                         if seen[-1]:  # why: the daemon's decisions about both tasks
                             result["explain"] = _story(node, colo.task_id) + _story(node, tid)
+                        # no rank ends its step before every rank has looked: a rank that
+                        # left compute() would free its slot, rightly, to co-located work
+                        dist.barrier()
                     steps += 1
                     dist.barrier()  # the same number of steps on both ranks
                     if steps == 3:
