@@ -3,13 +3,15 @@
 Run as `python -m tests.ranks` with a launcher's variables (torchrun's or Slurm's) and:
 RANKS_TASKS (tasks this rank submits, default 2), RANKS_STEPS (sync steps, default 2),
 RANKS_SPAWN=1 (local rank 0 starts the daemon: `Client.from_env(start_daemon=True)`),
-RANKS_HOLD=1 (print "ready", then keep the tasks running until killed).
+RANKS_HOLD=1 (print "ready", then keep the tasks running until killed), RANKS_WAIT_S (how
+long each wait may take, default 300).
 
 It defines group 1 over every host, submits its tasks (ids RANK*1000 + i, priority 10),
 announces each step and waits for its release, then completes every task that runs on it
 (its own, and other hosts' tasks placed on its slot) until all of its own have completed,
 then announces one more step (a barrier) and leaves once it is released.
-Prints one JSON line: what it saw.
+Prints one JSON line: what it saw. A wait that times out prints what the rank saw and its
+daemon's view (stats, and every decision about the rank's tasks) to stderr, then fails.
 """
 
 from __future__ import annotations
@@ -38,6 +40,22 @@ def main() -> int:
     done: set[int] = set()
     mine = {rank * 1000 + i for i in range(ntasks)}
     finishing = threading.Event()
+    wait_s = float(env.get("RANKS_WAIT_S", "300"))
+
+    def fail(why: str) -> SystemExit:
+        """`why`, with this rank's and its daemon's view on stderr (the test's log)."""
+        with lock:
+            print(f"rank {rank}: {why}; saw {seen}, syncs {syncs}, done {sorted(done)}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        try:
+            stats = client.stats()
+            print(f"rank {rank}: daemon stats {json.dumps(stats, default=str)}", file=sys.stderr)
+            for tid in sorted(mine):
+                print(f"rank {rank}: task {tid}: {client.explain(tid)}", file=sys.stderr)
+        except Exception as exc:  # the daemon may be what failed
+            print(f"rank {rank}: no daemon view: {exc!r}", file=sys.stderr)
+        sys.stderr.flush()
+        return SystemExit(f"rank {rank}: {why}")
 
     def finish(t: Task) -> None:  # under the lock
         running.pop((t.origin, t.id), None)
@@ -84,19 +102,19 @@ def main() -> int:
                 time.sleep(1)
         for step in range(steps):
             client.sync_ready(1, step)
-            if not client.wait_for(lambda step=step: step in syncs, 300):
-                raise SystemExit(f"rank {rank}: step {step} was not released")
+            if not client.wait_for(lambda step=step: step in syncs, wait_s):
+                raise fail(f"step {step} was not released")
         with lock:
             finishing.set()
             for t in list(running.values()):
                 finish(t)
-        if not client.wait_for(lambda: mine <= done, 300):
-            raise SystemExit(f"rank {rank}: tasks {sorted(mine - done)} did not complete")
+        if not client.wait_for(lambda: mine <= done, wait_s):
+            raise fail(f"tasks {sorted(mine - done)} did not complete")
         # a last step as a barrier: no rank leaves while another's task may still be placed
         # on its slot
         client.sync_ready(1, steps)
-        if not client.wait_for(lambda: steps in syncs, 300):
-            raise SystemExit(f"rank {rank}: the last step was not released")
+        if not client.wait_for(lambda: steps in syncs, wait_s):
+            raise fail("the last step was not released")
         client.flush()
         stats = client.stats()
     print(
