@@ -21,7 +21,10 @@ down lane and answers WELCOME. From then on:
 - a task a client submits (or dispatches) is **owned** by that client: the daemon routes its
   StartTask, PreemptTask and CompleteNotice effects to it alone. Tasks of other nodes placed
   here go to the client whose index is the slot they start on, else to the lowest connected
-  client, else to the daemon's own handlers.
+  client, else to the daemon's own handlers. A task that starts while none of these exists
+  (the host's ranks have not connected yet, or all of them left) **waits** in its slot and is
+  handed to the first client that connects; preempting or cancelling it meanwhile is answered
+  at once with its progress unchanged (it never ran).
 - a sync group's **local participants** are the clients that defined it; the host is ready
   at a step once `local` of them (default: max_clients) said `sync_ready`; its release runs
   `on_sync` on every participant, and the sync task completes when all of them are done.
@@ -185,6 +188,9 @@ class ClientHub:
         self.connects = 0
         self.clients_left = 0
         self.clients_dead = 0
+        #: (origin, task) -> (task, slot): started while no client (and no handler of the
+        #: daemon's own) could run it; handed to the first client that connects
+        self.waiting: dict[tuple[int, int], tuple[Task, int]] = {}
         #: preempt answers for tasks a rank completed while the PREEMPT was on its way
         self.late_answers = 0
         #: tasks of clients that left or died, cancelled here
@@ -251,6 +257,7 @@ class ClientHub:
             "clients_dead": self.clients_dead,
             "cancelled": self.cancelled,
             "late_answers": self.late_answers,
+            "waiting_starts": len(self.waiting),
             "owned_tasks": len(self.owner),
             "rejected": dict(self.rejected),
             "msgs_in": self.msgs_in,
@@ -421,6 +428,16 @@ class ClientHub:
             },
         )
         _log.info("node %d: client %d connected (pid %s)", node.id, k, meta.get("pid"))
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Start the tasks that waited for a client, now that one is connected."""
+        waiting, self.waiting = self.waiting, {}
+        sched = self.node.scheduler
+        for task, slot in waiting.values():
+            # still running in that slot (not preempted, cancelled or completed since)
+            if sched.lookup(task.id, task.origin) is task and task.state is TaskState.RUNNING:
+                self._on_start(task, slot)
 
     def _request(self, k: int, rid: int, meta: dict[str, Any]) -> None:
         q = meta.get("q")
@@ -522,6 +539,8 @@ class ClientHub:
             own = self._own[0]
             if own is not None:
                 own(task, slot)
+            else:  # no one to run it yet: it waits for the first client (_hand_over)
+                self.waiting[(task.origin, task.id)] = (task, slot)
             return
         self.running_on[(task.origin, task.id)] = k
         self._send(
@@ -541,7 +560,10 @@ class ClientHub:
     def _on_preempt(self, task: Task, slot: int, cancel: bool) -> Any:
         from rdmasched.daemon.node import LATER
 
-        k = self.running_on.get((task.origin, task.id))
+        key = (task.origin, task.id)
+        if self.waiting.pop(key, None) is not None:  # it never ran: nothing to stop
+            return task.progress_ns
+        k = self.running_on.get(key)
         if k is None or k not in self.clients:
             self.running_on.pop((task.origin, task.id), None)
             own = self._own[1]

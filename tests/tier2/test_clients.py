@@ -115,6 +115,61 @@ def test_two_ranks_on_one_daemon_get_only_their_own_callbacks(
     assert s["rejected"] == {} and s["scheduler"]["running"] == 0
 
 
+def test_a_task_started_before_any_client_connected_waits_for_the_first_one(
+    daemon: tuple[Node, ClientHub],
+) -> None:
+    """A host's ranks connect after its daemon joined: work placed on the host meanwhile (a
+    peer's, or the daemon's own) starts on a slot no rank serves yet. It is handed to the
+    first rank that connects, not lost (the two-host runs lost such a task: its origin never
+    heard it complete, and the last step's barrier hung)."""
+    node, hub = daemon
+    node.dispatch(7, priority=1, cost_ns=1000)  # no client yet, and no handler of its own
+    node.dispatch(8, priority=1, cost_ns=1000)
+    node.dispatch(9, priority=1, cost_ns=1000)  # queued: both slots are taken
+    wait_for(lambda: node.stats()["scheduler"]["running"] == 2, what="7 and 8 started")
+    assert hub.stats()["waiting_starts"] == 2
+    started: list[tuple[int, int]] = []
+    preempted: list[int] = []
+    c = Client(hub.endpoint, 1)
+    c.on_dispatch(lambda t, slot: started.append((t.id, slot)))
+    c.on_preempt(lambda t, slot, cancel: preempted.append(t.id) or t.progress_ns)
+    with c:
+        wait_for(lambda: len(started) == 2, what="the waiting starts handed to the client")
+        assert sorted(t for t, _ in started) == [7, 8]
+        assert hub.stats()["waiting_starts"] == 0
+        c.complete(7)
+        wait_for(lambda: len(started) == 3, what="task 9 started in 7's slot")
+        assert started[2][0] == 9
+        c.complete(8)
+        c.complete(9)
+        wait_for(lambda: node.stats()["scheduler"]["running"] == 0, what="all three done")
+    assert node.stats()["rejected"] == {} and preempted == []
+    assert node.stats()["scheduler"]["completions"] == 3
+
+
+def test_a_waiting_start_preempted_before_any_client_came_answers_at_once(
+    daemon: tuple[Node, ClientHub],
+) -> None:
+    """Preempting (or cancelling) a task that waits for a client needs no client: it never
+    ran, so its progress is what it was, and the slot is free at once."""
+    node, hub = daemon
+    node.dispatch(7, priority=1, cost_ns=1000)
+    node.dispatch(8, priority=2, cost_ns=1000)
+    wait_for(lambda: hub.stats()["waiting_starts"] == 2, what="7 and 8 waiting")
+    node.dispatch(9, priority=5, cost_ns=1000)  # outranks 7: preempts it, takes its slot
+    node.preempt(8, cancel=True)  # its slot goes to 7, requeued
+    wait_for(lambda: node.stats()["scheduler"]["cancels"] == 1, what="8 cancelled")
+    s = node.stats()["scheduler"]
+    assert s["running"] == 2 and s["queue_len"] == 0 and s["preemptions"] == 1
+    assert hub.stats()["waiting_starts"] == 2
+    started: list[int] = []
+    c = Client(hub.endpoint, 0)
+    c.on_dispatch(lambda t, slot: started.append(t.id))
+    with c:
+        wait_for(lambda: sorted(started) == [7, 9], what="9 and the requeued 7 handed over")
+    assert node.stats()["rejected"] == {}
+
+
 def test_bad_requests_get_clear_errors(daemon: tuple[Node, ClientHub]) -> None:
     _, hub = daemon
     with Client(hub.endpoint, 0) as c:
