@@ -3,7 +3,7 @@
     python examples/ddp_train.py --compare --repeat 3          # the measurement (docs/TORCH.md)
     torchrun --nproc-per-node 2 examples/ddp_train.py --mode managed --steps 30
 
-The training job: a small transformer language model from torch.nn (examples/make_trace.py's
+The training job: a small transformer language model from torch.nn (examples/ddp_job.py's
 TinyLM: embedding, causal nn.TransformerEncoder, linear head) on random tokens, one process
 per rank, DistributedDataParallel over gloo on the CPU, one torch thread per rank.
 
@@ -118,7 +118,7 @@ def run_rank(args: argparse.Namespace) -> int:
     from torch.profiler import record_function
 
     sys.path.insert(0, str(HERE))
-    from make_trace import TinyLM
+    from ddp_job import TinyLM
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

@@ -3,13 +3,14 @@
     torchrun --nproc-per-node 2 examples/make_chakra_trace.py --model mlp --d-model 128 \
         --bucket-cap-mb 0.05 --seed 1 --out tests/data/traces/mlp-chakra
 
-trains the model of examples/make_trace.py under torch.profiler with PyTorch's
-ExecutionTraceObserver attached, so rank 0 records both PyTorch's execution trace (every
-operator, its parent, its inputs' shapes and types) and the profiler's timings of the same
-operators (matched by record-function id). It writes `OUT.et`, a Chakra ET made with
-chakra's own schema and writer (`chakra.schema.protobuf.et_def_pb2`,
-`chakra.src.third_party.utils.protolib.encodeMessage`), and `OUT.meta.json` with what DDP
-itself reports (its gradient bucket sizes, the parameter bytes).
+trains the model of examples/make_trace.py (the job in examples/ddp_job.py) under
+torch.profiler with PyTorch's ExecutionTraceObserver attached, so rank 0 records both
+PyTorch's execution trace (every operator, its parent, its inputs' shapes and types) and the
+profiler's timings of the same operators (matched by record-function id). It writes
+`OUT.et`, a Chakra ET made with chakra's own schema and writer
+(`chakra.schema.protobuf.et_def_pb2`, `chakra.src.third_party.utils.protolib.encodeMessage`),
+and `OUT.meta.json` with what DDP itself reports (its gradient bucket sizes, the parameter
+bytes).
 
 Why not chakra's converter (`chakra_converter PyTorch`)? It makes communication nodes only
 from NCCL kernels on a GPU (`ncclKernel_*`, `ncclDevKernel_*`), and it takes durations from
@@ -38,29 +39,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
 from chakra.schema.protobuf import et_def_pb2 as pb
 from chakra.src.third_party.utils.protolib import encodeMessage
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
-from torch.profiler import (
-    ExecutionTraceObserver,
-    ProfilerActivity,
-    profile,
-    record_function,
-    schedule,
-)
+from torch.profiler import ExecutionTraceObserver
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_trace import build  # the same models as the profiler traces
+from ddp_job import Job, add_job_args  # the same job as the profiler traces
 
 LABELS = ("forward", "backward", "optimizer")
 ELEM_BYTES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "long": 8, "int": 4}
@@ -238,88 +226,31 @@ def to_chakra(et: dict[str, Any], kineto: dict[str, Any], meta_attrs: dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", choices=("lm", "mlp"), default="mlp", help="default mlp")
-    p.add_argument("--out", required=True, help="output path without extension")
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="default 25 (DDP's)")
-    p.add_argument("--d-model", type=int, default=64, help="lm width / mlp width (default 64)")
-    p.add_argument("--layers", type=int, default=2, help="lm layers (default 2)")
-    p.add_argument("--vocab", type=int, default=512, help="lm vocabulary (default 512)")
-    p.add_argument("--seq", type=int, default=32, help="lm sequence length (default 32)")
-    p.add_argument("--batch", type=int, default=8, help="batch per rank (default 8)")
-    p.add_argument("--active", type=int, default=2, help="profiled steps (default 2)")
-    p.add_argument("--seed", type=int, default=0, help="default 0")
+    add_job_args(p, model="mlp", active=2)
     args = p.parse_args(argv)
 
-    if "RANK" not in os.environ:  # not under torchrun: a world of one
-        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29518")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(args.seed)
-    model, batch = build(args)
-    ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-
-    tmp = Path(tempfile.mkdtemp(prefix="make_chakra"))
-    et_path, kin_path = tmp / "et.json", tmp / "kineto.json"
+    job = Job.start(args, port=29518)
+    et_path, kin_path = job.tmp / "et.json", job.tmp / "kineto.json"
     observer = ExecutionTraceObserver().register_callback(str(et_path))
-
-    def ready(prof: profile) -> None:
-        if rank == 0:
-            prof.export_chrome_trace(str(kin_path))
-
-    with profile(
-        activities=[ProfilerActivity.CPU],
-        schedule=schedule(wait=1, warmup=1, active=args.active, repeat=1),
-        on_trace_ready=ready,
-        record_shapes=True,
-        execution_trace_observer=observer,
-    ) as prof:
-        for _ in range(2 + args.active):
-            x, y = batch()
-            opt.zero_grad(set_to_none=True)
-            with record_function("forward"):
-                out = ddp(x)
-                loss = loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-            with record_function("backward"):
-                loss.backward()
-            with record_function("optimizer"):
-                opt.step()
-            prof.step()
+    job.profile(kin_path, wait=1, warmup=1, active=args.active, execution_trace_observer=observer)
     observer.unregister_callback()
 
-    if rank == 0:
+    if job.rank == 0:
         et = json.loads(et_path.read_text())
         kineto = json.loads(kin_path.read_text())
-        attrs = {"rank": rank, "world_size": world, "backend": "gloo", "schema": et["schema"]}
-        msgs = to_chakra(et, kineto, attrs)
-        out_base = Path(args.out)
-        out_base.parent.mkdir(parents=True, exist_ok=True)
-        with open(f"{out_base}.et", "wb") as f:
+        attrs = {"rank": job.rank, "world_size": job.world, "backend": "gloo"}
+        msgs = to_chakra(et, kineto, {**attrs, "schema": et["schema"]})
+        with open(f"{job.out()}.et", "wb") as f:
             for m in msgs:
                 encodeMessage(f, m)
-        logging = ddp._get_ddp_logging_data()
-        params = [q for q in model.parameters() if q.requires_grad]
-        meta = {
-            "model": args.model,
-            "torch": torch.__version__,
-            "world_size": world,
-            "backend": "gloo",
-            "bucket_cap_mb": args.bucket_cap_mb,
-            "param_bytes": sum(q.numel() * q.element_size() for q in params),
-            "bucket_sizes": [int(s) for s in str(logging.get("bucket_sizes", "")).split(",") if s],
-            "rebuilt_bucket_sizes": [
-                int(s) for s in str(logging.get("rebuilt_bucket_sizes", "")).split(",") if s
-            ],
+        fields = {
+            "param_bytes": job.param_bytes(),
+            **job.buckets(),
             "active_steps": args.active,
             "nodes": len(msgs) - 1,
-            "command": " ".join(sys.argv),
         }
-        Path(f"{out_base}.meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        print(f"wrote {out_base}.et and {out_base}.meta.json", file=sys.stderr)
-    shutil.rmtree(tmp, ignore_errors=True)
-    dist.destroy_process_group()
+        job.write_meta(".et", fields)
+    job.close()
     return 0
 
 

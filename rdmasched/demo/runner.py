@@ -24,13 +24,17 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rdmasched.demo.workload import GROUP, Trainer, WorkloadConfig
 from rdmasched.errors import RdmaschedError
 from rdmasched.stats import percentile_us
+from rdmasched.telemetry import records
+
+if TYPE_CHECKING:
+    from rdmasched.scheduler import Scheduler
 
 ctx = mp.get_context("fork")
 
@@ -186,7 +190,7 @@ def rdmasched_node(cfg: DemoConfig, cluster_name: str, i: int, shared: _Shared) 
         assert node.loop is not None
         _progress_timer(node.loop, trainer, shared, i)
         node.run(until=lambda: bool(shared.stop.value))
-        _write_trace(cfg, f"rdmasched-node{i}", node.events_jsonl())
+        _write_trace(cfg, f"rdmasched-node{i}", i, node.scheduler)
         st = node.stats()
         return {
             **trainer.figures(),
@@ -223,7 +227,7 @@ def coordinator_proc(cfg: DemoConfig, cluster_name: str, shared: _Shared) -> dic
         t0 = time.monotonic()
         loop.run(coord.on_message, until=lambda: bool(shared.stop.value))
         for node, sched in coord.sched.items():
-            _write_trace(cfg, f"central-node{node}", sched.events_jsonl())
+            _write_trace(cfg, f"central-node{node}", node, sched)
         return {
             **_plane(loop),
             "msgs_in": loop.msgs_in,
@@ -275,13 +279,15 @@ def _plane(loop: Any) -> dict[str, Any]:
     }
 
 
-def _write_trace(cfg: DemoConfig, name: str, lines: Iterable[str]) -> None:
+def _write_trace(cfg: DemoConfig, name: str, node: int, scheduler: Scheduler) -> None:
+    """`--trace DIR`: `node`'s scheduler ring as DIR/NAME.jsonl, in the trace record format
+    (records.write_scheduler: a header with the slots, the ring's counters and the anchor of
+    the monotonic clock the events are on, then the events)."""
     if not cfg.trace_dir:
         return
     os.makedirs(cfg.trace_dir, exist_ok=True)
-    with open(os.path.join(cfg.trace_dir, f"{name}.jsonl"), "w") as f:
-        for line in lines:
-            f.write(line + "\n")
+    path = os.path.join(cfg.trace_dir, f"{name}.jsonl")
+    records.write_scheduler(path, node, scheduler, source="demo", anchor_ns=records.anchor())
 
 
 def read_traces(directory: str, task: int | None = None) -> Iterator[str]:

@@ -206,7 +206,7 @@ class ClusterModel:
 
     def add_node(self, tr: NodeTrace) -> NodeView:
         v = self.nodes.get(tr.node)
-        # a header names the slots; the demo's files have none: the highest slot used
+        # a header names the slots; a file without one (an older demo's): the highest slot used
         slots = max(
             [int(tr.head.get("slots") or 0)] + [e.slot + 1 for e in tr.events if e.slot is not None]
         )

@@ -26,7 +26,6 @@ mlc-chakra`, or the `[chakra]` extra and scripts/setup.sh); no torch.
 
 from __future__ import annotations
 
-import gzip
 import heapq
 import zlib
 from collections import Counter
@@ -38,10 +37,10 @@ from rdmasched.workload.model import (
     ComputeTask,
     Phase,
     Step,
-    SyncTask,
-    Task,
+    TaskBuilder,
     Workload,
     WorkloadError,
+    read_bytes,
 )
 from rdmasched.workload.torch_trace import (
     STEP_RE,
@@ -145,15 +144,7 @@ def read_messages(data: bytes, source: str) -> tuple[Any, list[Any]]:
 def load(path: str | Path) -> Workload:
     """Read a Chakra ET file (gzipped or not) into a Workload."""
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise WorkloadError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    if raw[:2] == _GZIP:
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise WorkloadError(f"{p}: truncated or damaged gzip: {exc}") from None
+    raw = read_bytes(p)
     if raw.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] in (b"{", b"["):
         raise WorkloadError(
             f"{p}: not a Chakra trace: JSON text (a torch.profiler trace is read as one when "
@@ -329,38 +320,32 @@ def parse(meta: Any, pb_nodes: list[Any], source: str = "<chakra>") -> Workload:
     return wl
 
 
-class _Builder:
-    """Groups nodes, in issue order, into the model's tasks with their dependencies."""
+class _Builder(TaskBuilder[_Node]):
+    """Groups nodes, in issue order, into the model's tasks with the trace's dependencies."""
 
     def __init__(self) -> None:
-        self.next_id = 0
+        super().__init__()
         self.steps: list[Step] = []
         self.opened = False
-        self.tasks: list[Task] = []
-        self.last_id: int | None = None  # the last task made, of any step
-        self.index = 0
         self.pstep: int | None = None
-        self.pending: list[_Node] = []
-        self.pending_phase: Phase = "forward"
-        self.counters: Counter[str] = Counter()
         self.t0: int | None = None
         self.t1 = 0
         #: ET node id -> the task ids it stands for, to the nodes that depend on it
         self.node_tasks: dict[int, set[int]] = {}
 
     def open(self, index: int, pstep: int | None, label: _Node | None = None) -> None:
-        self._flush()
+        self.flush()
         self._close_step()
         self.opened = True
-        self.index, self.pstep = index, pstep
-        self.tasks, self.counters = [], Counter()
+        self.begin_step(index)
+        self.pstep = pstep
         self.t0, self.t1 = None, 0
         if label is not None:
             self._time(label)
             self.pass_through(label)
 
     def close(self) -> list[Step]:
-        self._flush()
+        self.flush()
         self._close_step()
         return self.steps
 
@@ -378,15 +363,15 @@ class _Builder:
     def _offset(self, n: _Node) -> int:
         return (n.start_us - self.t0) * 1000 if n.start_us >= 0 and self.t0 is not None else 0
 
-    def _deps(self, members: list[_Node], me: int) -> tuple[int, ...]:
-        """The tasks its nodes depend on (never itself); a task that has none follows the
-        task made before it, and the first task of a step follows the last of the step
-        before."""
+    def _deps(self, members: list[_Node]) -> tuple[int, ...]:
+        """The tasks its nodes depend on (never itself, the task `next_id` names); a task
+        that has none follows the task made before it, and the first task of a step
+        follows the last of the step before."""
         deps: set[int] = set()
         for n in members:
             for d in n.deps:
                 deps |= self.node_tasks.get(d, set())
-        deps.discard(me)
+        deps.discard(self.next_id)
         if self.last_id is not None and (not deps or not self.tasks):
             deps.add(self.last_id)
         return tuple(sorted(deps))
@@ -394,66 +379,39 @@ class _Builder:
     def pass_through(self, n: _Node) -> None:
         self.node_tasks[n.id] = {t for d in n.deps for t in self.node_tasks.get(d, ())}
 
-    def compute(self, n: _Node, phase: Phase) -> None:
-        if self.pending and phase != self.pending_phase:
-            self._flush()
-        self.pending_phase = phase
-        self.pending.append(n)
-        self.node_tasks[n.id] = {self.next_id}
+    def compute(self, item: _Node, phase: Phase) -> None:
+        super().compute(item, phase)
+        self.node_tasks[item.id] = {self.next_id}
 
     def sync(self, n: _Node, phase: Phase) -> None:
-        self._flush()
-        label = "bucket" if n.collective == "all_reduce" and phase == "backward" else n.collective
+        self.flush()
         self._time(n)
-        me = self.next_id
-        self._add(
-            SyncTask(
-                id=me,
-                step=self.index,
-                phase=phase,
-                name=f"{label}.{self.counters['s:' + label]}",
-                collective=n.collective,
-                nbytes=n.nbytes,
-                nelems=0,
-                dtype="",
-                duration_ns=n.dur_ns,
-                offset_ns=self._offset(n),
-                deps=self._deps([n], me),
-            )
+        t = self.add_sync(
+            phase,
+            n.collective,
+            nbytes=n.nbytes,
+            nelems=0,
+            dtype="",
+            duration_ns=n.dur_ns,
+            offset_ns=self._offset(n),
+            deps=self._deps([n]),
         )
-        self.node_tasks[n.id] = {me}
-        self.counters["s:" + label] += 1
+        self.node_tasks[n.id] = {t.id}
 
-    def _add(self, t: Task) -> None:
-        self.tasks.append(t)
-        self.last_id = t.id
-        self.next_id += 1
-
-    def _flush(self) -> None:
-        if not self.pending:
-            return
-        ph, pending = self.pending_phase, self.pending
-        self.pending = []
-        for n in pending:
+    def _group(self, phase: Phase, items: list[_Node]) -> None:
+        for n in items:
             self._time(n)
-        dur = sum(n.dur_ns for n in pending)
-        timed = [n for n in pending if n.start_us >= 0]
+        dur = sum(n.dur_ns for n in items)
+        timed = [n for n in items if n.start_us >= 0]
         span = dur
         if timed:
             first = min(n.start_us for n in timed) * 1000
             span = max(dur, max(n.start_us * 1000 + n.dur_ns for n in timed) - first)
-        me = self.next_id
-        self._add(
-            ComputeTask(
-                id=me,
-                step=self.index,
-                phase=ph,
-                name=f"{ph}.{self.counters[ph]}",
-                duration_ns=dur,
-                offset_ns=self._offset(pending[0]),
-                span_ns=span,
-                ops=len(pending),
-                deps=self._deps(pending, me),
-            )
+        self.add_compute(
+            phase,
+            duration_ns=dur,
+            offset_ns=self._offset(items[0]),
+            span_ns=span,
+            ops=len(items),
+            deps=self._deps(items),
         )
-        self.counters[ph] += 1

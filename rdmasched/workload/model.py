@@ -10,12 +10,21 @@ events; a `SyncTask` is one collective (a DDP gradient bucket all-reduce in the 
 phase; a buffer broadcast in the forward phase) with its size in bytes. `deps` name the ids of
 the tasks that must end before a task may start; ids are unique over the whole workload, and
 the first task of a step depends on the last task of the step before.
+
+`TaskBuilder` is the one place tasks are made, numbered and named, and `read_bytes` the one
+place a trace file is read (gzipped or not); both readers (profiler and Chakra traces) use
+them and add only what their formats differ in: how a group of compute items is timed and
+which tasks a task depends on.
 """
 
 from __future__ import annotations
 
+import gzip
+import zlib
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Generic, Literal, TypeVar
 
 from rdmasched.errors import WorkloadError
 
@@ -31,6 +40,21 @@ __all__ = [
     "Workload",
     "WorkloadError",
 ]
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """The bytes of a trace file, gunzipped if it is gzipped; WorkloadError naming the file."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise WorkloadError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, OSError, zlib.error) as exc:
+            raise WorkloadError(f"{p}: truncated or damaged gzip: {exc}") from None
+    return raw
 
 
 @dataclass(frozen=True)
@@ -76,7 +100,11 @@ class SyncTask:
     @property
     def is_bucket(self) -> bool:
         """A DDP gradient bucket: an all-reduce issued during the backward phase."""
-        return self.collective == "all_reduce" and self.phase == "backward"
+        return is_bucket(self.collective, self.phase)
+
+
+def is_bucket(collective: str, phase: Phase) -> bool:
+    return collective == "all_reduce" and phase == "backward"
 
 
 Task = ComputeTask | SyncTask
@@ -182,3 +210,110 @@ class Workload:
             for t in self.tasks()
         ]
         return out
+
+
+#: one piece of compute as a reader sees it (a profiler busy interval, a Chakra node)
+Item = TypeVar("Item")
+
+
+class TaskBuilder(Generic[Item]):
+    """Makes a workload's tasks in issue order, one step after the other.
+
+    Ids count over the whole workload; names count per step, by phase for compute
+    (`backward.2`) and by collective for syncs (`broadcast.0`; a backward all-reduce is a
+    gradient bucket, `bucket.1`). Compute items of one phase issued one after the other are
+    one `ComputeTask`: `compute(item, phase)` gathers them, `flush()` ends the group (at
+    each sync, phase change and step end) and hands it to `_group`, which the reader
+    writes: it times the group and says its deps, then calls `add_compute`. Before a task
+    is added, `next_id` is the id it will get (for deps that must not name itself)."""
+
+    def __init__(self) -> None:
+        self.next_id = 0
+        #: the last task made, of any step
+        self.last_id: int | None = None
+        self.index = 0
+        self.tasks: list[Task] = []
+        self.counters: Counter[str] = Counter()
+        self.pending: list[Item] = []
+        self.pending_phase: Phase = "forward"
+
+    def begin_step(self, index: int) -> None:
+        """Start step `index` (after a `flush()` of the step before)."""
+        self.index = index
+        self.tasks, self.counters = [], Counter()
+        self.pending, self.pending_phase = [], "forward"
+
+    def compute(self, item: Item, phase: Phase) -> None:
+        if self.pending and phase != self.pending_phase:
+            self.flush()
+        self.pending_phase = phase
+        self.pending.append(item)
+
+    def flush(self) -> None:
+        if self.pending:
+            phase, items = self.pending_phase, self.pending
+            self.pending = []
+            self._group(phase, items)
+
+    def _group(self, phase: Phase, items: list[Item]) -> None:
+        raise NotImplementedError
+
+    def add_compute(
+        self,
+        phase: Phase,
+        *,
+        duration_ns: int,
+        offset_ns: int,
+        span_ns: int,
+        ops: int,
+        deps: tuple[int, ...],
+    ) -> ComputeTask:
+        t = ComputeTask(
+            id=self.next_id,
+            step=self.index,
+            phase=phase,
+            name=f"{phase}.{self.counters[phase]}",
+            duration_ns=duration_ns,
+            offset_ns=offset_ns,
+            span_ns=span_ns,
+            ops=ops,
+            deps=deps,
+        )
+        self.counters[phase] += 1
+        self._add(t)
+        return t
+
+    def add_sync(
+        self,
+        phase: Phase,
+        collective: str,
+        *,
+        nbytes: int,
+        nelems: int,
+        dtype: str,
+        duration_ns: int,
+        offset_ns: int,
+        deps: tuple[int, ...],
+    ) -> SyncTask:
+        label = "bucket" if is_bucket(collective, phase) else collective
+        t = SyncTask(
+            id=self.next_id,
+            step=self.index,
+            phase=phase,
+            name=f"{label}.{self.counters['s:' + label]}",
+            collective=collective,
+            nbytes=nbytes,
+            nelems=nelems,
+            dtype=dtype,
+            duration_ns=duration_ns,
+            offset_ns=offset_ns,
+            deps=deps,
+        )
+        self.counters["s:" + label] += 1
+        self._add(t)
+        return t
+
+    def _add(self, t: Task) -> None:
+        self.tasks.append(t)
+        self.last_id = t.id
+        self.next_id += 1

@@ -20,23 +20,22 @@ Every other event is ignored and counted by kind. Nothing here imports torch.
 from __future__ import annotations
 
 import bisect
-import gzip
 import json
 import re
-import zlib
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rdmasched.workload.model import (
-    ComputeTask,
     Phase,
     Step,
     SyncTask,
     Task,
+    TaskBuilder,
     Workload,
     WorkloadError,
+    read_bytes,
 )
 
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
@@ -134,15 +133,7 @@ def normalise_collective(name: str) -> str:
 def read_trace(path: str | Path) -> Any:
     """The JSON document of a trace file, gzipped or not; WorkloadError naming the file."""
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise WorkloadError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise WorkloadError(f"{p}: truncated or damaged gzip: {exc}") from None
+    raw = read_bytes(p)
     try:
         return json.loads(raw)
     except UnicodeDecodeError as exc:
@@ -555,7 +546,7 @@ def _markers(
     return marks
 
 
-class _GraphBuilder:
+class _GraphBuilder(TaskBuilder[_Unit]):
     """Turns each step's compute units and collectives, in issue order, into tasks with deps.
 
     Rules: compute tasks of a step form a chain (stream order) and a compute task ends at each
@@ -566,10 +557,6 @@ class _GraphBuilder:
     the forward or optimizer phase block the next compute task; the first optimizer task
     depends on every sync of the step; the first task of a step on the last of the previous.
     """
-
-    def __init__(self) -> None:
-        self.next_id = 0
-        self.last_id: int | None = None
 
     def step(
         self,
@@ -585,15 +572,12 @@ class _GraphBuilder:
             i = bisect.bisect_right(times, t) - 1
             return markers[i][1] if i >= 0 else "forward"
 
-        self.index, self.w0 = index, w0
-        self.tasks: list[Task] = []
-        self.pending: list[_Unit] = []
-        self.pending_phase: Phase = "forward"
+        self.begin_step(index)
+        self.w0 = w0
         self.sync_ids: list[int] = []
         self.bwd_sync_ids: list[int] = []
         self.blocking: list[int] = []
         self.last_compute: int | None = None
-        self.counters: Counter[str] = Counter()
         self.since_opt: list[int] = []  # syncs issued since the last optimizer task
         items: list[tuple[int, int, _Unit | _Comm]] = [(u.issue, 0, u) for u in units]
         items += [(c.issue, 1, c) for c in syncs]
@@ -612,14 +596,11 @@ class _GraphBuilder:
         for _, _, item in items:
             ph = phase_at(item.issue)
             if isinstance(item, _Unit):
-                if self.pending and ph != self.pending_phase:
-                    self._flush()
-                self.pending_phase = ph
-                self.pending.append(item)
+                self.compute(item, ph)
             else:
-                self._flush()
+                self.flush()
                 self._sync(item, ph)
-        self._flush()
+        self.flush()
         return self.tasks
 
     def _prev(self) -> list[int]:
@@ -627,64 +608,41 @@ class _GraphBuilder:
             return [self.last_compute]
         return [self.last_id] if self.last_id is not None else []
 
-    def _add(self, t: Task) -> None:
-        self.tasks.append(t)
-        self.last_id = t.id
-        self.next_id += 1
-
-    def _flush(self) -> None:
-        if not self.pending:
-            return
-        ph, pending = self.pending_phase, self.pending
+    def _group(self, phase: Phase, items: list[_Unit]) -> None:
         deps = self._prev() + self.blocking
-        if ph == "optimizer" and self.since_opt:
+        if phase == "optimizer" and self.since_opt:
             deps += self.since_opt  # the optimizer waits for every sync before it
             self.since_opt = []
-        elif ph == "backward" and self.bwd_sync_ids and not self.later_bwd_sync[id(pending[0])]:
+        elif phase == "backward" and self.bwd_sync_ids and not self.later_bwd_sync[id(items[0])]:
             deps += self.bwd_sync_ids  # DDP's finalize: after the last bucket, waits for all
             self.bwd_sync_ids = []
-        iv = _union([(u.start, u.end) for u in pending])
-        start = min(u.start for u in pending)
-        self._add(
-            ComputeTask(
-                id=self.next_id,
-                step=self.index,
-                phase=ph,
-                name=f"{ph}.{self.counters[ph]}",
-                duration_ns=sum(e - s for s, e in iv),
-                offset_ns=pending[0].issue - self.w0,
-                span_ns=max(u.end for u in pending) - start,
-                ops=sum(u.ops for u in pending),
-                deps=tuple(dict.fromkeys(deps)),
-            )
+        iv = _union([(u.start, u.end) for u in items])
+        t = self.add_compute(
+            phase,
+            duration_ns=sum(e - s for s, e in iv),
+            offset_ns=items[0].issue - self.w0,
+            span_ns=max(u.end for u in items) - min(u.start for u in items),
+            ops=sum(u.ops for u in items),
+            deps=tuple(dict.fromkeys(deps)),
         )
-        self.counters[ph] += 1
-        self.last_compute = self.tasks[-1].id
-        self.pending = []
+        self.last_compute = t.id
         self.blocking = []
 
     def _sync(self, c: _Comm, ph: Phase) -> None:
         deps = self._prev() + self.sync_ids[-1:]
-        label = "bucket" if c.collective == "all_reduce" and ph == "backward" else c.collective
-        self._add(
-            SyncTask(
-                id=self.next_id,
-                step=self.index,
-                phase=ph,
-                name=f"{label}.{self.counters['s:' + label]}",
-                collective=c.collective,
-                nbytes=c.nelems * DTYPE_BYTES.get(c.dtype.lower(), 0),
-                nelems=c.nelems,
-                dtype=c.dtype,
-                duration_ns=max(0, c.duration),
-                offset_ns=c.issue - self.w0,
-                deps=tuple(dict.fromkeys(deps)),
-            )
+        t = self.add_sync(
+            ph,
+            c.collective,
+            nbytes=c.nelems * DTYPE_BYTES.get(c.dtype.lower(), 0),
+            nelems=c.nelems,
+            dtype=c.dtype,
+            duration_ns=max(0, c.duration),
+            offset_ns=c.issue - self.w0,
+            deps=tuple(dict.fromkeys(deps)),
         )
-        self.counters["s:" + label] += 1
-        self.sync_ids.append(self.tasks[-1].id)
-        self.since_opt.append(self.tasks[-1].id)
+        self.sync_ids.append(t.id)
+        self.since_opt.append(t.id)
         if ph == "backward":
-            self.bwd_sync_ids.append(self.tasks[-1].id)
+            self.bwd_sync_ids.append(t.id)
         else:
-            self.blocking.append(self.tasks[-1].id)
+            self.blocking.append(t.id)

@@ -39,6 +39,8 @@ else:
     )
 from chakra.src.third_party.utils.protolib import encodeMessage  # noqa: E402
 
+from tests.workloads import digest  # noqa: E402
+
 TRACES = Path(__file__).resolve().parent.parent / "data" / "traces"
 ET = TRACES / "mlp-chakra.et"
 META = json.loads((TRACES / "mlp-chakra.meta.json").read_text())
@@ -184,10 +186,8 @@ def test_without_chakra_installed_says_what_to_install(monkeypatch: pytest.Monke
     assert load(TRACES / "mlp.json.gz").steps
 
 
-def test_gpu_trace_keeps_the_kernels_as_compute(tmp_path: Path) -> None:
-    """A trace with GPU nodes (is_cpu_op false, chakra's converter's layout): the kernels
-    are the compute, the CPU ops that launched them only order them, the NCCL collective
-    is the sync."""
+def _gpu_trace() -> list[Any]:
+    """A small trace in chakra's converter's GPU layout (synthetic: no GPU here)."""
     cpu = pb.AttributeProto(name="is_cpu_op", bool_val=True)
     gpu = pb.AttributeProto(name="is_cpu_op", bool_val=False)
     msgs = [pb.GlobalMetadata(version="0.0.4")]
@@ -210,7 +210,14 @@ def test_gpu_trace_keeps_the_kernels_as_compute(tmp_path: Path) -> None:
     opt.attr.append(cpu)
     k3.attr.append(gpu)
     msgs += [step, fwd, k1, bwd, k2, ar, opt, k3]
-    wl = load(_write(tmp_path / "gpu.et", msgs))
+    return msgs
+
+
+def test_gpu_trace_keeps_the_kernels_as_compute(tmp_path: Path) -> None:
+    """A trace with GPU nodes (is_cpu_op false, chakra's converter's layout): the kernels
+    are the compute, the CPU ops that launched them only order them, the NCCL collective
+    is the sync."""
+    wl = load(_write(tmp_path / "gpu.et", _gpu_trace()))
     assert wl.device == "gpu"
     (s,) = wl.steps
     assert s.profiler_step == 7
@@ -225,6 +232,38 @@ def test_gpu_trace_keeps_the_kernels_as_compute(tmp_path: Path) -> None:
     # the optimizer kernel waits for the all-reduce (which waited for the backward kernel);
     # the CPU op that launched it orders nothing that is kept
     assert s.tasks[3].deps == (b.id,)
+
+
+def _read(path: Path) -> list[Any]:
+    meta, nodes = chakra.read_messages(path.read_bytes(), str(path))
+    return [meta, *nodes]
+
+
+def _without_steps() -> list[Any]:
+    """The fixture with its ProfilerStep#N nodes renamed: one step, labels become compute."""
+    meta, *nodes = _read(ET)
+    for n in nodes:
+        if n.name.startswith("ProfilerStep#"):
+            n.name = "step"
+    return [meta, *nodes]
+
+
+@pytest.mark.parametrize(
+    ("case", "pinned"),
+    [
+        ("fixture", "adeb2709b326f928"),
+        ("without steps", "20fa4f3829ceaa61"),
+        ("gpu", "2e5f34af230daad8"),
+    ],
+)
+def test_what_the_reader_builds_is_pinned(case: str, pinned: str) -> None:
+    """Every step, task, dependency, warning and ignored count the reader builds, as a
+    digest (tests/workloads.py): it fails on any change in the workload, such as one made
+    by a refactor of the task builder it shares with the profiler reader."""
+    make = {"fixture": lambda: _read(ET), "without steps": _without_steps, "gpu": _gpu_trace}
+    meta, *nodes = make[case]()
+    wl = chakra.parse(meta, nodes, source=case)  # a source that is not the checkout's path
+    assert digest(wl) == pinned, wl.summary()
 
 
 def test_sim_replays_a_chakra_trace(capsys: pytest.CaptureFixture[str]) -> None:

@@ -29,6 +29,7 @@ from rdmasched.workload import (
     replicate,
 )
 from rdmasched.workload.__main__ import main as cli_main
+from tests.workloads import digest
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 TRACES = ["lm", "mlp"]
@@ -366,6 +367,38 @@ def test_gpu_trace_nccl_kernels_become_bucket_syncs(kernel_args: bool, name: str
         assert [b.deps[0] for b in s.buckets] == [t.id for t in bwd]
         assert {b.id for b in s.buckets} <= set(s.computes[-1].deps)
     wl.validate()
+
+
+# ---- the whole output, pinned -------------------------------------------------------------
+def _without_steps(name: str) -> Any:
+    d = doc(name)
+    d["traceEvents"] = [
+        e for e in d["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
+    return d
+
+
+@pytest.mark.parametrize(
+    ("case", "pinned"),
+    [
+        ("lm", "e32aa1f6a1f5f81a"),
+        ("mlp", "ccc090df4391bc77"),
+        ("lm without steps", "333ab3503fc34bba"),
+        ("gpu", "b0f16a18c9460625"),
+    ],
+)
+def test_what_the_parser_builds_is_pinned(case: str, pinned: str) -> None:
+    """Every step, task, dependency, warning and ignored count the parser builds, as a digest
+    (tests/workloads.py): it fails on any change in the workload, such as one made by a
+    refactor of the task builder it shares with the Chakra reader."""
+    if case == "gpu":
+        d = gpu_trace(
+            True, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+        )
+    else:
+        d = _without_steps("lm") if case == "lm without steps" else doc(case)
+    wl = parse(d, case)
+    assert digest(wl) == pinned, wl.summary()
 
 
 # ---- replication -------------------------------------------------------------------------------

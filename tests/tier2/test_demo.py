@@ -18,6 +18,7 @@ import pytest
 
 from rdmasched.cli import main
 from rdmasched.daemon.links import ShmLinks
+from rdmasched.telemetry.records import read_file
 from rdmasched.transport import shm
 
 KEYS = {
@@ -67,6 +68,14 @@ def test_demo_json_and_trace(tmp_path: Path) -> None:
     # the decision events of every node, merged in time order, filterable by task
     files = sorted(p.name for p in tmp_path.iterdir())
     assert "rdmasched-node0.jsonl" in files and "central-node0.jsonl" in files
+    # in the trace record format (records.write_scheduler): a header naming the node, its
+    # slots and the anchor of the monotonic clock the events are on, then the events
+    for mode in ("rdmasched", "central"):
+        for n in range(3):
+            t = read_file(str(tmp_path / f"{mode}-node{n}.jsonl"))
+            assert (t.node, t.head["source"], t.head["slots"]) == (n, "demo", 2), t.head
+            assert t.head["clock"] == "monotonic" and "realtime_ns" in t.head["anchor"]
+            assert t.events and t.head["recorded"] >= len(t.events)
     tr = subprocess.run(
         [sys.executable, "-m", "rdmasched.cli", "trace", str(tmp_path)],
         capture_output=True,
