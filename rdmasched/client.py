@@ -157,6 +157,8 @@ class Client:
         self._waiting: dict[int, list[Any]] = {}
         self._cond = threading.Condition()
         self._running: dict[tuple[int, int], Task] = {}
+        #: starts that came before `on_dispatch` was registered (reader thread only)
+        self._unstarted: list[Task] = []
         self._groups: dict[int, frozenset[int]] = {}
         self._nodes: dict[str, int] = {}
         self._daemon: tuple[int, int] | None = None
@@ -183,9 +185,23 @@ class Client:
     # ---- handlers, as Node's ----------------------------------------------------------------
     def on_dispatch(self, fn: DispatchHandler) -> DispatchHandler:
         """`fn(task, slot)`: start `task` (this rank's own, or another node's placed on this
-        rank's slot) on execution slot `slot`. Return quickly; `complete(task.id)` later."""
+        rank's slot) on execution slot `slot`. Return quickly; `complete(task.id)` later.
+        Starts that came before it was registered are handed to it then (on the reader
+        thread), unless they were preempted meanwhile."""
         self._dispatch = check_callable("on_dispatch", fn)
+        if self.healthy:
+            self.call_later(0, self._start_unstarted)
         return fn
+
+    def _start_unstarted(self) -> None:
+        """Reader thread: run `on_dispatch` for the starts that came before it."""
+        todo, self._unstarted = self._unstarted, []
+        for t in todo:
+            if self._running.get((t.origin, t.id)) is t and self._dispatch is not None:
+                try:
+                    self._dispatch(t, t.slot)  # type: ignore[arg-type]
+                except Exception as exc:
+                    self._failed("on_dispatch", exc, t.id)
 
     def on_preempt(self, fn: PreemptHandler) -> PreemptHandler:
         """`fn(task, slot, cancel) -> progress_ns`: stop `task` now."""
@@ -611,7 +627,9 @@ class Client:
             t.state = TaskState.RUNNING
             t.slot = m.flags
             self._running[(t.origin, t.id)] = t
-            if self._dispatch is not None:
+            if self._dispatch is None:  # no handler yet: on_dispatch() hands it over
+                self._unstarted.append(t)
+            else:
                 try:
                     self._dispatch(t, m.flags)
                 except Exception as exc:

@@ -170,6 +170,24 @@ def test_a_waiting_start_preempted_before_any_client_came_answers_at_once(
     assert node.stats()["rejected"] == {}
 
 
+def test_a_start_that_came_before_on_dispatch_was_registered_is_handed_to_it(
+    daemon: tuple[Node, ClientHub],
+) -> None:
+    node, hub = daemon
+    started: list[tuple[int, int]] = []
+    with Client(hub.endpoint, 0) as c:
+        node.dispatch(7, priority=1, cost_ns=1000)
+        node.dispatch(8, priority=1, cost_ns=1000)
+        wait_for(lambda: c.stats()["client"]["running"] == 2, what="both starts received")
+        c.on_dispatch(lambda t, slot: started.append((t.id, slot)))
+        wait_for(lambda: len(started) == 2, what="the earlier starts handed to on_dispatch")
+        assert sorted(started) == [(7, 0), (8, 1)] or sorted(started) == [(7, 1), (8, 0)]
+        c.complete(7)
+        c.complete(8)
+        wait_for(lambda: node.stats()["scheduler"]["running"] == 0, what="both done")
+    assert c.handler_errors == {} and node.stats()["rejected"] == {}
+
+
 def test_bad_requests_get_clear_errors(daemon: tuple[Node, ClientHub]) -> None:
     _, hub = daemon
     with Client(hub.endpoint, 0) as c:
