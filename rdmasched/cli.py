@@ -973,6 +973,21 @@ def cmd_bench_preempt(args: argparse.Namespace) -> int:
                 f"({x['preempts']} samples)"
             )
         print(f"  telemetry on / off: p50 {r['p50_ratio']:.3f}, p99 {r['p99_ratio']:.3f}")
+        p = r["path"]
+        print(
+            f"  the PREEMPT path in one process, ring on and off in interleaved turns of "
+            f"{p['turn']} ({p['turns']} pairs of turns, {p['preempts']} PREEMPTs each):"
+        )
+        for key, name in (("events_on", f"events {args.events}"), ("events_off", "events off")):
+            x = p[key]
+            print(
+                f"  {name:<12} {x['cpu_ns_per_preempt']:,} CPU-ns per PREEMPT; one PREEMPT "
+                f"after another: p50 {x['gap_p50_us']:.2f} us  p99 {x['gap_p99_us']:.2f} us"
+            )
+        print(
+            f"  telemetry on / off: CPU {p['ratio']:.3f} over all turns, "
+            f"{p['pair_ratio_p50']:.3f} median of the pairs; p99 {p['gap_p99_ratio']:.3f}"
+        )
         return 0
     print(
         f"rdmasched bench preempt: {r['preempts']} PREEMPTs, one every {r['interval_us']} us,"

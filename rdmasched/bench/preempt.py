@@ -260,7 +260,12 @@ def telemetry_cost(
 ) -> dict[str, Any]:
     """The reaction with the event rings on (``events``) and off (0), side by side:
     ``rounds`` pairs of runs, alternating; the samples of each setting are merged.
-    ``p99_ratio`` is on / off."""
+    ``p99_ratio`` is on / off.  ``path``: the same PREEMPT path in one process, on and off
+    in interleaved turns on the thread's CPU clock (`stages.telemetry_cost`): what the
+    rings add to a reaction, which the two-process figures cannot show when other work
+    takes the cores (their p99 is then the machine's)."""
+    from rdmasched.bench import stages
+
     on, off = Histogram(), Histogram()
     for k in range(rounds):  # on first in even rounds, off first in odd ones
         for ev in (events, 0) if k % 2 == 0 else (0, events):
@@ -277,4 +282,5 @@ def telemetry_cost(
         }
     res["p50_ratio"] = res["events_on"]["reaction_p50_us"] / res["events_off"]["reaction_p50_us"]
     res["p99_ratio"] = res["events_on"]["reaction_p99_us"] / res["events_off"]["reaction_p99_us"]
+    res["path"] = stages.telemetry_cost(n, rounds=rounds, events=events)
     return res

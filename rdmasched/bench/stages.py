@@ -19,6 +19,7 @@ are).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -27,10 +28,12 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from typing import Any
 
 from rdmasched.daemon.probe import STAGES, StageCounter
+from rdmasched.stats import Histogram
 
 #: stage -> what its instructions are (docs/PERFORMANCE.md)
 WHAT = {
@@ -107,6 +110,139 @@ def one(stage: str, n: int) -> dict[str, Any]:
     finally:
         b.stop()
         a.stop()
+
+
+class _Pair:
+    """Two `Node`s in this process over shm, as in `one`, for `telemetry_cost`: node 1 runs
+    one task; `turn(k)` has node 0 write k PREEMPTs of it into node 1's lane, then times (on
+    the thread's CPU clock) node 1's loop taking them: the PREEMPT path up to the handler,
+    and the task's restart.  ``gaps``: per PREEMPT of a turn but its first, the wall-clock
+    time from the previous handler call to this one (one PREEMPT's path, back to back)."""
+
+    def __init__(self, k: int, events: int) -> None:
+        from rdmasched.daemon.node import Node
+
+        cfg = _config(k)
+        self.a = Node(cfg, 0, spin_us=0, events=events)
+        self.b = Node(cfg, 1, spin_us=0, events=events)
+        opened: list[BaseException] = []
+
+        def open_a() -> None:
+            try:
+                self.a.open()
+            except BaseException as exc:  # reported below
+                opened.append(exc)
+
+        t = threading.Thread(target=open_a)
+        t.start()
+        self.b.open()
+        t.join()
+        if opened:
+            self.b.stop()
+            raise opened[0]
+        self.b.on_dispatch(lambda task, slot: None)
+        self.entered: list[int] = []
+        self.gaps: list[int] = []
+        entered = self.entered
+
+        def handler(task: Any, slot: int, cancel: bool) -> int:
+            entered.append(time.perf_counter_ns())
+            return int(task.progress_ns) + 1
+
+        self.b.on_preempt(handler)
+        self.b.dispatch(1, job=1, priority=10, cost_ns=10**12)
+
+    def turn(self, k: int) -> int:
+        a, b = self.a, self.b
+        assert a.loop is not None
+        for _ in range(k):
+            a.preempt(1, node=1)
+        a.loop.run_pending()
+        target = b.reactions.count + k
+        entered = self.entered
+        entered.clear()
+        t0 = time.thread_time_ns()
+        b.run(until=lambda: b.reactions.count >= target)
+        took = time.thread_time_ns() - t0
+        self.gaps.extend(entered[i] - entered[i - 1] for i in range(1, len(entered)))
+        return took
+
+    def close(self) -> None:
+        try:
+            self.b.stop()
+        finally:
+            self.a.stop()
+
+
+def telemetry_cost(
+    n: int = 50_000, turn: int = 500, *, rounds: int = 3, events: int = 4096
+) -> dict[str, Any]:
+    """The CPU time of the PREEMPT path (as `one` drives it: lane, loop, scheduler, preempt
+    handler, the task's restart) with the event rings on (``events``) and off, side by
+    side: two pairs of nodes in this process, driven in turns of ``turn`` PREEMPTs, which
+    goes first alternating, each turn timed on the thread's CPU clock (as `bench scheduler
+    --telemetry-cost` does).  ``rounds`` runs of ``n`` PREEMPTs a setting.  ``ratio``: CPU
+    time per PREEMPT on / off over every turn; ``pair_ratio_p50`` and ``pair_ratio_p99``:
+    the median and 99th percentile over the pairs of turns of on time / off time;
+    ``gap_p50_us``/``gap_p99_us``: of the wall-clock time from one preempt handler call to
+    the next within a turn (one PREEMPT's path: what its reaction is on top of the lane's
+    transit), and ``gap_p99_ratio`` on / off."""
+    cpu = {True: 0, False: 0}
+    done = {True: 0, False: 0}
+    pairs: list[float] = []
+    gaps = {True: Histogram(), False: Histogram()}
+    recorded = {True: 0, False: 0}
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            rigs: dict[bool, _Pair] = {}
+            try:
+                for on in (True, False):
+                    rigs[on] = _Pair(turn, events if on else 0)
+                for k in range(max(1, n // turn)):
+                    took = {}
+                    for on in (True, False) if k % 2 == 0 else (False, True):
+                        took[on] = rigs[on].turn(turn)
+                        cpu[on] += took[on]
+                        done[on] += turn
+                    if took[True] > 0 and took[False] > 0:
+                        pairs.append(took[True] / took[False])
+                for on, rig in rigs.items():
+                    gaps[on].merge(Histogram(rig.gaps))
+                    recorded[on] += rig.b.scheduler.events_recorded
+            finally:
+                for rig in rigs.values():
+                    rig.close()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    pairs.sort()
+    per = {on: cpu[on] / done[on] for on in (True, False)}
+    g = {on: gaps[on].summary() for on in (True, False)}
+    return {
+        "events": events,
+        "rounds": rounds,
+        "turn": turn,
+        "preempts": done[True],
+        "turns": len(pairs),
+        "events_on": {
+            "cpu_ns_per_preempt": round(per[True]),
+            "gap_p50_us": g[True]["p50"],
+            "gap_p99_us": g[True]["p99"],
+            "events_recorded": recorded[True],
+        },
+        "events_off": {
+            "cpu_ns_per_preempt": round(per[False]),
+            "gap_p50_us": g[False]["p50"],
+            "gap_p99_us": g[False]["p99"],
+            "events_recorded": recorded[False],
+        },
+        "gap_p99_ratio": g[True]["p99"] / g[False]["p99"],
+        "ratio": per[True] / per[False],
+        "pair_ratio_p50": pairs[len(pairs) // 2] if pairs else None,
+        "pair_ratio_p99": pairs[min(len(pairs) - 1, len(pairs) * 99 // 100)] if pairs else None,
+    }
 
 
 _TOTALS = re.compile(r"^(?:totals|summary):\s+(\d+)", re.M)
