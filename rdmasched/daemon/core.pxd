@@ -42,14 +42,15 @@ cdef class NodeCore:
     cdef public Scheduler scheduler
     cdef set _shunned
     cdef set _unacked
-    cdef public dict received
+    cdef unsigned long long[::1] _recv
     cdef public dict rejected
     cdef public dict groups
     cdef public object sync
     cdef dict _early_sync
     cdef Py_ssize_t _early_sync_n
-    cdef object _trigger_ns
+    cdef unsigned long long _trigger_ns
     cdef object _load
+    cdef dict _set_load
     # a bound method the hot path calls (made once, not per message)
     cdef object _seen
 
@@ -63,7 +64,7 @@ cdef class NodeCore:
     cdef long long _next_hop(self, src, dst) except? -3
     cpdef _send(self, dst, message)
     cdef _dispatch_msg(self, task, bint submitted)
-    @cython.locals(t=object, trigger=object, load=object)
+    @cython.locals(t=object, trigger=object, load=object, e=object)
     cdef list _act(self, list actions, list out=*)
     cdef _reject(self, str reason, str detail)
     cdef list _sync_msg(self, group, flags, step, sent, node)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from array import array
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -305,8 +306,9 @@ class NodeCore:
         #: peers that have not acknowledged this node's current incarnation
         self._unacked: set[int] = set()
         self.stale_msgs = 0
-        #: message kind -> messages received (telemetry: docs/TELEMETRY.md)
-        self.received: dict[int, int] = {}
+        # messages received per kind (`received`); compiled, a C array: no int made per
+        # message once a count passes the small ints
+        self._recv = array("Q", bytes(8 * 256))
         #: reason -> inputs refused
         self.rejected: dict[str, int] = {}
         self.groups: dict[int, frozenset[int]] = {}
@@ -318,8 +320,16 @@ class NodeCore:
         self._early_sync_n = 0
         self._trigger_ns = 0
         self._load = -1
+        #: load -> its SetLoad effect: the hint moves among a few values (a PREEMPT takes
+        #: it down and back up), so the effect is made once per value, not per change
+        self._set_load: dict[int, SetLoad] = {}
         # a bound method the hot path calls, made once (not one per message)
         self._seen = self.peers.seen
+
+    @property
+    def received(self) -> dict[int, int]:
+        """Message kind -> messages received (telemetry: docs/TELEMETRY.md)."""
+        return {k: int(n) for k, n in enumerate(self._recv) if n}
 
     # ---- time and liveness -------------------------------------------------------------------
     def open(self, now: int) -> list[Effect]:
@@ -374,8 +384,7 @@ class NodeCore:
             return self._relay(m, peer)
         src = m.src
         kind = m.kind
-        received = self.received
-        received[kind] = received.get(kind, 0) + 1
+        self._recv[kind & 0xFF] += 1
         out: list[Effect] = []
         far = self._far and src not in self.links
         if kind == _HEARTBEAT:  # Heartbeat: meta = incarnations (and news, summaries)
@@ -401,7 +410,7 @@ class NodeCore:
         sched.cause(kind, src, m.seq, sent)
         try:
             if kind == _PREEMPT:  # Preempt: id=task, job, arg0=trigger_ns, CANCEL, JOB
-                self._trigger_ns = m.arg0
+                self._trigger_ns = sent
                 flags = m.flags
                 cancel = (flags & _CANCEL) != 0
                 if flags & _JOB:
@@ -766,7 +775,12 @@ class NodeCore:
         load = self.scheduler.load_hint()
         if load != self._load:
             self._load = load
-            out.append(_new(SetLoad, (load,)))
+            e = self._set_load.get(load)
+            if e is None:
+                if len(self._set_load) >= 64:
+                    self._set_load.clear()
+                e = self._set_load[load] = _new(SetLoad, (load,))
+            out.append(e)
         return out
 
     def _heartbeats(self, peers: Iterable[int] | None) -> list[Effect]:

@@ -90,7 +90,8 @@ cdef class Scheduler:
     @cython.locals(heap=list, head=tuple, pick=tuple, nxt=tuple, nq=Py_ssize_t, reason=cython.uint,
                    task=Task, beaten=Task, ht=Task)
     cdef _fill(self, Py_ssize_t slot, now, list out)
-    cpdef cause(self, int kind, src, seq, sent_ns)
+    cpdef cause(self, int kind, unsigned long long src, unsigned long long seq,
+                unsigned long long sent_ns)
     @cython.locals(b=Py_ssize_t, nb=Py_ssize_t, p=cython.uint, flags=cython.uint, meta=cython.uint,
                    depth=cython.ulonglong, m=cython.ulonglong, since=cython.ulonglong)
     cdef int _rec(self, unsigned long long now, unsigned int decision, unsigned int rule, Task task,
