@@ -320,9 +320,10 @@ class NodeCore:
         self._early_sync_n = 0
         self._trigger_ns = 0
         self._load = -1
-        #: load -> its SetLoad effect: the hint moves among a few values (a PREEMPT takes
-        #: it down and back up), so the effect is made once per value, not per change
-        self._set_load: dict[int, SetLoad] = {}
+        # the last two SetLoad effects, reused: the hint mostly moves between two values
+        # (a PREEMPT takes it down and back up), so an effect is not made per change
+        self._fx_load0 = self._fx_load1 = -1
+        self._fx0 = self._fx1 = _new(SetLoad, (-1,))
         # a bound method the hot path calls, made once (not one per message)
         self._seen = self.peers.seen
 
@@ -775,12 +776,15 @@ class NodeCore:
         load = self.scheduler.load_hint()
         if load != self._load:
             self._load = load
-            e = self._set_load.get(load)
-            if e is None:
-                if len(self._set_load) >= 64:
-                    self._set_load.clear()
-                e = self._set_load[load] = _new(SetLoad, (load,))
-            out.append(e)
+            if load == self._fx_load0:
+                out.append(self._fx0)
+            elif load == self._fx_load1:
+                out.append(self._fx1)
+            else:
+                self._fx_load1, self._fx1 = self._fx_load0, self._fx0
+                self._fx_load0 = load
+                self._fx0 = _new(SetLoad, (load,))
+                out.append(self._fx0)
         return out
 
     def _heartbeats(self, peers: Iterable[int] | None) -> list[Effect]:

@@ -63,8 +63,9 @@ cdef class Scheduler:
     # the node core's typed entry points (rdmasched/daemon/core.pxd calls them as C calls)
     cpdef object lookup(self, task_id, origin=*)
     cpdef list preempt_task(self, Task task, cancel=*)
-    cpdef object load_hint(self)
-    cdef object _load(self, extra)
+    cpdef long long load_hint(self) except? -1
+    @cython.locals(busy=cython.longlong)
+    cdef long long _load(self, Py_ssize_t extra) except? -1
     @cython.locals(out=list, freed=list, t=Task)
     cdef list _stop(self, list targets, cancel, rule, why, now, drop=*)
     cdef list _complete_other(self, task_id, key, task, now)
