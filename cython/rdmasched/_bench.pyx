@@ -121,3 +121,120 @@ def ping(RxLane rx not None, TxLane tx not None, uint64_t iters, double timeout_
     if rc:
         raise PeerDeadError(f"hot ping stopped after {i} of {iters}")
     return samples
+
+
+# ---- allocations on the hot path (tests/test_alloc.py, docs/PERFORMANCE.md) -----------------
+cdef extern from "Python.h":
+    ctypedef enum PyMemAllocatorDomain:
+        PYMEM_DOMAIN_RAW
+        PYMEM_DOMAIN_MEM
+        PYMEM_DOMAIN_OBJ
+    ctypedef struct PyMemAllocatorEx:
+        void *ctx
+        void *(*malloc)(void *ctx, size_t size) noexcept nogil
+        void *(*calloc)(void *ctx, size_t nelem, size_t elsize) noexcept nogil
+        void *(*realloc)(void *ctx, void *ptr, size_t new_size) noexcept nogil
+        void (*free)(void *ctx, void *ptr) noexcept nogil
+    void PyMem_GetAllocator(PyMemAllocatorDomain domain, PyMemAllocatorEx *allocator)
+    void PyMem_SetAllocator(PyMemAllocatorDomain domain, PyMemAllocatorEx *allocator)
+
+# the allocators wrapped (MEM, OBJ), and the count of new blocks asked of them
+cdef PyMemAllocatorEx _alloc_orig[2]
+cdef bint _alloc_on = False
+cdef uint64_t _alloc_n = 0
+# alloc_mark's attribution: blocks per stage (by the point it starts at), the current point
+cdef uint64_t _alloc_stage[8]
+cdef int _alloc_point = -1
+cdef uint64_t _alloc_at = 0
+
+
+cdef void *_count_malloc(void *ctx, size_t size) noexcept nogil:
+    global _alloc_n
+    _alloc_n += 1
+    cdef PyMemAllocatorEx *a = <PyMemAllocatorEx *>ctx
+    return a.malloc(a.ctx, size)
+
+
+cdef void *_count_calloc(void *ctx, size_t nelem, size_t elsize) noexcept nogil:
+    global _alloc_n
+    _alloc_n += 1
+    cdef PyMemAllocatorEx *a = <PyMemAllocatorEx *>ctx
+    return a.calloc(a.ctx, nelem, elsize)
+
+
+cdef void *_count_realloc(void *ctx, void *ptr, size_t new_size) noexcept nogil:
+    global _alloc_n
+    if ptr == NULL:
+        _alloc_n += 1
+    cdef PyMemAllocatorEx *a = <PyMemAllocatorEx *>ctx
+    return a.realloc(a.ctx, ptr, new_size)
+
+
+cdef void _count_free(void *ctx, void *ptr) noexcept nogil:
+    cdef PyMemAllocatorEx *a = <PyMemAllocatorEx *>ctx
+    a.free(a.ctx, ptr)
+
+
+def alloc_count_start():
+    """Count, from now on, the blocks CPython's object and memory allocators hand out
+    (every object not taken from a free list, and every item array of a list or dict).
+    `alloc_count()` reads the count; `alloc_count_stop()` puts the allocators back."""
+    global _alloc_on, _alloc_n
+    if _alloc_on:
+        return
+    cdef PyMemAllocatorEx mine
+    cdef int i
+    cdef PyMemAllocatorDomain domains[2]
+    domains[0] = PYMEM_DOMAIN_MEM
+    domains[1] = PYMEM_DOMAIN_OBJ
+    for i in range(2):
+        PyMem_GetAllocator(domains[i], &_alloc_orig[i])
+        mine.ctx = &_alloc_orig[i]
+        mine.malloc = _count_malloc
+        mine.calloc = _count_calloc
+        mine.realloc = _count_realloc
+        mine.free = _count_free
+        PyMem_SetAllocator(domains[i], &mine)
+    _alloc_n = 0
+    _alloc_on = True
+
+
+def alloc_count():
+    """Blocks allocated since `alloc_count_start()` (0 when not counting)."""
+    return _alloc_n
+
+
+def alloc_mark(int point, int only_after=-1):
+    """The path reached `point` (0..7): the blocks allocated since the last mark go to the
+    stage that started there. With `only_after` >= 0: only if the last mark was that one.
+    Counted in C, so the marks allocate nothing themselves (no int made per call)."""
+    global _alloc_point, _alloc_at
+    if only_after >= 0 and _alloc_point != only_after:
+        return
+    if not 0 <= point < 8:
+        raise ValueError(f"point {point} is not 0..7")
+    if _alloc_point >= 0:
+        _alloc_stage[_alloc_point] += _alloc_n - _alloc_at
+    _alloc_point = point
+    _alloc_at = _alloc_n
+
+
+def alloc_stages(bint reset=False):
+    """The blocks counted per stage by `alloc_mark` (a list of 8); `reset`: start again."""
+    global _alloc_point
+    out = [_alloc_stage[i] for i in range(8)]
+    if reset:
+        for i in range(8):
+            _alloc_stage[i] = 0
+        _alloc_point = -1
+    return out
+
+
+def alloc_count_stop():
+    """Stop counting: the allocators wrapped by `alloc_count_start()` are put back."""
+    global _alloc_on
+    if not _alloc_on:
+        return
+    PyMem_SetAllocator(PYMEM_DOMAIN_MEM, &_alloc_orig[0])
+    PyMem_SetAllocator(PYMEM_DOMAIN_OBJ, &_alloc_orig[1])
+    _alloc_on = False

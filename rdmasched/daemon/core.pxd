@@ -42,14 +42,16 @@ cdef class NodeCore:
     cdef public Scheduler scheduler
     cdef set _shunned
     cdef set _unacked
-    cdef public dict received
+    cdef unsigned long long[::1] _recv
     cdef public dict rejected
     cdef public dict groups
     cdef public object sync
     cdef dict _early_sync
     cdef Py_ssize_t _early_sync_n
-    cdef object _trigger_ns
-    cdef object _load
+    cdef unsigned long long _trigger_ns
+    cdef long long _load
+    cdef long long _fx_load0, _fx_load1
+    cdef object _fx0, _fx1
     # a bound method the hot path calls (made once, not per message)
     cdef object _seen
 
@@ -63,7 +65,7 @@ cdef class NodeCore:
     cdef long long _next_hop(self, src, dst) except? -3
     cpdef _send(self, dst, message)
     cdef _dispatch_msg(self, task, bint submitted)
-    @cython.locals(t=object, trigger=object, load=object)
+    @cython.locals(t=object, trigger=object, load=cython.longlong)
     cdef list _act(self, list actions, list out=*)
     cdef _reject(self, str reason, str detail)
     cdef list _sync_msg(self, group, flags, step, sent, node)

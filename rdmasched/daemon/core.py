@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from array import array
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -305,8 +306,9 @@ class NodeCore:
         #: peers that have not acknowledged this node's current incarnation
         self._unacked: set[int] = set()
         self.stale_msgs = 0
-        #: message kind -> messages received (telemetry: docs/TELEMETRY.md)
-        self.received: dict[int, int] = {}
+        # messages received per kind (`received`); compiled, a C array: no int made per
+        # message once a count passes the small ints
+        self._recv = array("Q", bytes(8 * 256))
         #: reason -> inputs refused
         self.rejected: dict[str, int] = {}
         self.groups: dict[int, frozenset[int]] = {}
@@ -318,8 +320,17 @@ class NodeCore:
         self._early_sync_n = 0
         self._trigger_ns = 0
         self._load = -1
+        # the last two SetLoad effects, reused: the hint mostly moves between two values
+        # (a PREEMPT takes it down and back up), so an effect is not made per change
+        self._fx_load0 = self._fx_load1 = -1
+        self._fx0 = self._fx1 = _new(SetLoad, (-1,))
         # a bound method the hot path calls, made once (not one per message)
         self._seen = self.peers.seen
+
+    @property
+    def received(self) -> dict[int, int]:
+        """Message kind -> messages received (telemetry: docs/TELEMETRY.md)."""
+        return {k: int(n) for k, n in enumerate(self._recv) if n}
 
     # ---- time and liveness -------------------------------------------------------------------
     def open(self, now: int) -> list[Effect]:
@@ -374,8 +385,7 @@ class NodeCore:
             return self._relay(m, peer)
         src = m.src
         kind = m.kind
-        received = self.received
-        received[kind] = received.get(kind, 0) + 1
+        self._recv[kind & 0xFF] += 1
         out: list[Effect] = []
         far = self._far and src not in self.links
         if kind == _HEARTBEAT:  # Heartbeat: meta = incarnations (and news, summaries)
@@ -401,7 +411,7 @@ class NodeCore:
         sched.cause(kind, src, m.seq, sent)
         try:
             if kind == _PREEMPT:  # Preempt: id=task, job, arg0=trigger_ns, CANCEL, JOB
-                self._trigger_ns = m.arg0
+                self._trigger_ns = sent
                 flags = m.flags
                 cancel = (flags & _CANCEL) != 0
                 if flags & _JOB:
@@ -766,7 +776,15 @@ class NodeCore:
         load = self.scheduler.load_hint()
         if load != self._load:
             self._load = load
-            out.append(_new(SetLoad, (load,)))
+            if load == self._fx_load0:
+                out.append(self._fx0)
+            elif load == self._fx_load1:
+                out.append(self._fx1)
+            else:
+                self._fx_load1, self._fx1 = self._fx_load0, self._fx0
+                self._fx_load0 = load
+                self._fx0 = _new(SetLoad, (load,))
+                out.append(self._fx0)
         return out
 
     def _heartbeats(self, peers: Iterable[int] | None) -> list[Effect]:

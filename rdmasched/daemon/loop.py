@@ -380,6 +380,8 @@ class Loop:
                         on_message(m, peer_of[m.lane])
                         while inbox:  # what its handlers asked for, before the next one
                             inbox.popleft()()
+                        if probe is not None:  # point 6: the next message's turn
+                            probe.mark(6)
         finally:
             self._thread = None
 

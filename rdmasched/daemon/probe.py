@@ -14,7 +14,12 @@ point  where                                  stage that ends here
 3      `NodeCore.receive` returned            core: decode of the fields, the decision
 4      the preempt handler is entered         driver: effects carried out up to the handler
 5      the message's effects are all done     after the handler: `preempted`, restart
+6      the loop ran what the handlers asked   the inbox (calls the handlers posted)
+       for (its inbox)
 =====  =====================================  ==========================================
+
+From point 6 the loop takes the next message of the batch (the `Message` is made, point 2);
+after the batch's last, it polls again (point 0).
 
 Two probes use them:
 
@@ -32,7 +37,7 @@ from array import array
 from collections.abc import Callable
 
 #: the points (see the table above)
-POLL, POLLED, TAKEN, DECIDED, HANDLER, DONE = range(6)
+POLL, POLLED, TAKEN, DECIDED, HANDLER, DONE, INBOX = range(7)
 #: the stages a `StageCounter` can count, by the point they start at
 STAGES = {
     "poll": POLL,
@@ -105,6 +110,29 @@ class StageClock(Probe):
         }
 
 
+class AllocCounter(Probe):
+    """Counts the blocks CPython's allocators hand out in each stage of the path (every
+    object not taken from a free list, and the item array of a list or dict), summed over
+    the messages, in C (rdmasched._bench.alloc_mark: a mark allocates nothing itself):
+    `allocs()[point]` is what the stage that starts at `point` allocated (POLL: the poll of
+    a batch; INBOX: taking the next message of the batch). `handler_entered()`, called
+    first thing by a handler, ends the driver's stage for a kind other than PREEMPT (whose
+    handler the driver marks, point 4). Counting must be on (`_bench.alloc_count_start`)."""
+
+    def __init__(self) -> None:
+        from rdmasched import _bench
+
+        self._bench = _bench
+        self.mark = _bench.alloc_mark  # type: ignore[method-assign]
+        _bench.alloc_stages(reset=True)
+
+    def handler_entered(self) -> None:
+        self._bench.alloc_mark(HANDLER, DECIDED)
+
+    def allocs(self, reset: bool = False) -> list[int]:
+        return self._bench.alloc_stages(reset)
+
+
 class StageCounter(Probe):
     """Counts one stage's instructions under callgrind (`--collect-atstart=no`): collection
     on at the stage's first point, off at the next point reached."""
@@ -134,10 +162,12 @@ __all__ = [
     "DECIDED",
     "DONE",
     "HANDLER",
+    "INBOX",
     "POLL",
     "POLLED",
     "STAGES",
     "TAKEN",
+    "AllocCounter",
     "Probe",
     "StageClock",
     "StageCounter",

@@ -63,8 +63,9 @@ cdef class Scheduler:
     # the node core's typed entry points (rdmasched/daemon/core.pxd calls them as C calls)
     cpdef object lookup(self, task_id, origin=*)
     cpdef list preempt_task(self, Task task, cancel=*)
-    cpdef object load_hint(self)
-    cdef object _load(self, extra)
+    cpdef long long load_hint(self) except? -1
+    @cython.locals(busy=cython.longlong)
+    cdef long long _load(self, Py_ssize_t extra) except? -1
     @cython.locals(out=list, freed=list, t=Task)
     cdef list _stop(self, list targets, cancel, rule, why, now, drop=*)
     cdef list _complete_other(self, task_id, key, task, now)
@@ -90,7 +91,8 @@ cdef class Scheduler:
     @cython.locals(heap=list, head=tuple, pick=tuple, nxt=tuple, nq=Py_ssize_t, reason=cython.uint,
                    task=Task, beaten=Task, ht=Task)
     cdef _fill(self, Py_ssize_t slot, now, list out)
-    cpdef cause(self, int kind, src, seq, sent_ns)
+    cpdef cause(self, int kind, unsigned long long src, unsigned long long seq,
+                unsigned long long sent_ns)
     @cython.locals(b=Py_ssize_t, nb=Py_ssize_t, p=cython.uint, flags=cython.uint, meta=cython.uint,
                    depth=cython.ulonglong, m=cython.ulonglong, since=cython.ulonglong)
     cdef int _rec(self, unsigned long long now, unsigned int decision, unsigned int rule, Task task,

@@ -943,7 +943,8 @@ class Scheduler:
 
     def _load(self, extra: int) -> int:
         busy = self.nslots - len(self._free) + self._nqueued + extra
-        return min(LOAD_HINT_MAX, busy * 1000 // self.nslots)
+        # 0xFFFF is LOAD_HINT_MAX, a literal so that compiled, no int object is made here
+        return min(0xFFFF, busy * 1000 // self.nslots)
 
     def cause(self, kind: int, src: int, seq: int, sent_ns: int) -> None:
         """The message being handled: the decisions taken until the next ``cause()`` record
