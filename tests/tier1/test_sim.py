@@ -283,6 +283,7 @@ def test_cli_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
         ["--kill", "3"],
         ["--links", "carrier-pigeon"],
         ["--steps", "0"],
+        ["--stall-ms", "0"],
     ],
 )
 def test_cli_bad_arguments(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -295,6 +296,16 @@ def test_bad_config_is_an_argument_error() -> None:
         Run(cfg(4, heartbeat_ms=600, dead_after_ms=500))
     with pytest.raises(ArgumentError, match="scheduler"):
         Run(cfg(4, "slurm"))
+
+
+def test_a_slow_baseline_is_a_stall_only_past_the_stall_window() -> None:
+    """The k8s baseline binds 100 pods per virtual second: at 16 nodes its first compute
+    task is done after the background work queued ahead of it (64 pods, 0.64 s). A stall
+    window shorter than that stops the run as stalled; the default lets it finish."""
+    r = simulate(cfg(16, "k8s", steps=1, stall_ms=100))
+    assert not r["finished"] and r["stopped"].startswith("stalled")
+    r = simulate(cfg(16, "k8s", steps=1))
+    assert r["finished"] and r["stopped"] is None
 
 
 def test_cli_bad_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
