@@ -50,6 +50,7 @@ cdef class NodeCore:
     cdef Py_ssize_t _early_sync_n
     cdef object _trigger_ns
     cdef object _load
+    cdef bint _opened
     # a bound method the hot path calls (made once, not per message)
     cdef object _seen
 

@@ -318,6 +318,8 @@ class NodeCore:
         self._early_sync_n = 0
         self._trigger_ns = 0
         self._load = -1
+        #: `open()` has sent every link a heartbeat naming this incarnation
+        self._opened = False
         # a bound method the hot path calls, made once (not one per message)
         self._seen = self.peers.seen
 
@@ -330,6 +332,7 @@ class NodeCore:
         self.members.last_tick_ns = now
         self.peers.refresh()
         out = self._heartbeats(None)
+        self._opened = True
         out.append(SetTimer(now + self.heartbeat_ns))
         return out
 
@@ -805,7 +808,12 @@ class NodeCore:
                 self.peers.revive(c.peer)
                 out.append(Revive(c.peer, c.again))
                 out += self._sync(self.sync.node_back(c.peer))
-                out += self._heartbeats([c.peer])  # answer at once: it waits for our ack
+                if c.again or not self._opened or c.peer not in self.links:
+                    # answer at once: a node that restarted or rejoined waits for our ack,
+                    # and a peer not told at open() learns this incarnation. A first
+                    # incarnation waits for no ack, and this node's heartbeat of open()
+                    # names this incarnation to it (docs/PROTOCOL.md 4.2)
+                    out += self._heartbeats([c.peer])
             elif isinstance(c, Rejoined):
                 _log.warning(
                     "node %d: rejoining as incarnation %d (was %d): %s",
