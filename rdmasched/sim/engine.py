@@ -201,7 +201,7 @@ class Network:
     """Carries lane writes between endpoints: encoded by the real codec, delayed by the link
     model of the lane (the level of writer and next hop), decoded at the receiver's lane.
 
-    A message a node makes (`send`, `send_many`) carries its maker as `src` and its final
+    A message a node makes (`send`, `send_run`) carries its maker as `src` and its final
     destination as `dst` (docs/PROTOCOL.md sections 2 and 10); it is written to the next
     hop, which is `dst` itself when the two hold a lane. A node on the route writes it on
     (`relay`) unchanged but for `relays` + 1 and its own load hint, and so on until it
