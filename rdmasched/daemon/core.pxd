@@ -52,6 +52,7 @@ cdef class NodeCore:
     cdef long long _load
     cdef long long _fx_load0, _fx_load1
     cdef object _fx0, _fx1
+    cdef bint _opened
     # a bound method the hot path calls (made once, not per message)
     cdef object _seen
 

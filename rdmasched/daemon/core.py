@@ -324,6 +324,8 @@ class NodeCore:
         # (a PREEMPT takes it down and back up), so an effect is not made per change
         self._fx_load0 = self._fx_load1 = -1
         self._fx0 = self._fx1 = _new(SetLoad, (-1,))
+        #: `open()` has sent every link a heartbeat naming this incarnation
+        self._opened = False
         # a bound method the hot path calls, made once (not one per message)
         self._seen = self.peers.seen
 
@@ -341,6 +343,7 @@ class NodeCore:
         self.members.last_tick_ns = now
         self.peers.refresh()
         out = self._heartbeats(None)
+        self._opened = True
         out.append(SetTimer(now + self.heartbeat_ns))
         return out
 
@@ -823,7 +826,12 @@ class NodeCore:
                 self.peers.revive(c.peer)
                 out.append(Revive(c.peer, c.again))
                 out += self._sync(self.sync.node_back(c.peer))
-                out += self._heartbeats([c.peer])  # answer at once: it waits for our ack
+                if c.again or not self._opened or c.peer not in self.links:
+                    # answer at once: a node that restarted or rejoined waits for our ack,
+                    # and a peer not told at open() learns this incarnation. A first
+                    # incarnation waits for no ack, and this node's heartbeat of open()
+                    # names this incarnation to it (docs/PROTOCOL.md 4.2)
+                    out += self._heartbeats([c.peer])
             elif isinstance(c, Rejoined):
                 _log.warning(
                     "node %d: rejoining as incarnation %d (was %d): %s",

@@ -67,6 +67,13 @@ def _nonneg(text: str) -> float:
     return v
 
 
+def _positive(text: str) -> float:
+    v = _nonneg(text)
+    if v == 0:
+        raise argparse.ArgumentTypeError(f"not a number > 0: {text!r}")
+    return v
+
+
 def _pos_int(text: str) -> int:
     try:
         v = int(text)
@@ -142,6 +149,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--k8s-period-ms", type=_nonneg, default=0.0, help="k8s baseline: scheduling cycle, ms"
+    )
+    p.add_argument(
+        "--stall-ms",
+        type=_positive,
+        default=5_000.0,
+        help="stop a run when no compute or sync task is done for this long, virtual ms "
+        "(a k8s baseline at 1,000 nodes takes minutes of virtual time per step: raise it)",
     )
     p.add_argument(
         "--wall-limit-s",
@@ -225,6 +239,7 @@ def base_config(args: argparse.Namespace) -> SimConfig:
         k8s_pods_per_s=args.k8s_pods_per_s or 1.0,
         k8s_period_ms=args.k8s_period_ms,
         wall_limit_s=args.wall_limit_s,
+        stall_ms=args.stall_ms,
         job_nodes=args.job_nodes,
         trace=trace,
         full_mesh=args.full_mesh,

@@ -126,7 +126,8 @@ class SimTrainer(Trainer):
 
 class Shaped:
     """A trainer's backend as the node sees it: costs scaled by the node's slowdown,
-    priorities flattened under "fifo", submissions and completions counted."""
+    priorities flattened under "fifo", submissions and completions counted. The clock and
+    the timers are the engine's: a timer of a node that died meanwhile does nothing."""
 
     def __init__(
         self,
@@ -135,7 +136,7 @@ class Shaped:
         factor: float,
         fifo: bool,
         ledger: Ledger,
-        alive: Any,
+        ep: Endpoint,
         group: int = GROUP,
     ) -> None:
         self.group = group  # the sync group of the node's job
@@ -144,19 +145,15 @@ class Shaped:
         self.factor = factor
         self.fifo = fifo
         self.ledger = ledger
-        self.alive = alive  # callable: is the node alive
+        self.ep = ep  # the node's endpoint: is the node alive
+        self.engine = ep.engine
 
     def now(self) -> int:
-        return int(self.inner.now())
+        return self.engine.now
 
-    def call_later(self, delay_ns: int, fn: Any) -> None:
-        alive = self.alive
-
-        def guarded() -> None:
-            if alive():
-                fn()
-
-        self.inner.call_later(delay_ns, guarded)
+    def call_later(self, delay_ns: int, fn: Callable[[], None]) -> None:
+        engine = self.engine
+        engine.at(engine.now + delay_ns, _if_alive, self.ep, fn)
 
     def submit_local(self, task: Task) -> None:
         self.ledger.submitted += 1
@@ -183,6 +180,11 @@ class Shaped:
         if task_kind(task.id) != KIND_BACKGROUND:
             self.ledger.progress += 1
         self.inner.complete(task, runtime_ns)
+
+
+def _if_alive(ep: Endpoint, fn: Callable[[], None]) -> None:
+    if ep.alive:
+        fn()
 
 
 class CoreNode:
@@ -243,26 +245,22 @@ class CoreNode:
             i += 1
             t = type(e)
             if t is Send:
-                msg = e.message
                 now = engine.now
                 busy = self.ep.busy_until
                 leave = busy if busy > now else now
-                # the same message to several nodes in a row (a SYNC_READY down the sync
-                # tree): one batch. `peer` is the next hop (a link), `dst` the destination.
+                # a run of sends (a heartbeat round, a SYNC_READY down the sync tree): one
+                # event per arrival time. `peer` is the next hop (a link), `dst` the
+                # destination.
                 j = i
                 fx: list[Any] = effects
-                while j < len(fx) and type(fx[j]) is Send and fx[j].message is msg:
+                while j < len(fx) and type(fx[j]) is Send:
                     j += 1
-                dead = self.dead
                 if j == i:
-                    if e.peer not in dead or type(msg) is Heartbeat:
-                        self.net.send(self.me, e.peer, msg, self.load, leave, e.dst)
+                    if e.peer not in self.dead or type(e.message) is Heartbeat:
+                        self.net.send(self.me, e.peer, e.message, self.load, leave, e.dst)
                     continue
-                hops = [(x.peer, x.dst) for x in fx[i - 1 : j]]
+                self.net.send_run(self.me, fx[i - 1 : j], self.load, leave, self.dead)
                 i = j
-                if dead and type(msg) is not Heartbeat:
-                    hops = [h for h in hops if h[0] not in dead]
-                self.net.send_many(self.me, hops, msg, self.load, leave)
             elif t is Relay:
                 # a received message for another node, on to the next hop (not to a peer
                 # declared dead: the threaded Node's loop drops it, heartbeats too)

@@ -18,7 +18,7 @@ from typing import Any
 
 from rdmasched import _wire
 from rdmasched.errors import LaneError
-from rdmasched.messages import ControlMessage, Outgoing, relayed
+from rdmasched.messages import ControlMessage, Heartbeat, Outgoing, relayed
 from rdmasched.sim.links import LinkModel
 from rdmasched.topology import Topology
 from rdmasched.wire import Kind
@@ -150,6 +150,13 @@ class Endpoint:
         """`m` came in on the lane from `writer` (its last hop; its maker is `m.src`)."""
         if not self.alive:
             return
+        if not self.waking and not self.period_ns:
+            now = self.engine.now
+            if self.busy_until <= now:  # idle, nothing queued: handle it now
+                self.busy_until = now + (self.cpu_ns if self.cost is None else self.cost(m))
+                self.handled += 1
+                self.handler(m, writer)
+                return
         self.inbox.append((m, writer))
         if not self.waking:
             self.waking = True
@@ -194,7 +201,7 @@ class Network:
     """Carries lane writes between endpoints: encoded by the real codec, delayed by the link
     model of the lane (the level of writer and next hop), decoded at the receiver's lane.
 
-    A message a node makes (`send`, `send_many`) carries its maker as `src` and its final
+    A message a node makes (`send`, `send_run`) carries its maker as `src` and its final
     destination as `dst` (docs/PROTOCOL.md sections 2 and 10); it is written to the next
     hop, which is `dst` itself when the two hold a lane. A node on the route writes it on
     (`relay`) unchanged but for `relays` + 1 and its own load hint, and so on until it
@@ -265,30 +272,44 @@ class Network:
             lv = self.model.level(self.topo, writer, peer)
         return leave + self._lat[lv] + int(size * 1e9 / self._bw[lv])
 
-    def send_many(
+    def send_run(
         self,
         src: int,
-        hops: list[tuple[int, int]],
-        message: ControlMessage,
+        sends: list[Any],
         load: int,
         leave: int,
+        dead: set[int],
     ) -> None:
-        """One message object made by `src` for several destinations (a SYNC_READY down a
-        sync tree): `hops` holds (next hop, destination) per copy; encoded once per
-        destination, one event per arrival time."""
+        """Consecutive `Send` effects of one node (`peer`, `message`, `dst` each: a
+        heartbeat round to every link, a SYNC_READY down a sync tree), all leaving at
+        `leave`: encoded one by one (once per message object and destination), and
+        delivered as one event per arrival time instead of one per message.
+
+        The order is the one single events would have: nothing else is scheduled while a
+        run is sent, so the run's messages due at one time would be consecutive events of
+        that time's batch, in this order, and the one event that delivers them takes the
+        place of the first. A receiver that is idle handles its message at once and
+        schedules nothing for the same time before the next delivery (docs/SIM.md,
+        "Speed"). Sends to a next hop in `dead` are skipped, except heartbeats."""
         level = self.model.level
         topo = self.topo
         lat, bw = self._lat, self._bw
         eps = self.endpoints
         coded = self._coded
+        kinds = self._kinds
         links = None if self.lanes is None else self.lanes[src]
         by_time: dict[int, list[tuple[Endpoint, _wire.Message]]] = {}
-        size = 0
-        for peer, dst in hops:
+        n = 0
+        for e in sends:
+            peer = e.peer
+            if dead and peer in dead and type(e.message) is not Heartbeat:
+                continue
             if links is not None and peer not in links:
                 raise self._no_lane(src, peer)
-            m, size = coded(src, load, message, dst)
+            m, size = coded(src, load, e.message, e.dst)
+            n += 1
             self.bytes += size
+            kinds[m.kind] += 1
             ep = eps.get(peer)
             if ep is not None:
                 lv = level(topo, src, peer)
@@ -298,14 +319,15 @@ class Network:
                     by_time[t] = [(ep, m)]
                 else:
                     got.append((ep, m))
-        n = len(hops)
         self.sent += n
         self.writes += n
-        if n:
-            self._kinds[m.kind] += n
         at = self.engine.at
         for t, group in by_time.items():
-            at(t, _deliver_all, group, src)
+            if len(group) == 1:
+                ep, m = group[0]
+                at(t, ep.arrive, m, src)
+            else:
+                at(t, _deliver_all, group, src)
 
     def send(
         self,

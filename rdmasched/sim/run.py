@@ -145,6 +145,8 @@ class SimConfig:
             )
         if self.k8s_pods_per_s <= 0:
             raise ArgumentError("k8s pods/s must be > 0")
+        if not (math.isfinite(self.stall_ms) and self.stall_ms > 0):
+            raise ArgumentError(f"stall must be > 0 virtual ms, not {self.stall_ms}")
         if self.events < 0:
             raise ArgumentError(f"events must be >= 0, not {self.events}")
         ring = self.nodes * self.events * TRACE_BYTES_PER_EVENT
@@ -291,7 +293,7 @@ class Run:
                 self.factors[i],
                 cfg.scheduler == "fifo",
                 self.ledger,
-                _alive(node.ep),
+                node.ep,
                 self.group_of(i),
             )
             node.trainer = self._trainer(i, backend)
@@ -351,9 +353,7 @@ class Run:
             ex = SimExecutor(loop, i, me)  # type: ignore[arg-type]
             eps[i] = Endpoint(eng, i, cfg.links.cpu_ns, ex.on_message)
             net.endpoints[i] = eps[i]
-            backend = Shaped(
-                ex, i, self.factors[i], False, self.ledger, _alive(eps[i]), self.group_of(i)
-            )
+            backend = Shaped(ex, i, self.factors[i], False, self.ledger, eps[i], self.group_of(i))
             tr = self._trainer(i, backend)
             ex.trainer = tr
             self.trainers.append(tr)
@@ -425,7 +425,10 @@ class Run:
                 if p != last:
                     last, last_t = p, eng.now
                 elif eng.now - last_t >= stall:
-                    self.stopped = f"stalled: no step done for {cfg.stall_ms:g} virtual ms"
+                    self.stopped = (
+                        f"stalled: no compute or sync task done for {cfg.stall_ms:g} "
+                        "virtual ms (--stall-ms)"
+                    )
                     break
                 horizon = eng.now + stall // 4 + 1
         wall = time.perf_counter() - wall0
@@ -506,10 +509,6 @@ def _pod(cfg: SimConfig, n: int) -> int:
     leaf = min(cfg.leaf, n)
     pod = max(leaf, cfg.pod - cfg.pod % leaf)
     return pod
-
-
-def _alive(ep: Endpoint) -> Any:
-    return lambda: ep.alive
 
 
 def simulate(cfg: SimConfig) -> dict[str, Any]:

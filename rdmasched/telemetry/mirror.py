@@ -28,6 +28,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from rdmasched.demo.workload import task_node, task_seq
 from rdmasched.errors import ConfigError
 from rdmasched.scheduler.events import NO_TASK, Decision, Event
 from rdmasched.telemetry import live
@@ -51,14 +52,14 @@ _STATIC = {
 
 def label(task_id: int, group: int | None = None, step: int | None = None) -> str:
     """A short name for a task: ``sync G step S`` for a sync task; the demo's compute and
-    background ids (kind << 61 | node << 47 | seq) as ``compute N.SEQ``/``bg N.SEQ``; else
-    the id."""
+    background ids (rdmasched.demo.workload.task_id) as ``compute N.SEQ``/``bg N.SEQ``;
+    else the id."""
     if group is not None and step is not None:
         return f"sync {group} step {step}"
     kind = task_id >> 61
     if kind in (1, 2) and task_id < 1 << 63:
         name = "compute" if kind == 1 else "bg"
-        return f"{name} {(task_id >> 47) & 0x3FFF}.{task_id & ((1 << 47) - 1)}"
+        return f"{name} {task_node(task_id)}.{task_seq(task_id)}"
     return str(task_id)
 
 

@@ -6,6 +6,8 @@ it; the handlers' answers go back to the core as the threaded `Node` gives them.
 
 from __future__ import annotations
 
+from typing import Any
+
 from rdmasched import messages as msg
 from rdmasched.daemon.core import (
     MarkDead,
@@ -16,6 +18,7 @@ from rdmasched.daemon.core import (
     SetTimer,
     StartTask,
 )
+from tests.codec import through_codec
 from tests.corenet import DEAD_AFTER_NS, HEARTBEAT_NS, MS, Cluster, task
 
 
@@ -226,3 +229,45 @@ def test_silence_before_open_does_not_count() -> None:
         t += HEARTBEAT_NS
         dead += [e.peer for e in core.tick(t, t) if isinstance(e, MarkDead)]
     assert dead == [1]
+
+
+def _core(me: int, inc: int = 1) -> NodeCore:
+    return NodeCore(
+        me,
+        {0: "rack", 1: "rack"},
+        slots=1,
+        inc=inc,
+        dead_after_ns=DEAD_AFTER_NS,
+        heartbeat_ns=HEARTBEAT_NS,
+        now=0,
+    )
+
+
+def _heartbeats(effects: list[Any]) -> list[msg.Heartbeat]:
+    return [
+        e.message for e in effects if isinstance(e, Send) and isinstance(e.message, msg.Heartbeat)
+    ]
+
+
+def test_a_first_incarnation_is_not_answered_a_restarted_one_is() -> None:
+    """docs/PROTOCOL.md 4.2: two nodes that start together each write one heartbeat on
+    their lane; the first heartbeat of the other is admitted without an answer (it waits
+    for no acknowledgement, and this node's own first heartbeat named its incarnation).
+    A later incarnation of it (a restart) is answered at once, acknowledging it; so is a
+    peer's first heartbeat that comes before this node opened."""
+    a, b = _core(0), _core(1)
+    from_a = _heartbeats(a.open(0))
+    from_b = _heartbeats(b.open(0))
+    assert len(from_a) == len(from_b) == 1
+    assert _heartbeats(b.receive(through_codec(from_a[0], src=0, dst=1), 0, MS)) == []
+    assert _heartbeats(a.receive(through_codec(from_b[0], src=1, dst=0), 1, MS)) == []
+    assert a.members.views[1].inc == 1 and b.members.views[0].inc == 1
+    # node 0 restarts as incarnation 2: node 1 answers at once, acknowledging it
+    a2 = _core(0, inc=2)
+    again = _heartbeats(a2.open(2 * MS))
+    answer = _heartbeats(b.receive(through_codec(again[0], src=0, dst=1), 0, 3 * MS))
+    assert len(answer) == 1 and answer[0].incarnations["ack"] == 2
+    # a node that has not opened yet answers a first heartbeat (it told nothing yet)
+    c = _core(1)
+    answer = _heartbeats(c.receive(through_codec(from_a[0], src=0, dst=1), 0, MS))
+    assert len(answer) == 1 and answer[0].incarnations["ack"] == 1

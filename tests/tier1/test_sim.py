@@ -12,9 +12,21 @@ from typing import Any
 import pytest
 
 from rdmasched.cli import main
-from rdmasched.demo.workload import GROUP, KIND_COMPUTE, WorkloadConfig, task_kind
+from rdmasched.cluster import MAX_NODES
+from rdmasched.demo.workload import (
+    GROUP,
+    KIND_BACKGROUND,
+    KIND_COMPUTE,
+    Trainer,
+    WorkloadConfig,
+    task_id,
+    task_kind,
+    task_node,
+    task_seq,
+)
 from rdmasched.errors import ArgumentError, LaneError
 from rdmasched.messages import SyncReady
+from rdmasched.scheduler import Task
 from rdmasched.sim import PRESETS, Run, SimConfig, simulate
 from rdmasched.sim.engine import Endpoint, Engine
 from rdmasched.sim.trace import TRACE_GROUP_BASE
@@ -283,6 +295,7 @@ def test_cli_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
         ["--kill", "3"],
         ["--links", "carrier-pigeon"],
         ["--steps", "0"],
+        ["--stall-ms", "0"],
     ],
 )
 def test_cli_bad_arguments(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -295,6 +308,16 @@ def test_bad_config_is_an_argument_error() -> None:
         Run(cfg(4, heartbeat_ms=600, dead_after_ms=500))
     with pytest.raises(ArgumentError, match="scheduler"):
         Run(cfg(4, "slurm"))
+
+
+def test_a_slow_baseline_is_a_stall_only_past_the_stall_window() -> None:
+    """The k8s baseline binds 100 pods per virtual second: at 16 nodes its first compute
+    task is done after the background work queued ahead of it (64 pods, 0.64 s). A stall
+    window shorter than that stops the run as stalled; the default lets it finish."""
+    r = simulate(cfg(16, "k8s", steps=1, stall_ms=100))
+    assert not r["finished"] and r["stopped"].startswith("stalled")
+    r = simulate(cfg(16, "k8s", steps=1))
+    assert r["finished"] and r["stopped"] is None
 
 
 def test_cli_bad_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -364,3 +387,54 @@ def test_a_busy_node_drains_its_inbox_only_while_nothing_else_is_due() -> None:
     eng.at(4, lambda: eng.at(5, lambda: log.append((eng.now, "probe"))))
     eng.run(lambda: False, 100)
     assert log == [(0, "m0"), (5, "m1"), (5, "probe"), (10, "m2")]
+
+
+@pytest.mark.parametrize("node", [0, 16_383, 16_384, 65_535, 65_536, 99_999, MAX_NODES - 1])
+def test_task_ids_hold_every_node_id(node: int) -> None:
+    """The demo workload's task ids (kind | node | sequence) keep the kind and the node of
+    every node a cluster may have, below the sync tasks' ids (>= 2**63). With 14 bits for
+    the node, node 65,536 and up made ids in the sync range and 100,000 nodes never
+    finished a step."""
+    for kind in (KIND_COMPUTE, KIND_BACKGROUND):
+        tid = task_id(kind, node, 12_345)
+        assert (task_kind(tid), task_node(tid), task_seq(tid)) == (kind, node, 12_345)
+        assert tid < 1 << 63
+    with pytest.raises(ValueError):
+        task_id(KIND_COMPUTE, 1 << 24, 0)
+
+
+def test_a_trainer_of_node_99999_announces_its_step() -> None:
+    """The demo's trainer on node 99,999 counts its compute tasks and announces SYNC_READY
+    when they are done (it never did with 14-bit node ids: its tasks looked like sync)."""
+
+    class Backend:
+        def __init__(self) -> None:
+            self.t = 0
+            self.tasks: list[Task] = []
+            self.later: list[Any] = []
+            self.ready: list[int] = []
+
+        def now(self) -> int:
+            return self.t
+
+        def call_later(self, delay_ns: int, fn: Any) -> None:
+            self.later.append(fn)
+
+        def submit_local(self, task: Task) -> None:
+            self.tasks.append(task)
+
+        def sync_ready(self, step: int) -> None:
+            self.ready.append(step)
+
+        def complete(self, task: Task, runtime_ns: int) -> None:
+            pass
+
+    b = Backend()
+    tr = Trainer(99_999, 2, WorkloadConfig(steps=1, background_backlog=0), b)
+    tr.begin()
+    assert [task_kind(t.id) for t in b.tasks] == [KIND_COMPUTE] * 2
+    for slot, t in enumerate(b.tasks):
+        tr.on_start(t, slot)
+    for fn in b.later:
+        fn()
+    assert b.ready == [0]
