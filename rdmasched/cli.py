@@ -1148,7 +1148,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from rdmasched.cluster import local_cluster
 
         local_cluster(cfg.nodes, cfg.slots, leaf=cfg.leaf, pod=cfg.pod)
-    res = run(cfg, progress=sys.stderr.isatty())  # a progress bar on a terminal only
+    res = run(cfg, progress=True)
     if args.json:
         print(json.dumps(res, indent=2))
     else:

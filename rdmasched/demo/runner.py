@@ -540,7 +540,13 @@ def _plane_summary(procs: list[dict[str, Any]], nodes: int, steps: int) -> dict[
 
 
 def run(cfg: DemoConfig, progress: bool = True) -> dict[str, Any]:
+    """Both modes, one after the other. With `progress`, each mode's start-up line goes to
+    stderr, and on a terminal a progress bar too."""
+    tty = sys.stderr.isatty()
+
     def bar(mode: str, done: list[int]) -> None:
+        if not tty:
+            return
         total = cfg.workload.steps * cfg.nodes
         k = sum(min(d, cfg.workload.steps) for d in done)
         width = 30
