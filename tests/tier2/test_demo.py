@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -136,7 +137,15 @@ def test_a_stopped_demo_leaves_no_shared_memory(sig: signal.Signals) -> None:
     name = ""
     expected: set[str] = set()
     try:
-        first = p.stderr.readline() if p.stderr else ""
+        # the first line names the cluster; read it with a deadline, so a demo that never
+        # says it fails this test instead of hanging the suite
+        got: list[str] = []
+        reader = threading.Thread(
+            target=lambda: got.append(p.stderr.readline() if p.stderr else ""), daemon=True
+        )
+        reader.start()
+        reader.join(120)
+        first = got[0] if got else ""
         m = re.search(r"\(cluster (\S+)\)", first)
         assert m, f"no cluster name in {first!r}"
         name = m.group(1)
