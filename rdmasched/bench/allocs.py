@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 from typing import Any
 
-from rdmasched.bench.stages import _config
+from rdmasched.bench.stages import open_pair
 from rdmasched.daemon.probe import (
     DECIDED,
     DONE,
@@ -40,29 +39,6 @@ from rdmasched.daemon.probe import (
 )
 
 KINDS = ("PREEMPT", "DISPATCH", "COMPLETE", "SYNC_READY")
-
-
-def _pair(n: int) -> tuple[Any, Any]:
-    from rdmasched.daemon.node import Node
-
-    cfg = _config(n)
-    a, b = Node(cfg, 0, spin_us=0), Node(cfg, 1, spin_us=0)
-    opened: list[BaseException] = []
-
-    def open_a() -> None:
-        try:
-            a.open()
-        except BaseException as exc:  # reported below
-            opened.append(exc)
-
-    t = threading.Thread(target=open_a)
-    t.start()
-    b.open()
-    t.join()
-    if opened:
-        b.stop()
-        raise opened[0]
-    return a, b
 
 
 def _pending(node: Any) -> None:
@@ -79,7 +55,7 @@ def count(kind: str, n: int) -> dict[str, Any]:
         raise ValueError(f"unknown kind {kind!r}; kinds: {', '.join(KINDS)}")
     warm = n // 4
     total = warm + n
-    a, b = _pair(total)
+    a, b = open_pair(total)
     probe = AllocCounter()
     seen = [0]
 

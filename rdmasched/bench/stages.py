@@ -68,19 +68,14 @@ def _config(n: int) -> Any:
     )
 
 
-def one(stage: str, n: int) -> dict[str, Any]:
-    """One run: the path for `n` PREEMPTs with `stage` counted (in this process)."""
+def open_pair(n: int, events: int = 4096) -> tuple[Any, Any]:
+    """Nodes 0 and 1 of `_config(n)` in this process, opened (each waits for the other's
+    lanes, so node 0 opens on a thread); both stopped again if either fails."""
     from rdmasched.daemon.node import Node
 
-    if stage == CALIBRATE:
-        counter = StageCounter("core")
-        for _ in range(n):
-            counter.mark(2)
-            counter.mark(3)
-        return {"stage": stage, "pairs": counter.count, "n": n}
-    counter = StageCounter(stage)
     cfg = _config(n)
-    a, b = Node(cfg, 0, spin_us=0), Node(cfg, 1, spin_us=0)
+    a = Node(cfg, 0, spin_us=0, events=events)
+    b = Node(cfg, 1, spin_us=0, events=events)
     opened: list[BaseException] = []
 
     def open_a() -> None:
@@ -94,7 +89,22 @@ def one(stage: str, n: int) -> dict[str, Any]:
     b.open()
     t.join()
     if opened:
+        b.stop()
         raise opened[0]
+    return a, b
+
+
+def one(stage: str, n: int) -> dict[str, Any]:
+    """One run: the path for `n` PREEMPTs with `stage` counted (in this process)."""
+
+    if stage == CALIBRATE:
+        counter = StageCounter("core")
+        for _ in range(n):
+            counter.mark(2)
+            counter.mark(3)
+        return {"stage": stage, "pairs": counter.count, "n": n}
+    counter = StageCounter(stage)
+    a, b = open_pair(n)
     try:
         b.on_dispatch(lambda task, slot: None)
         b.on_preempt(lambda task, slot, cancel: task.progress_ns + 1)
@@ -120,26 +130,7 @@ class _Pair:
     time from the previous handler call to this one (one PREEMPT's path, back to back)."""
 
     def __init__(self, k: int, events: int) -> None:
-        from rdmasched.daemon.node import Node
-
-        cfg = _config(k)
-        self.a = Node(cfg, 0, spin_us=0, events=events)
-        self.b = Node(cfg, 1, spin_us=0, events=events)
-        opened: list[BaseException] = []
-
-        def open_a() -> None:
-            try:
-                self.a.open()
-            except BaseException as exc:  # reported below
-                opened.append(exc)
-
-        t = threading.Thread(target=open_a)
-        t.start()
-        self.b.open()
-        t.join()
-        if opened:
-            self.b.stop()
-            raise opened[0]
+        self.a, self.b = open_pair(k, events)
         self.b.on_dispatch(lambda task, slot: None)
         self.entered: list[int] = []
         self.gaps: list[int] = []

@@ -28,7 +28,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from rdmasched.demo.workload import task_node, task_seq
+from rdmasched.demo.workload import KIND_BACKGROUND, KIND_COMPUTE, task_kind, task_node, task_seq
 from rdmasched.errors import ConfigError
 from rdmasched.scheduler.events import NO_TASK, Decision, Event
 from rdmasched.telemetry import live
@@ -56,9 +56,9 @@ def label(task_id: int, group: int | None = None, step: int | None = None) -> st
     else the id."""
     if group is not None and step is not None:
         return f"sync {group} step {step}"
-    kind = task_id >> 61
-    if kind in (1, 2) and task_id < 1 << 63:
-        name = "compute" if kind == 1 else "bg"
+    kind = task_kind(task_id)
+    if kind in (KIND_COMPUTE, KIND_BACKGROUND) and task_id < 1 << 63:
+        name = "compute" if kind == KIND_COMPUTE else "bg"
         return f"{name} {task_node(task_id)}.{task_seq(task_id)}"
     return str(task_id)
 
