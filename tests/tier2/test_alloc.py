@@ -41,5 +41,9 @@ def test_objects_per_message_up_to_the_handler(kind: str) -> None:
 
 
 def test_the_count_does_not_move_from_run_to_run() -> None:
+    # a first run grows what the process keeps across runs (caches, interned names): in
+    # a process that ran other work first, it may count a few blocks more; compare the two
+    # after it
+    allocs.count("PREEMPT", 200)
     a, b = allocs.count("PREEMPT", 200), allocs.count("PREEMPT", 200)
     assert a["stages"] == b["stages"]
