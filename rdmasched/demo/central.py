@@ -66,8 +66,13 @@ class Coordinator:
                 sync_cost_ns=sync_cost_ns,
                 events=events,
             )
-            core.define_group(group, frozenset(nodes), now)
             self.cores[node] = core
+        #: sync group -> its members. The coordinator tracks each group once: a SYNC_READY
+        #: is counted here, and the last one of a step releases it on every member's core
+        #: (whose group is itself alone), so a step costs it O(members) calls, not O(N²)
+        self.groups: dict[int, frozenset[int]] = {}
+        #: (group, step) -> the members that reported it ready
+        self._ready: dict[tuple[int, int], set[int]] = {}
         #: node -> its scheduler (the cores'), for traces and stats
         self.sched: dict[int, Scheduler] = {n: c.scheduler for n, c in self.cores.items()}
         self.decisions = 0
@@ -77,6 +82,28 @@ class Coordinator:
         self._stopping: set[tuple[int, int]] = set()
         #: tasks that finished while their PREEMPT was in flight (taken out of the queue)
         self.raced = 0
+        self.define_group(group, frozenset(nodes))
+
+    def define_group(self, group: int, members: frozenset[int]) -> None:
+        """Sync group `group` over `members` (nodes this coordinator decides for)."""
+        if not members <= self.cores.keys():
+            raise ValueError(
+                f"group {group}: members {sorted(members - self.cores.keys())} unknown"
+            )
+        now = self.clock()
+        self.groups[group] = members
+        for node in members:
+            self._do(node, self.cores[node].define_group(group, frozenset((node,)), now))
+
+    def sync_calls(self, group: int, step: int, member: int) -> int:
+        """The calls into node cores a SYNC_READY of `member` for `step` of `group` will
+        make: 1 (counted), and one per member if it is the last one of the step."""
+        members = self.groups.get(group)
+        if members is None or member not in members:
+            return 1
+        ready = self._ready.get((group, step), ())
+        last = member not in ready and len(ready) + 1 == len(members)
+        return 1 + len(members) if last else 1
 
     @property
     def rejected(self) -> int:
@@ -109,10 +136,24 @@ class Coordinator:
             else:
                 self._do(peer, core.complete(x.task, peer, x.runtime_ns, now))
         elif isinstance(x, msg.SyncReady):
-            for node, c in self.cores.items():
-                self._do(node, c.member_ready(x.group, x.step, x.member, x.sent_ns, now))
+            self._sync_ready(x.group, x.step, x.member, x.sent_ns, now)
         else:
             self._bad_msgs += 1
+
+    def _sync_ready(self, group: int, step: int, member: int, sent_ns: int, now: int) -> None:
+        members = self.groups.get(group)
+        if members is None or member not in members:
+            self._bad_msgs += 1
+            return
+        key = (group, step)
+        ready = self._ready.setdefault(key, set())
+        ready.add(member)
+        if len(ready) < len(members):
+            return
+        del self._ready[key]
+        cores = self.cores
+        for node in sorted(members):
+            self._do(node, cores[node].member_ready(group, step, node, sent_ns, now))
 
     def _do(self, node: int, effects: list[Effect]) -> None:
         """The core's decisions for `node`, as orders to it."""

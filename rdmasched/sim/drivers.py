@@ -32,17 +32,15 @@ from rdmasched.daemon.core import (
     SetTimer,
     StartTask,
 )
-from rdmasched.demo.central import Coordinator, Executor
+from rdmasched.demo.central import Executor
 from rdmasched.demo.workload import GROUP, KIND_BACKGROUND, Trainer, WorkloadConfig, task_kind
 from rdmasched.messages import Heartbeat, SyncReady
 from rdmasched.scheduler import Task
 from rdmasched.sim.engine import Endpoint, Engine, Network
 from rdmasched.topology import Topology
-from rdmasched.wire import Kind
 
 #: the one priority every task gets under "fifo" (the scheduler forces 255 on sync tasks)
 FIFO_PRIORITY = 100
-_SYNC_READY = int(Kind.SYNC_READY)
 
 
 def make_core(
@@ -326,21 +324,3 @@ class SimExecutor(Executor):
     def sync_ready(self, step: int, group: int = GROUP) -> None:
         m = SyncReady(group, step, self.node, sent_ns=self.clock(), job=group)
         self.loop.send(self.coord, *m.encode())
-
-
-class SimCoordinator(Coordinator):
-    """The demo's coordinator, for a cluster running several jobs: a SYNC_READY goes to the
-    cores of its own job's members (the demo runs one job whose group is every node, and
-    hands each SYNC_READY to every core; with `jobs` empty, this is exactly that)."""
-
-    jobs: dict[int, frozenset[int]] = {}
-
-    def on_message(self, m: _wire.Message, peer: int) -> None:
-        members = self.jobs.get(m.id) if m.kind == _SYNC_READY else None
-        if members is None:
-            return super().on_message(m, peer)
-        now = self.clock()
-        cores = self.cores
-        for node in sorted(members):
-            self._do(node, cores[node].member_ready(m.id, m.arg0, m.arg2, m.arg1, now))
-        return None

@@ -29,7 +29,6 @@ from rdmasched.sim.drivers import (
     CoreNode,
     Ledger,
     Shaped,
-    SimCoordinator,
     SimExecutor,
     SimLoop,
     SimTrainer,
@@ -317,10 +316,7 @@ class Run:
         k8s = cfg.scheduler == "k8s"
         if k8s:
             coord_loop.send_cost_ns = int(1e9 / cfg.k8s_pods_per_s)
-        jobs = {
-            g: self.members_of(g) for g in self.groups if g >= JOB_GROUP_BASE
-        }  # several jobs: each SYNC_READY goes to its own job's cores
-        coord = SimCoordinator(
+        coord = Coordinator(
             coord_loop,  # type: ignore[arg-type]
             dict.fromkeys(range(n), cfg.slots),
             group=GROUP,
@@ -329,19 +325,18 @@ class Run:
             aging_us=100_000,
             events=cfg.events,
         )
-        coord.jobs = jobs
+        for g in self.groups:  # several jobs, or a trace's gradient buckets
+            if g != GROUP:
+                coord.define_group(g, self.members_of(g))
         self.coordinator = coord
         self.cores = list(coord.cores.values())
-        for i, c in enumerate(self.cores):
-            for g in self.node_groups(i):
-                if g != GROUP:
-                    c.define_group(g, self.members_of(g), 0)
         call = cfg.central_call_ns
-        sizes = {g: len(m) for g, m in jobs.items()}
+        sync_calls = coord.sync_calls
 
         def cost(m: _wire.Message) -> int:
-            # one call into one node core per message; a SYNC_READY: one per member
-            return call * (sizes.get(m.id, n) if m.kind == _SYNC else 1)
+            # one call into one node core per message; a SYNC_READY is counted (one call),
+            # and the last of a step releases it on every member's core (one call each)
+            return call * (sync_calls(m.id, m.arg0, m.arg2) if m.kind == _SYNC else 1)
 
         period = int(cfg.k8s_period_ms * MS) if k8s else 0
         eps[me] = Endpoint(eng, me, call, coord.on_message, period_ns=period, cost=cost)
@@ -519,7 +514,8 @@ def measure_central_call_ns(nodes: int = 16, steps: int = 20, slots: int = 4) ->
     """The real coordinator's CPU time per call into one of its node cores on this machine,
     ns: it is fed real messages (tasks submitted, completed, SYNC_READYs) for `steps` steps
     of `nodes` nodes, timed, and the time divided by the calls it made (one per DISPATCH or
-    COMPLETE, one per node per SYNC_READY). The median of three rounds."""
+    COMPLETE, one per SYNC_READY, and one per node for the last SYNC_READY of a step). The
+    median of three rounds."""
     return sorted(_time_coordinator(nodes, steps, slots) for _ in range(3))[1]
 
 
@@ -557,7 +553,8 @@ def _time_coordinator(nodes: int, steps: int, slots: int) -> int:
         for node in range(nodes):
             ready = SyncReady(GROUP, step, node, sent_ns=0, job=GROUP)
             msgs.append((coded(node, 0, ready, me)[0], node))
-            calls += nodes
+            calls += 1  # counted
+        calls += nodes  # the last one released the step on every member's core
         for node in range(nodes):
             sid = (1 << 63) | (GROUP << 32) | step
             msgs.append((coded(node, 0, Complete(sid, GROUP, MS, 0), me)[0], node))
