@@ -153,9 +153,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--stall-ms",
         type=_positive,
-        default=5_000.0,
+        default=None,
         help="stop a run when no compute or sync task is done for this long, virtual ms "
-        "(a k8s baseline at 1,000 nodes takes minutes of virtual time per step: raise it)",
+        "(default 5,000; under k8s at least twice the time it takes to bind one round of "
+        "every node's pods: minutes of virtual time at 1,000 nodes)",
     )
     p.add_argument(
         "--wall-limit-s",

@@ -42,6 +42,8 @@ from rdmasched.wire import Kind
 from rdmasched.workload import Replicated, Workload, replicate
 
 SCHEDULERS = ("rdmasched", "fifo", "central", "k8s")
+#: the stall window unless the k8s baseline needs more (SimConfig.stall_window_ms)
+STALL_MS = 5_000.0
 #: with several jobs, job j's sync group
 JOB_GROUP_BASE = 64
 MS = 1_000_000
@@ -99,8 +101,9 @@ class SimConfig:
     central_call_ns: int = 3_000
     k8s_pods_per_s: float = K8S_PODS_PER_S
     k8s_period_ms: float = 0.0
-    #: stop when no step completes anywhere for this long (virtual ms)
-    stall_ms: float = 5_000.0
+    #: stop when no compute or sync task is done anywhere for this long (virtual ms);
+    #: None: `stall_window_ms()` chooses
+    stall_ms: float | None = None
     #: nodes per data-parallel job (0: one job over every node); the cluster runs
     #: N / job_nodes jobs side by side, each its own sync group
     job_nodes: int = 0
@@ -116,6 +119,18 @@ class SimConfig:
     #: none); `events` is each core's event ring then (0: the ring is off)
     trace_dir: str | None = None
     events: int = 0
+
+    def stall_window_ms(self) -> float:
+        """The stall window: `stall_ms` if given; else 5 s, and under k8s at least twice
+        the time its binding rate takes for one round of every node's pods (its
+        background backlog, a compute task per slot and its sync), which its first step
+        waits behind (a slow scheduler is not a stalled cluster)."""
+        if self.stall_ms is not None:
+            return self.stall_ms
+        if self.scheduler != "k8s":
+            return STALL_MS
+        pods = self.nodes * (self.workload.background_backlog + self.slots + 1)
+        return max(STALL_MS, 2 * pods * 1000 / self.k8s_pods_per_s)
 
     def check(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -144,7 +159,7 @@ class SimConfig:
             )
         if self.k8s_pods_per_s <= 0:
             raise ArgumentError("k8s pods/s must be > 0")
-        if not (math.isfinite(self.stall_ms) and self.stall_ms > 0):
+        if self.stall_ms is not None and not (math.isfinite(self.stall_ms) and self.stall_ms > 0):
             raise ArgumentError(f"stall must be > 0 virtual ms, not {self.stall_ms}")
         if self.events < 0:
             raise ArgumentError(f"events must be >= 0, not {self.events}")
@@ -380,7 +395,8 @@ class Run:
             eng.at(int(at * MS), self._kill, count)
         for tr in self.trainers:
             eng.at(0, tr.begin)
-        stall = int(cfg.stall_ms * MS)
+        stall_ms = cfg.stall_window_ms()
+        stall = int(stall_ms * MS)
         trainers = self.trainers
         alive = self.alive
 
@@ -421,7 +437,7 @@ class Run:
                     last, last_t = p, eng.now
                 elif eng.now - last_t >= stall:
                     self.stopped = (
-                        f"stalled: no compute or sync task done for {cfg.stall_ms:g} "
+                        f"stalled: no compute or sync task done for {stall_ms:g} "
                         "virtual ms (--stall-ms)"
                     )
                     break

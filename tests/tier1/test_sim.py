@@ -371,6 +371,19 @@ def test_a_slow_baseline_is_a_stall_only_past_the_stall_window() -> None:
     assert r["finished"] and r["stopped"] is None
 
 
+def test_the_default_stall_window_waits_for_a_k8s_round_of_pods() -> None:
+    """At 1,000 nodes the k8s baseline binds the 4,000 background pods queued ahead of the
+    first compute task for 40 virtual s: the default stall window is long enough for a
+    round of every node's pods at its rate, so the run finishes; the other schedulers keep
+    5 s, and a window given stands."""
+    c = cfg(1000, "k8s", steps=1)
+    assert c.stall_window_ms() == 2 * 1000 * (4 + 4 + 1) * 1000 / 100
+    assert cfg(1000, "rdmasched").stall_window_ms() == 5_000
+    assert cfg(1000, "k8s", stall_ms=100).stall_window_ms() == 100
+    r = simulate(c)
+    assert r["finished"], r["stopped"]
+
+
 def test_cli_bad_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "t.json"
     f.write_text("{not json")
