@@ -16,6 +16,7 @@ from rdmasched.sim.links import PRESETS, preset
 from rdmasched.sim.report import (
     calibrate,
     check_plot_path,
+    compare,
     demo_cluster,
     format_calibration,
     format_table,
@@ -24,6 +25,10 @@ from rdmasched.sim.report import (
 from rdmasched.sim.run import SCHEDULERS, SimConfig, measure_central_call_ns, simulate
 
 MAX_NODES = 1 << 20
+#: the default of --central-max-nodes
+CENTRAL_MAX_NODES = 10_000
+#: the schedulers whose decisions one coordinator makes
+CENTRAL = ("central", "k8s")
 
 
 def _sizes(text: str) -> list[int]:
@@ -74,6 +79,16 @@ def _positive(text: str) -> float:
     return v
 
 
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"not an integer >= 0: {text!r}")
+    return v
+
+
 def _pos_int(text: str) -> int:
     try:
         v = int(text)
@@ -93,6 +108,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_schedulers,
         default=",".join(SCHEDULERS),
         help="schedulers to run at each size, comma-separated",
+    )
+    p.add_argument(
+        "--central-max-nodes",
+        type=_count,
+        default=CENTRAL_MAX_NODES,
+        help="run the central and k8s baselines at sizes up to this many nodes, and list "
+        "the larger ones as not run (0: at every size; their simulation handles every "
+        "task of every node in one coordinator: docs/SIM.md, 'Limits')",
     )
     p.add_argument("--steps", type=_pos_int, default=10, help="training steps")
     p.add_argument("--exec-slots", type=_pos_int, default=4, help="execution slots per node")
@@ -291,7 +314,17 @@ def main(args: argparse.Namespace) -> int:
         else:
             print(format_calibration(cal))
         return 0
-    needs_central = any(s in ("central", "k8s") for s in args.schedulers)
+    cap = args.central_max_nodes
+    runs: list[tuple[int, str]] = []
+    not_run: list[dict[str, Any]] = []
+    for n in args.sizes:
+        for sched in args.schedulers:
+            if sched in CENTRAL and cap and n > cap:
+                why = f"--central-max-nodes {cap}: one coordinator handles every node's tasks"
+                not_run.append({"nodes": n, "scheduler": sched, "why": why})
+            else:
+                runs.append((n, sched))
+    needs_central = any(s in CENTRAL for _, s in runs)
     call = args.central_call_ns
     measured = False
     if call is None:
@@ -301,7 +334,6 @@ def main(args: argparse.Namespace) -> int:
         how = "measured on this machine" if measured else "given"
         say(f"central coordinator: {call} ns per call into a node core ({how})")
     base = replace(base, central_call_ns=call)
-    runs = [(n, sched) for n in args.sizes for sched in args.schedulers]
     if args.trace:
         base = replace(base, events=args.trace_events)
         replace(base, nodes=max(args.sizes)).check()  # the rings' memory, before any run
@@ -314,6 +346,7 @@ def main(args: argparse.Namespace) -> int:
             sub = args.trace if len(runs) == 1 else os.path.join(args.trace, f"{sched}-n{n}")
             cfg = replace(cfg, trace_dir=sub)
         rows.append(simulate(cfg))
+    compare(rows)
     if args.plot:
         plot(rows, args.plot)
     if args.json:
@@ -325,10 +358,11 @@ def main(args: argparse.Namespace) -> int:
             "workload": base.workload.as_dict()
             | ({"trace": base.trace.source} if base.trace is not None else {}),
             "runs": rows,
+            "not_run": not_run,
         }
         print(json.dumps(doc, indent=2))
     else:
-        print(format_table(rows))
+        print(format_table(rows, not_run))
         if args.plot:
             print(f"plot: {args.plot}")
         for r in rows:

@@ -17,6 +17,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("steps", "steps", "{}"),
     ("slot_idle_pct", "idle %", "{:.2f}"),
     ("step_time_ms", "step ms", "{:.3f}"),
+    ("vs_rdmasched.step_time_x", "x rdms", "{:.2f}"),
     ("steps_per_s", "steps/s", "{:.1f}"),
     ("sync_release_p50_us", "rel p50 us", "{:.1f}"),
     ("sync_release_p99_us", "rel p99 us", "{:.1f}"),
@@ -31,7 +32,9 @@ COLUMNS: list[tuple[str, str, str]] = [
 
 
 def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
-    v = row.get(key)
+    v: Any = row
+    for part in key.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
     if v is None:
         return "-"
     if key == "ring_bytes_per_node":
@@ -39,7 +42,21 @@ def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
     return fmt.format(v)
 
 
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
+def compare(rows: Sequence[dict[str, Any]]) -> None:
+    """Each row against rdmasched's at its size (if that ran and has a step time), as
+    `vs_rdmasched`: step time as a multiple of rdmasched's, idle % as points above it."""
+    base = {r["nodes"]: r for r in rows if r["scheduler"] == "rdmasched"}
+    for r in rows:
+        b = base.get(r["nodes"])
+        if b is None or r.get("step_time_ms") is None or not b.get("step_time_ms"):
+            continue
+        r["vs_rdmasched"] = {
+            "step_time_x": r["step_time_ms"] / b["step_time_ms"],
+            "idle_pct_points": r["slot_idle_pct"] - b["slot_idle_pct"],
+        }
+
+
+def format_table(rows: Sequence[dict[str, Any]], not_run: Sequence[dict[str, Any]] = ()) -> str:
     head = [c[1] for c in COLUMNS]
     body = [[_cell(r, k, f) for k, _, f in COLUMNS] for r in rows]
     widths = [
@@ -56,6 +73,8 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
         if r.get("rejected"):
             notes.append(f"{r['rejected']} inputs rejected")
         lines.append(line + (f"  ({'; '.join(notes)})" if notes else ""))
+    for r in not_run:
+        lines.append(f"{r['scheduler']} at {r['nodes']} nodes: not run ({r['why']})")
     return "\n".join(lines)
 
 

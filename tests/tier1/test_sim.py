@@ -288,6 +288,37 @@ def test_cli_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "idle %" in out and "fifo" in out and "central" not in out
 
 
+def test_cli_central_baselines_up_to_a_size(capsys: pytest.CaptureFixture[str]) -> None:
+    """The central and k8s baselines run at sizes up to --central-max-nodes (their
+    simulation grows with the coordinator's queue); the sizes above are listed as not run,
+    with why, in the JSON and under the table. Each row is compared with rdmasched's at
+    its size."""
+    args = ["sim", "--sizes", "8,16", "--steps", "2", "--central-call-ns", "2000"]
+    assert main([*args, "--central-max-nodes", "8", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(r["nodes"], r["scheduler"]) for r in doc["runs"]] == [
+        (8, "rdmasched"), (8, "fifo"), (8, "central"), (8, "k8s"), (16, "rdmasched"),
+        (16, "fifo"),
+    ]  # fmt: skip
+    assert [(r["nodes"], r["scheduler"]) for r in doc["not_run"]] == [
+        (16, "central"),
+        (16, "k8s"),
+    ]
+    assert all("--central-max-nodes 8" in r["why"] for r in doc["not_run"])
+    by = {(r["nodes"], r["scheduler"]): r for r in doc["runs"]}
+    for (n, _), r in by.items():
+        base = by[n, "rdmasched"]
+        assert r["vs_rdmasched"]["step_time_x"] == pytest.approx(
+            r["step_time_ms"] / base["step_time_ms"]
+        )
+        assert r["vs_rdmasched"]["idle_pct_points"] == pytest.approx(
+            r["slot_idle_pct"] - base["slot_idle_pct"]
+        )
+    assert main([*args, "--central-max-nodes", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "central at 16 nodes: not run" in out and "x rdms" in out
+
+
 @pytest.mark.parametrize(
     "bad",
     [
