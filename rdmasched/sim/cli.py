@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -346,6 +347,7 @@ def main(args: argparse.Namespace) -> int:
             sub = args.trace if len(runs) == 1 else os.path.join(args.trace, f"{sched}-n{n}")
             cfg = replace(cfg, trace_dir=sub)
         rows.append(simulate(cfg))
+        gc.collect()  # the run's cluster (GBs at 100,000 nodes) before the next is built
     compare(rows)
     if args.plot:
         plot(rows, args.plot)
