@@ -1157,10 +1157,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    from rdmasched.demo.runner import read_traces
+    from rdmasched.telemetry.records import events_of, read_dir
 
-    for line in read_traces(args.dir, args.task):
-        print(line)
+    task = args.task
+    for tr, ev in events_of(read_dir(args.dir)):
+        if task is None or ev.names(task):
+            print(json.dumps(ev.as_dict() | {"source": tr.name}))
     return 0
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import multiprocessing as mp
 import os
 import signal
@@ -85,10 +84,6 @@ class Interrupted(KeyboardInterrupt):
 
 class DemoError(RdmaschedError, RuntimeError):
     """The demo could not run to the end: a process failed, or the cluster stalled."""
-
-
-class TraceError(RdmaschedError, ValueError):
-    """A trace directory or file that is not what `rdmasched demo --trace` writes."""
 
 
 _PR_SET_PDEATHSIG = 1
@@ -288,65 +283,6 @@ def _write_trace(cfg: DemoConfig, name: str, node: int, scheduler: Scheduler) ->
     os.makedirs(cfg.trace_dir, exist_ok=True)
     path = os.path.join(cfg.trace_dir, f"{name}.jsonl")
     records.write_scheduler(path, node, scheduler, source="demo", anchor_ns=records.anchor())
-
-
-def read_traces(directory: str, task: int | None = None) -> Iterator[str]:
-    """Every event of every trace file in `directory`, in time order, tagged with its file.
-
-    Only the scheduler's bounded event ring is kept, so a long run keeps its latest events.
-    TraceError if `directory` is not a trace directory or a file in it is not a trace.
-    """
-    events = []
-    try:
-        names = sorted(n for n in os.listdir(directory) if n.endswith(".jsonl"))
-    except FileNotFoundError:
-        raise TraceError(f"no directory {directory}") from None
-    except NotADirectoryError:
-        raise TraceError(
-            f"{directory} is not a directory (give the directory of demo --trace)"
-        ) from None
-    except OSError as exc:
-        raise TraceError(f"{directory}: {exc.strerror}") from None
-    if not names:
-        raise TraceError(
-            f"no *.jsonl traces in {directory} (write them with `rdmasched demo --trace DIR`)"
-        )
-    for name in names:
-        path = os.path.join(directory, name)
-        try:
-            with open(path, encoding="utf-8") as f:
-                for lineno, line in enumerate(f, 1):
-                    if lineno == 1 and '"rdmasched_trace"' in line:
-                        continue  # a header (docs/TELEMETRY.md): not an event
-                    e = _event(line, path, lineno)
-                    if task is not None and e["task_id"] != task and task not in e["beaten"]:
-                        continue
-                    e["source"] = name[: -len(".jsonl")]
-                    events.append(e)
-        except UnicodeDecodeError:
-            raise TraceError(f"{path} is not a trace: not UTF-8 text") from None
-        except OSError as exc:
-            raise TraceError(f"{path}: {exc.strerror}") from None
-    events.sort(key=lambda e: e["t_ns"])
-    for e in events:
-        yield json.dumps(e)
-
-
-def _event(line: str, path: str, lineno: int) -> dict[str, Any]:
-    try:
-        e = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise TraceError(f"{path} line {lineno} is not a trace event: {exc.msg}") from None
-    if (
-        not isinstance(e, dict)
-        or not isinstance(e.get("t_ns"), int)
-        or not isinstance(e.get("beaten"), list)
-        or "task_id" not in e
-    ):
-        raise TraceError(
-            f"{path} line {lineno} is not a trace event (needs t_ns, task_id and beaten)"
-        )
-    return e
 
 
 # ---- one mode -------------------------------------------------------------------------------

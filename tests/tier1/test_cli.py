@@ -132,7 +132,12 @@ def test_trace_of_a_missing_directory(capsys: pytest.CaptureFixture[str]) -> Non
 @pytest.mark.parametrize(
     ("content", "says"),
     [
-        (b'{"t_ns": 1, "task_id": 3, "beaten": []}\nnot json\n', "line 2 is not a trace event"),
+        (
+            b'{"t_ns": 1, "decision": "start", "task_id": 3, "reason": "free", "beaten": []}\n'
+            b"not json\n",
+            "line 2 is not a trace event",
+        ),
+        (b'{"t_ns": 1, "task_id": 3, "beaten": []}\n', "line 1 is not a trace event (needs"),
         (b"[1, 2]\n", "line 1 is not a trace event"),
         (b'{"t_ns": "x", "task_id": 3, "beaten": []}\n', "line 1 is not a trace event"),
         (b"\xff\xfe\x00garbage\n", "not UTF-8"),
@@ -154,10 +159,12 @@ def test_trace_of_an_empty_directory(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_trace_merges_in_time_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "a.jsonl").write_text(
-        '{"t_ns": 5, "task_id": 1, "beaten": []}\n{"t_ns": 9, "task_id": 2, "beaten": [1]}\n'
-    )
-    (tmp_path / "b.jsonl").write_text('{"t_ns": 7, "task_id": 3, "beaten": []}\n')
+    def ev(t: int, task: int, beaten: list[int]) -> str:
+        e = {"t_ns": t, "decision": "start", "task_id": task, "reason": "free", "beaten": beaten}
+        return json.dumps(e) + "\n"
+
+    (tmp_path / "a.jsonl").write_text(ev(5, 1, []) + ev(9, 2, [1]))
+    (tmp_path / "b.jsonl").write_text(ev(7, 3, []))
     code, out, _ = run(["trace", str(tmp_path), "--task", "1"], capsys)
     assert code == 0
     events = [json.loads(x) for x in out.splitlines()]

@@ -180,7 +180,8 @@ def test_trace_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     reader went away (128 + SIGPIPE)."""
     with open(tmp_path / "rdmasched-node0.jsonl", "w") as f:
         for t in range(50_000):
-            f.write(json.dumps({"t_ns": t, "task_id": t, "beaten": [], "decision": "start"}))
+            ev = {"t_ns": t, "task_id": t, "beaten": [], "decision": "start", "reason": "free"}
+            f.write(json.dumps(ev))
             f.write("\n")
     p = subprocess.Popen(
         [sys.executable, "-m", "rdmasched.cli", "trace", str(tmp_path)],
