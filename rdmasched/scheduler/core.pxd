@@ -66,8 +66,8 @@ cdef class Scheduler:
     cpdef long long load_hint(self) except? -1
     @cython.locals(busy=cython.longlong)
     cdef long long _load(self, Py_ssize_t extra) except? -1
-    @cython.locals(out=list, freed=list, t=Task)
-    cdef list _stop(self, list targets, cancel, rule, why, now, drop=*)
+    @cython.locals(out=list, first=Py_ssize_t, freed=list, t=Task)
+    cdef list _stop(self, tuple targets, cancel, rule, why, now, drop=*)
     cdef list _complete_other(self, task_id, key, task, now)
     cdef _admit(self, Task task, now, bint sync)
     @cython.locals(slot=Py_ssize_t)

@@ -538,9 +538,9 @@ class Scheduler:
             task = self._tasks.get(((self.node_id if origin is None else origin) << 64) | task_id)
             if task is None:
                 self._reject(UnknownTaskError(f"unknown task {task_id}"), task_id, now)
-            targets = [task]
+            targets: tuple[Task, ...] = (task,)
         else:
-            targets = [t for t in self._tasks.values() if t.job == job]
+            targets = tuple(t for t in self._tasks.values() if t.job == job)
             if not targets:
                 self._reject(UnknownJobError(f"unknown job {job}"), NO_TASK, now)
         return self._stop(targets, cancel, R_PEER_CANCEL if cancel else R_PEER, None, now)
@@ -552,11 +552,11 @@ class Scheduler:
         now = self._clock()
         if self._tasks.get((task.origin << 64) | task.id) is not task:
             self._reject(UnknownTaskError(f"unknown task {task.id}"), task.id, now)
-        return self._stop([task], cancel, R_PEER_CANCEL if cancel else R_PEER, None, now)
+        return self._stop((task,), cancel, R_PEER_CANCEL if cancel else R_PEER, None, now)
 
     def _stop(
         self,
-        targets: list[Task],
+        targets: tuple[Task, ...],
         cancel: bool,
         rule: int,
         why: str | None,
@@ -568,7 +568,10 @@ class Scheduler:
         ``rule`` decided it (``why``: its text, for ``Rule.OTHER``).  ``drop``: they are
         dropped because their origin is gone (counted as ``drops``)."""
         out: list[Action] = []
-        freed: list[int] = []
+        # the slots freed, given to the queue once every target is off its slot: the first
+        # apart, so that stopping one task (a peer's PREEMPT) makes no list
+        first = -1
+        freed: list[int] | None = None
         # queued tasks first, so that a cancelled one cannot take a freed slot
         for t in targets:
             if t.state is _QUEUED:
@@ -607,9 +610,17 @@ class Scheduler:
                     self._n_peer_preemptions += 1
                 self._note(now, D_PREEMPT, rule, t, NO_TASK, why, slot)
                 out.append(_new(Preempt, (t, slot, None, cancel)))
-                freed.append(slot)
-        for slot in freed:
-            self._fill(slot, now, out)
+                if first < 0:
+                    first = slot
+                elif freed is None:
+                    freed = [slot]
+                else:
+                    freed.append(slot)
+        if first >= 0:
+            self._fill(first, now, out)
+            if freed is not None:
+                for slot in freed:
+                    self._fill(slot, now, out)
         return out
 
     def define_group(self, group: int, members: Iterable[int], step_task: StepTask) -> None:
@@ -830,11 +841,11 @@ class Scheduler:
         """Drop every task held here whose origin is ``origin`` (None: every task of
         another node): queued ones are cancelled, running ones preempted with cancel."""
         me = self.node_id
-        targets = [
+        targets = tuple(
             t
             for t in self._tasks.values()
             if (t.origin == origin if origin is not None else t.origin != me)
-        ]
+        )
         if not targets:
             return []
         why = "this node rejoined" if origin is None else f"origin {origin} is gone"

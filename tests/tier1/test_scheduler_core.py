@@ -386,6 +386,32 @@ def test_peer_preempt_of_a_whole_job() -> None:
     assert s.free_slots() == 1
 
 
+def test_peer_preempt_of_a_job_fills_the_freed_slots_in_the_order_of_its_tasks() -> None:
+    # every target is off its slot before any slot is filled, and the slots go to the
+    # queue in the order the job's tasks were stopped (three: the first freed slot and the
+    # two after it take different paths in _stop)
+    s, clock = make(3)
+    fill(s, clock, [100, 100, 100])  # tasks 1-3 of job 0 on slots 0-2
+    for tid, p in ((4, 90), (5, 80), (6, 70)):  # queued, job 9
+        s.dispatch(Task(id=tid, job=9, priority=p, cost_ns=1000))
+    a = s.preempt(job=0)
+    assert [(x.victim.id, x.slot) for x in a[:3] if isinstance(x, Preempt)] == [
+        (1, 0),
+        (2, 1),
+        (3, 2),
+    ]
+    assert started(a[3:]) == [(4, 0), (5, 1), (6, 2)] and len(a) == 6
+    assert s.free_slots() == 0
+
+
+def test_peer_preempt_of_one_task_gives_its_slot_to_the_queue_head() -> None:
+    s, clock = make(1)
+    fill(s, clock, [100, 90])
+    a = s.preempt(1)
+    assert [type(x) for x in a] == [Preempt, Start] and started(a) == [(2, 0)]
+    assert s.free_slots() == 0
+
+
 def test_peer_preempt_needs_exactly_one_of_task_and_job() -> None:
     s, _ = make(1)
     with pytest.raises(ValueError):

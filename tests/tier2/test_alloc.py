@@ -24,8 +24,9 @@ pytestmark = pytest.mark.skipif(
 
 N = 400
 #: allocations per message, lane poll -> handler entered, at N messages (before issue 12
-#: item 2's first changes: PREEMPT 21.26, DISPATCH 16.12, COMPLETE 19.48, SYNC_READY 47.74)
-BOUND = {"PREEMPT": 19.7, "DISPATCH": 12.6, "COMPLETE": 18.9, "SYNC_READY": 45.2}
+#: item 2's first changes: PREEMPT 21.26, DISPATCH 16.12, COMPLETE 19.48, SYNC_READY 47.74;
+#: PREEMPT 19.65 before the scheduler's _stop made no list for one target)
+BOUND = {"PREEMPT": 17.7, "DISPATCH": 12.6, "COMPLETE": 18.9, "SYNC_READY": 45.2}
 
 
 @pytest.mark.parametrize("kind", allocs.KINDS)
