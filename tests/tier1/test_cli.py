@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -238,3 +240,13 @@ def test_verbs_latency_without_a_device_is_one_line(
     code, out, err = run(["bench", "latency", "--transport", "verbs"], capsys)
     assert code == 1 and out == ""
     assert "tests/vm/bench-verbs.sh" in one_line(err)
+
+
+def test_python_dash_m_rdmasched_is_the_command() -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "rdmasched", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0 and p.stdout.strip() == f"rdmasched {__version__}"
