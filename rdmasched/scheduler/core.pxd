@@ -13,6 +13,8 @@ from rdmasched.scheduler.task cimport Task
 # the event layout's constants (core.py checks them against events.py at import)
 cdef Py_ssize_t _WORDS
 cdef unsigned int _F_TASK, _F_TASK_JOB, _F_BEATEN, _F_STEP, _F_CAUSE, _SYNC_P
+# the cause and placement words' masks (cause(), _peer_note())
+cdef unsigned long long _LOW32, _WORD_MAX, _NO_PEER
 cdef tuple _NEG
 
 
@@ -108,4 +110,5 @@ cdef class Scheduler:
     cdef _note(self, now, unsigned int decision, unsigned int rule, Task task, task_id, text,
                Py_ssize_t slot=*)
     @cython.locals(b=Py_ssize_t)
-    cdef _peer_note(self, peer, lost, peer_load, lost_load, mine)
+    cdef _peer_note(self, long long peer, long long lost, long long peer_load,
+                    long long lost_load, long long mine)

@@ -174,13 +174,20 @@ _F_BEATEN = 2
 _F_STEP = 16
 _F_CAUSE = 128
 _SYNC_P = 255
-if (_WORDS, _F_TASK, _F_TASK_JOB, _F_STEP, _F_CAUSE, _SYNC_P) != (
+# and the masks of the cause and placement words: compiled, C constants, so that ``cause()``
+# and ``_peer_note()`` compute their words in C and make no int per message (a literal
+# above 2**31 would be a Python int, and so would every expression it is in)
+_LOW32 = 0xFFFFFFFF
+_WORD_MAX = U64_MAX
+_NO_PEER = 0xFFFFFFFF
+if (_WORDS, _F_TASK, _F_TASK_JOB, _F_STEP, _F_CAUSE, _SYNC_P, _NO_PEER) != (
     WORDS,
     F_TASK,
     F_TASK | F_JOB,
     F_STEP,
     F_CAUSE,
     SYNC_PRIORITY,
+    NO_PEER,
 ):
     raise ImportError("scheduler/core.py and events.py disagree on the event layout")
 
@@ -962,8 +969,9 @@ class Scheduler:
         it (its ``Kind``, sender, lane sequence number and send time).  ``kind`` 0: none
         (a local call, a timer)."""
         self._cause_kind = kind
-        self._cause_w = (kind & 0xFF) | ((src & 0xFFFFFF) << 8) | ((seq & 0xFFFFFFFF) << 32)
-        self._cause_ns = sent_ns if 0 <= sent_ns <= _U64 else 0
+        self._cause_w = (kind & 0xFF) | ((src & 0xFFFFFF) << 8) | ((seq & _LOW32) << 32)
+        # (a u64, else 0; compiled, sent_ns is a C u64 already and this is no test)
+        self._cause_ns = sent_ns if (sent_ns & _WORD_MAX) == sent_ns else 0
 
     def _rec(
         self,
@@ -1117,7 +1125,7 @@ class Scheduler:
         if self._ev_cap == 0:
             return
         b = self._last_rec()
-        self._ev[b + 9] = (peer & NO_PEER) | ((lost & NO_PEER) << 32)
+        self._ev[b + 9] = (peer & _NO_PEER) | ((lost & _NO_PEER) << 32)
         self._ev[b + 10] = (
             (peer_load & 0xFFFF) | ((lost_load & 0xFFFF) << 16) | ((mine & 0xFFFF) << 32)
         )

@@ -244,3 +244,22 @@ def test_a_task_taken_in_again_is_recorded_with_its_new_fields() -> None:
     ]
     assert evs[-1].origin == (1 << 40) + 5
     assert (evs[-1].beaten, evs[-1].beaten_origin) == ((8,), 0)
+
+
+def test_the_cause_keeps_the_low_bits_of_the_source_and_sequence_number() -> None:
+    # cause() packs kind, src (24 bits) and seq (32 bits) into one word and keeps the send
+    # time, a u64 (compiled, all in C: no int is made per message)
+    s = Scheduler(1, clock=FakeClock(0), starvation_us=1_000_000)
+    s.cause(CAUSE_KIND["PREEMPT"], (1 << 24) + 9, (1 << 32) + 42, (1 << 64) - 1)
+    s.dispatch(T(1))
+    ev = s.events()[-1]
+    assert (ev.cause, ev.cause_src, ev.cause_seq) == ("PREEMPT", 9, 42)
+    assert ev.cause_sent_ns == (1 << 64) - 1
+
+
+def test_a_placement_with_no_loser_records_none_for_it() -> None:
+    s = Scheduler(1, clock=FakeClock(0), starvation_us=1_000_000)
+    s.place_on(T(1), 5)
+    ev = s.events()[-1]
+    assert (ev.decision, ev.peer, ev.lost_peer) == (Decision.FORWARD, 5, None)
+    assert (ev.peer_load, ev.lost_load, ev.my_load) == (0, None, 0)
