@@ -557,7 +557,7 @@ class Scheduler:
         (``lookup``): the node core's path for a peer's PREEMPT (one lookup, no keyword
         arguments).  Decides as ``preempt(task.id, cancel=cancel, origin=task.origin)``."""
         now = self._clock()
-        if self._tasks.get((task.origin << 64) | task.id) is not task:
+        if self._tasks.get(task.held_key) is not task:  # (its key, kept: no int made)
             self._reject(UnknownTaskError(f"unknown task {task.id}"), task.id, now)
         return self._stop((task,), cancel, R_PEER_CANCEL if cancel else R_PEER, None, now)
 
@@ -584,7 +584,7 @@ class Scheduler:
             if t.state is _QUEUED:
                 if cancel:
                     self._unqueue(t)
-                    del self._tasks[(t.origin << 64) | t.id]
+                    del self._tasks[t.held_key]
                     t.state = TaskState.CANCELLED
                     if drop:
                         self._n_drops += 1
@@ -1220,6 +1220,7 @@ class Scheduler:
             self._check_task(task, now, sync=sync)  # raises the precise error
         task.enqueued_ns = now
         self._tasks[key] = task
+        task.held_key = key
         if self._ev_cap:
             self._tel(task)
         return key
@@ -1261,7 +1262,7 @@ class Scheduler:
         slot = victim_entry[2]
         self._off_slot(victim, slot)
         victim.state = _PREEMPTING
-        self._outranked.add((victim.origin << 64) | victim.id)
+        self._outranked.add(victim.held_key)
         self._n_preemptions += 1
         self._rec(now, D_PREEMPT, R_VICTIM, victim, slot, None, 0, 0)
         self._run_on(task, slot, now)

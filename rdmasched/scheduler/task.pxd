@@ -15,3 +15,5 @@ cdef class Task:
     # and no object per event
     cdef public unsigned long long tel_id, tel_origin, tel_job
     cdef public unsigned int tel_meta
+    # the key its scheduler holds it under (core.py _admit)
+    cdef public object held_key

@@ -76,6 +76,10 @@ class Task:
     tel_origin: int = field(default=0, init=False, repr=False)
     tel_job: int = field(default=0, init=False, repr=False)
     tel_meta: int = field(default=0, init=False, repr=False)
+    # the key the scheduler holding the task keeps it under (``key`` when it took the task
+    # in; None before): its node core's path checks the task by it (``preempt_task``)
+    # without making the 128-bit int again
+    held_key: int | None = field(default=None, init=False, repr=False)
 
     @property
     def key(self) -> int:

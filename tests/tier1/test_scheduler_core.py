@@ -539,3 +539,46 @@ def test_stats_count_decisions_and_describe_every_field() -> None:
     assert (st.running, st.queue_len, st.free_slots) == (1, 1, 0)
     desc = type(st).describe()
     assert set(desc) == set(st.as_dict()) and all(v.strip() for v in desc.values())
+
+
+def test_a_task_taken_in_keeps_the_key_it_is_held_under() -> None:
+    s, _ = make(1, node_id=3)
+    t = Task(id=7, job=0, priority=10, cost_ns=1, origin=9)
+    assert t.held_key is None  # not held yet
+    s.dispatch(t)
+    assert t.held_key == t.key == (9 << 64) | 7
+    assert s.lookup(7, 9) is t
+
+
+def test_preempt_task_decides_as_preempt_and_refuses_a_task_not_held() -> None:
+    s, _ = make(1)
+    t = T(1, prio=10)
+    s.dispatch(t)
+    s.dispatch(T(2, prio=5))  # queued: takes the slot the PREEMPT frees
+    acts = s.preempt_task(t)
+    assert first(acts, Preempt) == Preempt(t, 0, None, False)
+    assert started(acts) == [(2, 0)]
+    assert t.state is TaskState.PREEMPTING
+    # a task of the same id and origin that is not the one held, one never taken in, and
+    # one no longer held (completed) are refused, and nothing changes
+    with pytest.raises(UnknownTaskError):
+        s.preempt_task(T(2, prio=5))
+    with pytest.raises(UnknownTaskError):
+        s.preempt_task(T(3))
+    s.yielded(1, 0)
+    done = s.lookup(2)
+    assert done is not None
+    s.complete(2)  # task 1 starts again
+    with pytest.raises(UnknownTaskError):
+        s.preempt_task(done)
+    assert [x.id for x in s.running()] == [1]
+
+
+def test_preempt_task_with_cancel_drops_a_queued_task_by_its_held_key() -> None:
+    s, _ = make(1)
+    s.dispatch(T(1, prio=10))
+    q = T(2, prio=5)
+    s.dispatch(q)
+    assert first(s.preempt_task(q, True), Cancel) == Cancel(q)
+    assert s.lookup(2) is None and q.state is TaskState.CANCELLED
+    assert s.stats().queue_len == 0
