@@ -56,8 +56,10 @@ cdef class NodeCore:
     # a bound method the hot path calls (made once, not per message)
     cdef object _seen
 
-    @cython.locals(kind=int, src=int, far=bint, out=list, sched=Scheduler, shunned=set,
-                   sent=cython.ulonglong, flags=int, cancel=bint, origin=object)
+    # src: one int object, made once (it goes to Python code several times: a C int would be
+    # converted each time, a new object for node ids above 256)
+    @cython.locals(kind=int, src=object, far=bint, out=list, sched=Scheduler, shunned=set,
+                   sent=cython.ulonglong, flags=int, cancel=bint, origin=object, tid=object)
     cpdef list receive(self, Message m, peer, now)
     @cython.locals(nxt=cython.longlong)
     cdef list _relay(self, Message m, peer)

@@ -442,8 +442,9 @@ class NodeCore:
             elif kind == _SYNC_READY:  # SyncReady: id=group, arg0=step, arg1=sent, arg2=member
                 return self._sync_msg(m.id, m.flags, m.arg0, m.arg1, m.arg2)
             elif kind == _COMPLETE:  # Complete: id=task (this node's), job, runtime, ...
-                sched.remote_complete(src, m.id)
-                out.append(CompleteNotice(m.id, src))
+                tid = m.id
+                sched.remote_complete(src, tid)
+                out.append(_new(CompleteNotice, (tid, src)))
             elif kind != _HEARTBEAT:  # a heartbeat is all in `seen` above
                 self._reject("unknown-kind", f"kind {kind} from node {src}")
         except (SchedulerError, ValueError) as exc:
