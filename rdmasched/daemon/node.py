@@ -751,8 +751,8 @@ class Node:
             return
         # the same, with the stage probe's points 2, 3 and 5 (rdmasched/daemon/probe.py)
         probe.mark(2)
-        if m.kind == _PREEMPT:
-            probe.preempt_seen(m.arg0)
+        if probe.wants_trigger and m.kind == _PREEMPT:  # (only StageClock: the others would
+            probe.preempt_seen(m.arg0)  # count the int and the call in the core stage)
         effects = self.core.receive(m, peer, self.clock())
         probe.mark(3)
         if effects:

@@ -51,6 +51,10 @@ STAGES = {
 class Probe:
     """A probe that does nothing (the base: drivers call `mark` and `preempt_seen`)."""
 
+    #: the driver calls `preempt_seen` with a PREEMPT's trigger stamp (an int made, a
+    #: Python call: inside the core stage, so only a probe that uses it asks for it)
+    wants_trigger = False
+
     def mark(self, point: int) -> None:
         """The path reached `point`."""
 
@@ -60,6 +64,8 @@ class Probe:
 
 class StageClock(Probe):
     """Per PREEMPT: trigger, polled, taken, decided, handler entered (ns), up to `keep`."""
+
+    wants_trigger = True
 
     def __init__(self, clock: Callable[[], int], keep: int = 1_000_000) -> None:
         self.clock = clock

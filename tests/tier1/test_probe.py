@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from rdmasched.daemon.probe import StageClock, StageCounter
+from rdmasched.daemon.probe import AllocCounter, Probe, StageClock, StageCounter
 from rdmasched.daemon.tuning import LoopTuning
 from rdmasched.errors import ArgumentError
 
@@ -33,6 +33,15 @@ def test_the_stage_clock_records_one_row_per_preempt_whose_handler_ran() -> None
     assert st["polled -> taken"] == [10, 40]
     assert st["taken -> decided"] == [10, 10] and st["decided -> handler"] == [10, 10]
     assert st["written -> handler"] == [80, 100]
+
+
+def test_only_the_stage_clock_asks_for_the_trigger_stamp() -> None:
+    # the driver reads a PREEMPT's trigger stamp (an int made) and calls preempt_seen inside
+    # the core stage only for a probe that uses it: the counters count the path without it
+    # (tests/tier2/test_bench_stages.py runs the stage clock on the real path)
+    assert StageClock(lambda: 0).wants_trigger
+    assert not Probe().wants_trigger
+    assert not AllocCounter.wants_trigger and not StageCounter.wants_trigger
 
 
 def test_the_stage_counter_counts_only_its_stage() -> None:
