@@ -400,8 +400,11 @@ class SyncGroups:
         if st is None:
             return
         if self.topology is None:
-            if all(m in st.ready for m in g.members if m not in g.dead):
-                self._release(g, step, st.last, None, out)
+            ready, dead = st.ready, g.dead
+            for m in g.members:  # (a loop, not all() over a generator: no object made)
+                if m not in ready and m not in dead:
+                    return
+            self._release(g, step, st.last, None, out)
             return
         if me not in g.members:
             return  # not in the tree: it combines nothing
@@ -447,10 +450,13 @@ class SyncGroups:
         g.history[step] = trigger
         if len(g.history) > HISTORY:
             del g.history[min(g.history)]
-        st = g.steps.get(step)
+        steps = g.steps
+        st = steps.pop(step, None)
         reporters = () if st is None else sorted(st.by)
-        for s in [s for s in g.steps if s <= step]:
-            del g.steps[s]
+        # the partial reports of earlier steps go too (a list made only when there are some)
+        if steps and min(steps) < step:
+            for s in [s for s in steps if s < step]:
+                del steps[s]
         self.releases += 1
         if self.topology is not None and self.me not in g.dead:
             m = self._release_msg(g, step, trigger)

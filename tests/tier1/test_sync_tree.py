@@ -384,3 +384,24 @@ def test_the_tree_layout_is_shared_and_the_view_is_per_node() -> None:
     other = sync.SyncGroups(0, Topology.generate(nodes=64, leaf=16, pod=32))
     other.define(GROUP, members)
     assert other.groups[GROUP].layout is not groups[0].layout
+
+
+def test_a_release_drops_the_partial_reports_of_earlier_steps() -> None:
+    # without a topology: node 0 of {0, 1, 2}; step 0 never completes (2 skips it), step 1
+    # and 3 do; each release forgets the steps up to it and keeps the later ones
+    s = sync.SyncGroups(0, None)
+    s.define(GROUP, [0, 1, 2])
+    assert s.receive(GROUP, 0, 0, 100, 1) == []  # step 0: only 1
+    s.receive(GROUP, 0, 2, 150, 1)  # step 2 reported by 1 only
+    s.receive(GROUP, 0, 4, 160, 2)  # step 4 reported by 2 only
+    s.ready(GROUP, 1, 200)
+    s.receive(GROUP, 0, 1, 210, 1)
+    out = s.receive(GROUP, 0, 1, 220, 2)
+    assert out == [sync.Release(GROUP, 1, 220)]
+    g = s.groups[GROUP]
+    assert sorted(g.steps) == [2, 4] and s.released(GROUP) == 1
+    assert s.receive(GROUP, 0, 0, 230, 2) == [] and s.stale == 1  # step 0 is gone
+    s.ready(GROUP, 3, 300)
+    s.receive(GROUP, 0, 3, 310, 1)
+    assert s.receive(GROUP, 0, 3, 320, 2) == [sync.Release(GROUP, 3, 320)]
+    assert sorted(g.steps) == [4]
