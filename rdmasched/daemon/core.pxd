@@ -16,6 +16,10 @@ from rdmasched.scheduler.core cimport Scheduler
 # the wire's kinds and flags, and _next_hop's "off the route", as C constants
 cdef int _DISPATCH, _PREEMPT, _SYNC_READY, _COMPLETE, _HEARTBEAT, _CANCEL, _JOB, _SUBMITTED
 cdef long long _OFF_ROUTE
+cdef unsigned long long _SYNC_BASE
+
+@cython.locals(g=cython.ulonglong, s=cython.ulonglong)
+cpdef object sync_task_id(group, step)
 
 
 cdef class NodeCore:
@@ -68,7 +72,7 @@ cdef class NodeCore:
     cdef long long _next_hop(self, src, dst) except? -3
     cpdef _send(self, dst, message)
     cdef _dispatch_msg(self, task, bint submitted)
-    @cython.locals(t=object, trigger=object, load=cython.longlong)
+    @cython.locals(t=object, load=cython.longlong)
     cdef list _act(self, list actions, list out=*)
     cdef _reject(self, str reason, str detail)
     cdef list _sync_msg(self, group, flags, step, sent, node)

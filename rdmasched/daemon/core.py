@@ -89,6 +89,7 @@ IMPLEMENTATION = "python" if __file__.endswith(".py") else "compiled"
 _DISPATCH, _PREEMPT, _SYNC_READY = int(Kind.DISPATCH), int(Kind.PREEMPT), int(Kind.SYNC_READY)
 _COMPLETE, _HEARTBEAT = int(Kind.COMPLETE), int(Kind.HEARTBEAT)
 _CANCEL, _JOB, _SUBMITTED = int(Flag.CANCEL), int(Flag.JOB), int(Flag.SUBMITTED)
+_NOT_SYNC_FLAGS = ~_SYNC_FLAGS  # (a negative int: computed per message, it was a new object)
 
 #: _next_hop: this node is not on the route of the pair (a message sent around a dead node)
 _OFF_ROUTE = -2
@@ -103,8 +104,14 @@ MAX_RELAYS = 4
 ROUTE_CACHE_MAX = 1 << 16
 
 
+#: SYNC_ID_BASE again, a C constant when compiled (core.pxd): sync_task_id makes one int
+_SYNC_BASE = SYNC_ID_BASE
+
+
 def sync_task_id(group: int, step: int) -> int:
-    return SYNC_ID_BASE | ((group & 0x7FFFFFFF) << 32) | (step & 0xFFFFFFFF)
+    g = group & 0x7FFFFFFF  # (compiled, g and s are C integers: the id is the only int made)
+    s = step & 0xFFFFFFFF
+    return _SYNC_BASE | (g << 32) | s
 
 
 # ---- effects ---------------------------------------------------------------------------------
@@ -698,7 +705,7 @@ class NodeCore:
     def _sync_msg(self, group: int, flags: int, step: int, sent: int, node: int) -> list[Effect]:
         """A SYNC_READY (id=group, flags, arg0=step, arg1=sent, arg2=member or sender):
         to the sync protocol, or kept (bounded) if `group` is not defined here yet."""
-        if flags & ~_SYNC_FLAGS:
+        if flags & _NOT_SYNC_FLAGS:
             self._reject("bad-flags", f"SYNC_READY of group {group} with flags {flags:#x}")
             return []
         if group in self.groups:
@@ -764,14 +771,14 @@ class NodeCore:
         load hint if it changed."""
         if out is None:
             out = []
-        trigger = self._trigger_ns
         a: Any
         for a in actions:
             t = type(a)
             if t is Start:
                 out.append(a if a.task.group is None else _new(RunSync, (a.task, a.slot)))
             elif t is Preempt:
-                out.append(_new(PreemptTask, (a.victim, a.slot, a.cancel, trigger)))
+                # (the trigger made an int only here: a start carries none)
+                out.append(_new(PreemptTask, (a.victim, a.slot, a.cancel, self._trigger_ns)))
             elif t is Forward:
                 self._place(a.peer, self._dispatch_msg(a.task, True), out)
             elif t is Cancel:

@@ -150,7 +150,8 @@ _COUNTERS = (
 _NOT_DECISIONS = frozenset({"completions", "sync_reports", "starved_starts"})
 _NEVER = 1 << 127
 
-# the rules that decide, as plain ints for the ring (events.Rule names them, RULE_TEXT says them)
+# the rules that decide, as plain ints for the ring (events.Rule names them, RULE_TEXT says them;
+# reading a Rule member makes an object each time: read once here)
 R_FREE = int(Rule.FREE_SLOT)
 R_HEAD = int(Rule.HEAD)
 R_STARVED = int(Rule.STARVED)
@@ -163,6 +164,14 @@ R_PEER_CANCEL = int(Rule.PEER_CANCEL)
 R_YIELDED = int(Rule.YIELDED)
 R_DONE = int(Rule.DONE)
 R_OTHER = int(Rule.OTHER)
+R_DONE_PREEMPTING = int(Rule.DONE_PREEMPTING)
+R_PREEMPT_QUEUED = int(Rule.PREEMPT_QUEUED)
+R_ALREADY_PREEMPTING = int(Rule.ALREADY_PREEMPTING)
+R_GROUP_COMPLETE = int(Rule.GROUP_COMPLETE)
+R_LIGHTER_PEER = int(Rule.LIGHTER_PEER)
+R_PLACED_ON = int(Rule.PLACED_ON)
+R_BACK_TO_ORIGIN = int(Rule.BACK_TO_ORIGIN)
+R_DONE_ON_PEER = int(Rule.DONE_ON_PEER)
 #: the ring's words are u64; a value that does not fit is recorded as absent
 _U64 = U64_MAX
 # the event layout's constants again, as C constants when compiled (core.pxd types them):
@@ -462,7 +471,7 @@ class Scheduler:
             self._outranked.discard(key)
             task.state = _DONE
             self._n_completions += 1
-            self._rec(now, D_COMPLETE, int(Rule.DONE_PREEMPTING), task, -1, None, 0, 0)
+            self._rec(now, D_COMPLETE, R_DONE_PREEMPTING, task, -1, None, 0, 0)
             return []
         self._reject(
             TaskStateError(f"complete of task {task_id} that is {state.name.lower()}"),
@@ -594,7 +603,7 @@ class Scheduler:
                     out.append(_new(Cancel, (t,)))
                 else:
                     self._n_keeps += 1
-                    self._rec(now, D_KEEP, int(Rule.PREEMPT_QUEUED), t, -1, None, 0, 0)
+                    self._rec(now, D_KEEP, R_PREEMPT_QUEUED, t, -1, None, 0, 0)
             elif t.state is _PREEMPTING and cancel:
                 t.state = _CANCELLING  # dropped instead of requeued when it yields
                 if drop:
@@ -604,7 +613,7 @@ class Scheduler:
                 self._note(now, D_PREEMPT, rule, t, NO_TASK, why)
             elif (t.state is _PREEMPTING or t.state is _CANCELLING) and not drop:
                 self._n_keeps += 1
-                self._rec(now, D_KEEP, int(Rule.ALREADY_PREEMPTING), t, -1, None, 0, 0)
+                self._rec(now, D_KEEP, R_ALREADY_PREEMPTING, t, -1, None, 0, 0)
         for t in targets:
             if t.state is _RUNNING:
                 slot: int = t.slot  # type: ignore[assignment]
@@ -705,7 +714,7 @@ class Scheduler:
         g.pending = {s: m for s, m in g.pending.items() if s > step}
         g.released = step
         self._n_sync_releases += 1
-        self._rec(now, D_RELEASE, int(Rule.GROUP_COMPLETE), task, -1, None, 0, 0)
+        self._rec(now, D_RELEASE, R_GROUP_COMPLETE, task, -1, None, 0, 0)
         return self._place(task, now, key)
 
     def pending_sync(self, group: int) -> dict[int, frozenset[int]]:
@@ -751,7 +760,7 @@ class Scheduler:
         if origin == self.node_id:
             peers.hold(peer, task)  # the origin alone keeps track of where its task is
         self._n_forwards += 1
-        self._rec(now, D_FORWARD, int(Rule.LIGHTER_PEER), task, -1, None, 0, 0)
+        self._rec(now, D_FORWARD, R_LIGHTER_PEER, task, -1, None, 0, 0)
         loser = lost[0] if lost else -1
         self._peer_note(peer, loser, loads[peer], loads[loser] if lost else 0, mine)
         return [_new(Forward, (task, peer))]
@@ -766,7 +775,7 @@ class Scheduler:
         if self._peers is not None:
             self._peers.hold(peer, task)
         self._n_forwards += 1
-        self._rec(now, D_FORWARD, int(Rule.PLACED_ON), task, -1, None, 0, 0)
+        self._rec(now, D_FORWARD, R_PLACED_ON, task, -1, None, 0, 0)
         self._peer_note(peer, -1, 0, 0, 0)
 
     def receive(self, task: Task, peer: int, submitted: bool = True) -> list[Action]:
@@ -794,7 +803,7 @@ class Scheduler:
             self._note(
                 self._clock(),
                 D_FORWARD,
-                int(Rule.BACK_TO_ORIGIN),
+                R_BACK_TO_ORIGIN,
                 task,
                 NO_TASK,
                 f"back to origin: {exc}",
@@ -870,7 +879,7 @@ class Scheduler:
                 now,
             )
         self._n_completions += 1
-        self._note(now, D_COMPLETE, int(Rule.DONE_ON_PEER), None, task_id, None)
+        self._note(now, D_COMPLETE, R_DONE_ON_PEER, None, task_id, None)
         self._peer_note(peer, -1, 0, 0, 0)
 
     # --- views ----------------------------------------------------------------------------

@@ -158,3 +158,15 @@ def test_the_compiled_node_core_is_an_extension_type() -> None:
     c = Cluster(1, core=core).cores[0]
     with pytest.raises(AttributeError):
         c.not_an_attribute = 1  # type: ignore[attr-defined]  # typed fields, no __dict__
+
+
+@pytest.mark.parametrize(
+    ("group", "step"),
+    [(0, 0), (4, 7), (0x7FFFFFFF, 0xFFFFFFFF), (1 << 31, 1 << 32), (-1, 3), (5, (1 << 70) + 9)],
+)
+def test_sync_task_ids_keep_the_group_and_step_bits(group: int, step: int) -> None:
+    # a sync task's id: bit 63, then the group's low 31 bits, then the step's low 32 (core.py
+    # computes it in C when compiled; the same for any int as the plain-Python module)
+    want = (1 << 63) | ((group & 0x7FFFFFFF) << 32) | (step & 0xFFFFFFFF)
+    assert core.sync_task_id(group, step) == want
+    assert _pure_core().sync_task_id(group, step) == want
