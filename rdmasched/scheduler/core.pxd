@@ -12,7 +12,7 @@ from rdmasched.scheduler.task cimport Task
 
 # the event layout's constants (core.py checks them against events.py at import)
 cdef Py_ssize_t _WORDS
-cdef unsigned int _F_TASK, _F_TASK_JOB, _F_BEATEN, _F_STEP, _F_CAUSE, _SYNC_P
+cdef unsigned int _F_TASK, _F_TASK_JOB, _F_BEATEN, _F_STEP, _F_CAUSE, _F_PEER, _SYNC_P
 # the cause and placement words' masks (cause(), _peer_note())
 cdef unsigned long long _LOW32, _WORD_MAX, _NO_PEER
 cdef tuple _NEG

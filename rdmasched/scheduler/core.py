@@ -182,6 +182,7 @@ _F_TASK_JOB = 1 | 32
 _F_BEATEN = 2
 _F_STEP = 16
 _F_CAUSE = 128
+_F_PEER = 8
 _SYNC_P = 255
 # and the masks of the cause and placement words: compiled, C constants, so that ``cause()``
 # and ``_peer_note()`` compute their words in C and make no int per message (a literal
@@ -189,12 +190,13 @@ _SYNC_P = 255
 _LOW32 = 0xFFFFFFFF
 _WORD_MAX = U64_MAX
 _NO_PEER = 0xFFFFFFFF
-if (_WORDS, _F_TASK, _F_TASK_JOB, _F_STEP, _F_CAUSE, _SYNC_P, _NO_PEER) != (
+if (_WORDS, _F_TASK, _F_TASK_JOB, _F_STEP, _F_CAUSE, _F_PEER, _SYNC_P, _NO_PEER) != (
     WORDS,
     F_TASK,
     F_TASK | F_JOB,
     F_STEP,
     F_CAUSE,
+    F_PEER,
     SYNC_PRIORITY,
     NO_PEER,
 ):
@@ -1138,7 +1140,7 @@ class Scheduler:
         self._ev[b + 10] = (
             (peer_load & 0xFFFF) | ((lost_load & 0xFFFF) << 16) | ((mine & 0xFFFF) << 32)
         )
-        self._ev[b + 1] |= F_PEER << 16
+        self._ev[b + 1] |= _F_PEER << 16
 
     def _read(self) -> Iterator[Event]:
         """The events in the ring, oldest first, decoded."""
