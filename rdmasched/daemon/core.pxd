@@ -72,8 +72,11 @@ cdef class NodeCore:
     cdef long long _next_hop(self, src, dst) except? -3
     cpdef _send(self, dst, message)
     cdef _dispatch_msg(self, task, bint submitted)
-    @cython.locals(t=object, load=cython.longlong)
+    @cython.locals(t=object, i=Py_ssize_t)
     cdef list _act(self, list actions, list out=*)
+    cdef object _effect(self, a)
+    @cython.locals(load=cython.longlong)
+    cdef list _load_changed(self, list out)
     cdef _reject(self, str reason, str detail)
     cdef list _sync_msg(self, group, flags, step, sent, node)
     cdef list _sync(self, list outs)

@@ -425,10 +425,10 @@ class NodeCore:
                 flags = m.flags
                 cancel = (flags & _CANCEL) != 0
                 if flags & _JOB:
-                    return self._act(sched.preempt(job=m.job, cancel=cancel), out)
+                    return self._act(sched.preempt(job=m.job, cancel=cancel))
                 t = self.resolve(m.id, None, src)
                 if t is not None:
-                    return self._act(sched.preempt_task(t, cancel), out)
+                    return self._act(sched.preempt_task(t, cancel))
             elif kind == _DISPATCH:
                 # Dispatch: id=task, job, priority, arg0=cost, arg1=progress, arg2=origin,
                 # hops, meta=payload, SUBMITTED
@@ -445,7 +445,7 @@ class NodeCore:
                     m.id, m.job, m.priority, m.arg0, m.arg1, m.meta, origin=origin, hops=m.hops
                 )
                 # Placed work may move on (back to its origin); work sent here is for here.
-                return self._act(sched.receive(task, src, bool(m.flags & _SUBMITTED)), out)
+                return self._act(sched.receive(task, src, bool(m.flags & _SUBMITTED)))
             elif kind == _SYNC_READY:  # SyncReady: id=group, arg0=step, arg1=sent, arg2=member
                 return self._sync_msg(m.id, m.flags, m.arg0, m.arg1, m.arg2)
             elif kind == _COMPLETE:  # Complete: id=task (this node's), job, runtime, ...
@@ -768,22 +768,45 @@ class NodeCore:
 
     def _act(self, actions: list[Action], out: list[Effect] | None = None) -> list[Effect]:
         """The scheduler's decisions as effects, in order (appended to `out`), and the
-        load hint if it changed."""
-        if out is None:
-            out = []
+        load hint if it changed.
+
+        Without `out`, when every action is one effect (starts and preemptions: the common
+        case), the effects are written over `actions` in place and that list is returned:
+        the scheduler hands over every list it returns (it keeps none), so the call makes
+        no second list."""
         a: Any
+        if out is None:
+            for a in actions:
+                t = type(a)
+                if t is not Start and t is not Preempt:
+                    out = []
+                    break
+            else:
+                for i in range(len(actions)):
+                    actions[i] = self._effect(actions[i])
+                self._trigger_ns = 0
+                return self._load_changed(actions)
         for a in actions:
             t = type(a)
-            if t is Start:
-                out.append(a if a.task.group is None else _new(RunSync, (a.task, a.slot)))
-            elif t is Preempt:
-                # (the trigger made an int only here: a start carries none)
-                out.append(_new(PreemptTask, (a.victim, a.slot, a.cancel, self._trigger_ns)))
+            if t is Start or t is Preempt:
+                out.append(self._effect(a))
             elif t is Forward:
                 self._place(a.peer, self._dispatch_msg(a.task, True), out)
             elif t is Cancel:
                 _log.info("node %d: task %d cancelled", self.me, a.task.id)
         self._trigger_ns = 0
+        return self._load_changed(out)
+
+    def _effect(self, a: Start | Preempt) -> Effect:
+        """The effect of a scheduler's `Start` (itself, or `RunSync` for a sync task) or
+        `Preempt` (`PreemptTask`, with the trigger of the input being handled)."""
+        if type(a) is Start:
+            return a if a.task.group is None else _new(RunSync, (a.task, a.slot))
+        # (the trigger made an int only here: a start carries none)
+        return _new(PreemptTask, (a.victim, a.slot, a.cancel, self._trigger_ns))
+
+    def _load_changed(self, out: list[Effect]) -> list[Effect]:
+        """`out`, with a `SetLoad` appended if the load hint changed."""
         load = self.scheduler.load_hint()
         if load != self._load:
             self._load = load

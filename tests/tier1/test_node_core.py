@@ -15,6 +15,7 @@ from rdmasched.daemon.core import (
     PreemptTask,
     RunSync,
     Send,
+    SetLoad,
     SetTimer,
     StartTask,
 )
@@ -271,3 +272,23 @@ def test_a_first_incarnation_is_not_answered_a_restarted_one_is() -> None:
     c = _core(1)
     answer = _heartbeats(c.receive(through_codec(from_a[0], src=0, dst=1), 0, MS))
     assert len(answer) == 1 and answer[0].incarnations["ack"] == 1
+
+
+def test_effects_follow_the_decisions_in_order_whether_or_not_each_is_one_effect() -> None:
+    # _act writes the effects over the scheduler's action list when every action is one
+    # effect (a start, a preemption) and makes a list otherwise (a cancel has none): the
+    # same effects, in the order of the decisions, either way; the trigger only on a
+    # preemption
+    c = Cluster(2, slots=1)
+    core = c.cores[1]
+    fx = core.dispatch(task(5, origin=1), c.now)
+    assert [type(e) for e in fx] == [StartTask, SetLoad] and fx[0].task.id == 5
+    fx = core.dispatch(task(6, origin=1, priority=20), c.now)  # preempts 5
+    assert [type(e) for e in fx] == [PreemptTask, StartTask]
+    assert (fx[0].victim.id, fx[0].slot, fx[0].cancel, fx[0].trigger_ns) == (5, 0, False, 0)
+    assert (fx[1].task.id, fx[1].slot) == (6, 0)
+    assert core.dispatch(task(7, origin=1, priority=5), c.now) == [SetLoad(2000)]  # queued
+    fx = core.preempt(None, 1, True, c.now)  # job 1: 7 cancelled, 6 stopped, 5 cancelling
+    assert [type(e) for e in fx] == [PreemptTask, SetLoad]
+    assert (fx[0].victim.id, fx[0].cancel, fx[0].trigger_ns) == (6, True, c.now)
+    assert fx[1] == SetLoad(0)
