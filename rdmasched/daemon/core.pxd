@@ -72,7 +72,7 @@ cdef class NodeCore:
     cdef long long _next_hop(self, src, dst) except? -3
     cpdef _send(self, dst, message)
     cdef _dispatch_msg(self, task, bint submitted)
-    @cython.locals(t=object, i=Py_ssize_t)
+    @cython.locals(t=object, i=Py_ssize_t, fx=list)
     cdef list _act(self, list actions, list out=*)
     cdef object _effect(self, a)
     @cython.locals(load=cython.longlong)

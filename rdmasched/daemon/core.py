@@ -782,10 +782,11 @@ class NodeCore:
                     out = []
                     break
             else:
-                for i in range(len(actions)):
-                    actions[i] = self._effect(actions[i])
+                fx: list[Any] = actions  # the same list: each action replaced by its effect
+                for i in range(len(fx)):
+                    fx[i] = self._effect(fx[i])
                 self._trigger_ns = 0
-                return self._load_changed(actions)
+                return self._load_changed(fx)
         for a in actions:
             t = type(a)
             if t is Start or t is Preempt:
@@ -797,7 +798,7 @@ class NodeCore:
         self._trigger_ns = 0
         return self._load_changed(out)
 
-    def _effect(self, a: Start | Preempt) -> Effect:
+    def _effect(self, a: Any) -> Effect:
         """The effect of a scheduler's `Start` (itself, or `RunSync` for a sync task) or
         `Preempt` (`PreemptTask`, with the trigger of the input being handled)."""
         if type(a) is Start:

@@ -77,9 +77,9 @@ class Task:
     tel_job: int = field(default=0, init=False, repr=False)
     tel_meta: int = field(default=0, init=False, repr=False)
     # the key the scheduler holding the task keeps it under (``key`` when it took the task
-    # in; None before): its node core's path checks the task by it (``preempt_task``)
-    # without making the 128-bit int again
-    held_key: int | None = field(default=None, init=False, repr=False)
+    # in; -1, never a key, before): its node core's path checks the task by it
+    # (``preempt_task``) without making the 128-bit int again
+    held_key: int = field(default=-1, init=False, repr=False)
 
     @property
     def key(self) -> int:

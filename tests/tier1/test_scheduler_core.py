@@ -544,7 +544,7 @@ def test_stats_count_decisions_and_describe_every_field() -> None:
 def test_a_task_taken_in_keeps_the_key_it_is_held_under() -> None:
     s, _ = make(1, node_id=3)
     t = Task(id=7, job=0, priority=10, cost_ns=1, origin=9)
-    assert t.held_key is None  # not held yet
+    assert t.held_key == -1  # not held yet (never a key)
     s.dispatch(t)
     assert t.held_key == t.key == (9 << 64) | 7
     assert s.lookup(7, 9) is t
