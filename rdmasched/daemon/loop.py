@@ -372,16 +372,18 @@ class Loop:
                 if got:
                     self.msgs_in += got
                     for m in batch:
-                        if stall is not None:
-                            now = clock()
-                            if now - last > stall:
-                                self._stalled(now - last)
-                            last = now
+                        # the clock was read just now, after the wait: it is read again
+                        # after each message, off the path from the lane to the handler
                         on_message(m, peer_of[m.lane])
                         while inbox:  # what its handlers asked for, before the next one
                             inbox.popleft()()
                         if probe is not None:  # point 6: the next message's turn
                             probe.mark(6)
+                        if stall is not None:
+                            now = clock()
+                            if now - last > stall:
+                                self._stalled(now - last)
+                            last = now
         finally:
             self._thread = None
 

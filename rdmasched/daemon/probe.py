@@ -18,7 +18,8 @@ point  where                                  stage that ends here
        for (its inbox)
 =====  =====================================  ==========================================
 
-From point 6 the loop takes the next message of the batch (the `Message` is made, point 2);
+From point 6 the loop reads its clock (its stall check) and takes the next message of the
+batch (the `Message` is made, point 2);
 after the batch's last, it polls again (point 0).
 
 Two probes use them:
