@@ -370,7 +370,6 @@ class Loop:
                     self._stalled(now - before - timeout_ns)
                 self.listened_ns = before if got >= cap else now
                 if got:
-                    self.msgs_in += got
                     for m in batch:
                         # the clock was read just now, after the wait: it is read again
                         # after each message, off the path from the lane to the handler
@@ -384,6 +383,7 @@ class Loop:
                             if now - last > stall:
                                 self._stalled(now - last)
                             last = now
+                    self.msgs_in += got  # counted after the batch: off the path to a handler
         finally:
             self._thread = None
 
