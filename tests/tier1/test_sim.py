@@ -329,6 +329,8 @@ def test_cli_central_baselines_up_to_a_size(capsys: pytest.CaptureFixture[str]) 
         ["--links", "carrier-pigeon"],
         ["--steps", "0"],
         ["--stall-ms", "0"],
+        ["--central-max-nodes", "-1"],
+        ["--central-max-nodes", "many"],
     ],
 )
 def test_cli_bad_arguments(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -381,6 +383,8 @@ def test_the_central_coordinator_refuses_a_sync_ready_of_a_stranger() -> None:
         m = coded(peer, 0, SyncReady(group, 0, member, sent_ns=0, job=group), 4)[0]
         coord.on_message(m, peer)
 
+    with pytest.raises(ValueError, match=r"members \[5\] unknown"):
+        coord.define_group(GROUP + 2, frozenset({0, 5}))  # node 5 is not decided for here
     ready(GROUP + 1, 0, 0)  # no such group
     ready(GROUP, 7, 0)  # not a member
     assert coord.rejected == 2
