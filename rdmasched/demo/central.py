@@ -210,8 +210,10 @@ class Executor:
         )
         self.loop.send(self.coord, *m.encode())
 
-    def sync_ready(self, step: int) -> None:
-        m = msg.SyncReady(GROUP, step, self.node, sent_ns=self.clock(), job=GROUP)
+    def sync_ready(self, step: int, group: int = GROUP) -> None:
+        """This node reached `step` of sync group `group` (the simulator's workloads have
+        one per job or per gradient bucket)."""
+        m = msg.SyncReady(group, step, self.node, sent_ns=self.clock(), job=group)
         self.loop.send(self.coord, *m.encode())
 
     def complete(self, task: Task, runtime_ns: int) -> None:

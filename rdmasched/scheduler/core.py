@@ -190,7 +190,7 @@ _SYNC_P = 255
 _LOW32 = 0xFFFFFFFF
 _WORD_MAX = U64_MAX
 _NO_PEER = 0xFFFFFFFF
-if (_WORDS, _F_TASK, _F_TASK_JOB, _F_STEP, _F_CAUSE, _F_PEER, _SYNC_P, _NO_PEER) != (
+if (_WORDS, _F_TASK, _F_TASK_JOB, _F_STEP, _F_CAUSE, _F_PEER, _SYNC_P, _NO_PEER, 0xFFFF) != (
     WORDS,
     F_TASK,
     F_TASK | F_JOB,
@@ -199,8 +199,9 @@ if (_WORDS, _F_TASK, _F_TASK_JOB, _F_STEP, _F_CAUSE, _F_PEER, _SYNC_P, _NO_PEER)
     F_PEER,
     SYNC_PRIORITY,
     NO_PEER,
+    LOAD_HINT_MAX,  # `_load` writes it as a literal
 ):
-    raise ImportError("scheduler/core.py and events.py disagree on the event layout")
+    raise ImportError("scheduler/core.py disagrees with events.py (event layout) or LOAD_HINT_MAX")
 
 
 def _help(text: str) -> dict[str, str]:

@@ -11,6 +11,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from rdmasched.cli import _int_range
 from rdmasched.demo.workload import WorkloadConfig
 from rdmasched.errors import ArgumentError
 from rdmasched.sim.links import PRESETS, preset
@@ -23,13 +24,11 @@ from rdmasched.sim.report import (
     format_table,
     plot,
 )
-from rdmasched.sim.run import SCHEDULERS, SimConfig, measure_central_call_ns, simulate
+from rdmasched.sim.run import CENTRAL, SCHEDULERS, SimConfig, measure_central_call_ns, simulate
 
 MAX_NODES = 1 << 20
 #: the default of --central-max-nodes: the baselines at every size
 CENTRAL_MAX_NODES = 0
-#: the schedulers whose decisions one coordinator makes
-CENTRAL = ("central", "k8s")
 
 
 def _sizes(text: str) -> list[int]:
@@ -80,24 +79,8 @@ def _positive(text: str) -> float:
     return v
 
 
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"not an integer >= 0: {text!r}")
-    return v
-
-
-def _pos_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"not an integer >= 1: {text!r}")
-    return v
+#: an integer >= 0, and one >= 1 (the command line's one parser of integer ranges)
+_count, _pos_int = _int_range(0), _int_range(1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

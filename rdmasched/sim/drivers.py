@@ -2,11 +2,11 @@
 
 - `CoreNode`: one node under rdmasched (or "fifo"): the real `NodeCore`, its effects carried
   out as the threaded `Node` carries them out (rdmasched/daemon/node.py, `_do`).
-- `central_cluster`: the demo's central coordinator (`rdmasched.demo.central.Coordinator`,
-  the same object, one `NodeCore` per node inside) and its `Executor`s, each on a small loop
-  shim (`SimLoop`) over the simulator's network. The "k8s" baseline is the same code with a
-  batch scheduler's costs: a scheduling decision takes 1/throughput, and messages are taken
-  in at the scheduler's cycle.
+- the central baseline (`Run._build_central`): the demo's central coordinator
+  (`rdmasched.demo.central.Coordinator`, the same object, one `NodeCore` per node inside)
+  and its `Executor`s, each on a small loop shim (`SimLoop`) over the simulator's network.
+  The "k8s" baseline is the same code with a batch scheduler's costs: a scheduling decision
+  takes 1/throughput, and messages are taken in at the scheduler's cycle.
 
 The workload is the demo's `Trainer` (rdmasched/demo/workload.py), unchanged, behind a
 backend that counts what conservation tests check and applies the node's slowdown.
@@ -32,9 +32,8 @@ from rdmasched.daemon.core import (
     SetTimer,
     StartTask,
 )
-from rdmasched.demo.central import Executor
 from rdmasched.demo.workload import GROUP, KIND_BACKGROUND, Trainer, WorkloadConfig, task_kind
-from rdmasched.messages import Heartbeat, SyncReady
+from rdmasched.messages import Heartbeat
 from rdmasched.scheduler import Task
 from rdmasched.sim.engine import Endpoint, Engine, Network
 from rdmasched.topology import Topology
@@ -315,12 +314,3 @@ class SimLoop:
             leave += self.send_cost_ns
             ep.busy_until = leave
         self.net.send(self.me, dst, out, 0, leave)
-
-
-class SimExecutor(Executor):
-    """The demo's executor, announcing readiness for any sync group (a trace has one
-    group per gradient bucket)."""
-
-    def sync_ready(self, step: int, group: int = GROUP) -> None:
-        m = SyncReady(group, step, self.node, sent_ns=self.clock(), job=group)
-        self.loop.send(self.coord, *m.encode())

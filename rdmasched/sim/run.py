@@ -20,7 +20,7 @@ from typing import Any
 
 from rdmasched import _wire
 from rdmasched.daemon.core import NodeCore
-from rdmasched.demo.central import Coordinator
+from rdmasched.demo.central import Coordinator, Executor
 from rdmasched.demo.workload import GROUP, WorkloadConfig
 from rdmasched.errors import ArgumentError
 from rdmasched.messages import Complete, Dispatch, SyncReady
@@ -29,7 +29,6 @@ from rdmasched.sim.drivers import (
     CoreNode,
     Ledger,
     Shaped,
-    SimExecutor,
     SimLoop,
     SimTrainer,
     make_core,
@@ -42,6 +41,8 @@ from rdmasched.wire import Kind
 from rdmasched.workload import Replicated, Workload, replicate
 
 SCHEDULERS = ("rdmasched", "fifo", "central", "k8s")
+#: the schedulers whose decisions one coordinator makes (the others: every node's own core)
+CENTRAL = ("central", "k8s")
 #: the stall window unless the k8s baseline needs more (SimConfig.stall_window_ms)
 STALL_MS = 5_000.0
 #: with several jobs, job j's sync group
@@ -257,10 +258,10 @@ class Run:
         self.cores: list[NodeCore] = []
         t0, c0 = time.perf_counter(), time.process_time()
         with _few_collections():
-            if cfg.scheduler in ("rdmasched", "fifo"):
-                self._build_cores()
-            else:
+            if cfg.scheduler in CENTRAL:
                 self._build_central()
+            else:
+                self._build_cores()
         self.build_s = time.perf_counter() - t0
         self.build_cpu_s = time.process_time() - c0
 
@@ -357,10 +358,10 @@ class Run:
         eps[me] = Endpoint(eng, me, call, coord.on_message, period_ns=period, cost=cost)
         net.endpoints[me] = eps[me]
         self._coord_node = me
-        self.executors: list[SimExecutor] = []
+        self.executors: list[Executor] = []
         for i in range(n):
             loop = SimLoop(eng, net, i, lambda i=i: eps[i])  # type: ignore[misc]
-            ex = SimExecutor(loop, i, me)  # type: ignore[arg-type]
+            ex = Executor(loop, i, me)  # type: ignore[arg-type]
             eps[i] = Endpoint(eng, i, cfg.links.cpu_ns, ex.on_message)
             net.endpoints[i] = eps[i]
             backend = Shaped(ex, i, self.factors[i], False, self.ledger, eps[i], self.group_of(i))
