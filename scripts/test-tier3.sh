@@ -37,5 +37,21 @@ echo "-- one VM: tier 3 and the verbs conformance tests"
 tests/vm/run-in-vm.sh --results "$RESULTS/vm1" --env RDMASCHED_REQUIRE_RDMA=1 -- \
     'python3 -m pytest -p no:cacheprovider -q -m tier3 tests/tier3 tests/conformance --ignore=tests/tier3/test_two_hosts.py --ignore=tests/tier3/test_two_hosts_bench.py --junitxml=$RDMASCHED_RESULTS/tier3.xml'
 echo "-- two VMs: one node per kernel over a virtual wire"
-tests/vm/run-in-vm.sh --hosts 2 --results "$RESULTS/vm2" --env RDMASCHED_REQUIRE_RDMA=1 -- \
-    'python3 -m pytest -p no:cacheprovider -q tests/tier3/test_two_hosts.py tests/tier3/test_two_hosts_bench.py --junitxml=$RDMASCHED_RESULTS/two-hosts.xml'
+# Exit 123 is the emulator's fault, not a test's: qemu's emulated NIC stopped taking packets
+# (a guest kernel's NETDEV WATCHDOG; tests/vm/README.md). The run is void and done again on
+# fresh VMs, at most WIRE_ATTEMPTS times; each void run's logs are kept in vm2-stalled-N.
+WIRE_ATTEMPTS=3
+for attempt in $(seq "$WIRE_ATTEMPTS"); do
+    rc=0
+    tests/vm/run-in-vm.sh --hosts 2 --results "$RESULTS/vm2" --env RDMASCHED_REQUIRE_RDMA=1 -- \
+        'python3 -m pytest -p no:cacheprovider -q tests/tier3/test_two_hosts.py tests/tier3/test_two_hosts_bench.py --junitxml=$RDMASCHED_RESULTS/two-hosts.xml' ||
+        rc=$?
+    [ "$rc" = 123 ] || exit "$rc"
+    rm -rf "$RESULTS/vm2-stalled-$attempt"
+    mv "$RESULTS/vm2" "$RESULTS/vm2-stalled-$attempt"
+    mkdir -p "$RESULTS/vm2"
+    echo "-- two VMs: run $attempt of $WIRE_ATTEMPTS was void (the virtual wire stalled;" \
+        "logs in $RESULTS/vm2-stalled-$attempt)" >&2
+done
+echo "tier 3 (two VMs): the virtual wire stalled in all $WIRE_ATTEMPTS runs" >&2
+exit 123

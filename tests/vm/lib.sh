@@ -8,7 +8,7 @@
 
 # Exit codes shared by the harness scripts (documented in tests/vm/README.md).
 # shellcheck disable=SC2034  # used by the scripts that source this file
-readonly VM_EXIT_USAGE=2 VM_EXIT_HOST=120 VM_EXIT_BOOT=121 VM_EXIT_SETUP=122 VM_EXIT_TIMEOUT=124
+readonly VM_EXIT_USAGE=2 VM_EXIT_HOST=120 VM_EXIT_BOOT=121 VM_EXIT_SETUP=122 VM_EXIT_WIRE=123 VM_EXIT_TIMEOUT=124
 
 # Seconds since the outermost harness script started (shared with the scripts it calls).
 VM_T0=${VM_T0:-$(printf '%(%s)T' -1)}
