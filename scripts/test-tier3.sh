@@ -48,8 +48,7 @@ for attempt in $(seq "$WIRE_ATTEMPTS"); do
         rc=$?
     [ "$rc" = 123 ] || exit "$rc"
     rm -rf "$RESULTS/vm2-stalled-$attempt"
-    mv "$RESULTS/vm2" "$RESULTS/vm2-stalled-$attempt"
-    mkdir -p "$RESULTS/vm2"
+    mv "$RESULTS/vm2" "$RESULTS/vm2-stalled-$attempt"  # (run-in-vm.sh makes vm2 anew)
     echo "-- two VMs: run $attempt of $WIRE_ATTEMPTS was void (the virtual wire stalled;" \
         "logs in $RESULTS/vm2-stalled-$attempt)" >&2
 done

@@ -166,6 +166,9 @@ EOF
 # qemu_esc PATH: PATH for a qemu option value (a comma is written twice).
 qemu_esc() { printf '%s' "${1//,/,,}"; }
 
+# console_log ROLE: the console log of the VM of ROLE ('' for one host).
+console_log() { printf '%s' "$results/vm-console${1:+-$1}.log"; }
+
 # start_vm ROLE: writes the job for the VM of ROLE ('' for one host) and starts qemu.
 start_vm() {
     local role=$1 name=${1:-vm} ctl res cpus mem
@@ -205,8 +208,8 @@ start_vm() {
         printf ' )\n'
     } >"$ctl/job.env"
 
-    local log=$results/vm-console.log
-    [[ -n $role ]] && log=$results/vm-console-$role.log
+    local log
+    log=$(console_log "$role")
     : >"$log"
     local -a console=(-chardev "file,id=console,path=$(qemu_esc "$log")" -serial chardev:console)
     ((shell)) && console=(-serial mon:stdio)
@@ -286,7 +289,7 @@ while :; do
     fi
     if ((hosts == 2)); then
         for role in "${roles[@]}"; do
-            if grep -q 'NETDEV WATCHDOG' "$results/vm-console-$role.log" 2>/dev/null; then
+            if grep -q 'NETDEV WATCHDOG' "$(console_log "$role")" 2>/dev/null; then
                 stalled_role=$role
                 break
             fi
@@ -336,7 +339,7 @@ for role in "${roles[@]}"; do
     name=${role:-vm}
     ctl=$run_dir/ctl-$name
     label="VM${role:+ $role}"
-    log=$results/vm-console${role:+-$role}.log
+    log=$(console_log "$role")
     stage=$(cat "$ctl/stage" 2>/dev/null || echo none)
     rc=''
     [[ -f $ctl/rc ]] && rc=$(<"$ctl/rc")
