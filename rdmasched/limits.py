@@ -1,0 +1,57 @@
+"""Every numeric bound of rdmasched, written once.
+
+A leaf module: it imports nothing of rdmasched, so any layer may import it (the wire, the
+ring's Python side, the cluster config, the scheduler, the API, the CLI, the simulator).
+Each bound carries the reason for its value; a check that several layers make (a lane's
+size) is a function here, and each layer turns its `ValueError` into its own error type.
+"""
+
+from __future__ import annotations
+
+#: task ids, arguments and incarnations are u64 on the wire
+U64_MAX = (1 << 64) - 1
+
+# ---- nodes and slots --------------------------------------------------------------------------
+#: node ids are 24-bit on the wire; 0xFFFFFF is reserved (a head naming it is malformed)
+NODE_MAX = 0xFFFFFF - 1
+#: the most nodes a cluster (and a topology) holds: 2**20, below the wire's u24 node ids.
+#: Past a few dozen nodes give a [topology]: without one every node holds a lane to every other.
+MAX_NODES = 1 << 20
+#: execution slots (GPUs) per node: a slot number is one byte in the event ring
+EXEC_SLOTS_MAX = 255
+
+# ---- priorities ---------------------------------------------------------------------------------
+#: priorities are 0..255, higher is more urgent; 255 is reserved for group sync tasks
+PRIORITY_MAX = 255
+SYNC_PRIORITY = 255
+#: the highest priority an ordinary (compute) task may carry
+COMPUTE_PRIORITY_MAX = 254
+
+# ---- jobs, groups, steps ----------------------------------------------------------------------
+#: `job` is a u32 in wire version 2
+JOB_MAX = 0xFFFFFFFF
+#: sync group ids are 0..2**31-1 (a sync task's id holds the group above the step)
+GROUP_MAX = (1 << 31) - 1
+#: steps are 0..2**32-1 (a sync task's id holds the step in its low 32 bits)
+STEP_MAX = (1 << 32) - 1
+
+# ---- lanes ----------------------------------------------------------------------------------------
+#: a lane holds a power of two of 64-byte slots in this range
+LANE_SLOTS_MIN = 16
+LANE_SLOTS_MAX = 1 << 20
+
+
+def check_lane_slots(nslots: object) -> int:
+    """The one lane-size rule: a power of two in LANE_SLOTS_MIN..LANE_SLOTS_MAX.
+
+    Returns `nslots`; raises ValueError (callers re-raise it as their own error type).
+    """
+    if (
+        type(nslots) is not int
+        or not LANE_SLOTS_MIN <= nslots <= LANE_SLOTS_MAX
+        or nslots & (nslots - 1)
+    ):
+        raise ValueError(
+            f"must be a power of two in {LANE_SLOTS_MIN}..{LANE_SLOTS_MAX}, not {nslots!r}"
+        )
+    return nslots
