@@ -1,4 +1,24 @@
-"""rdmasched: control messages as one-sided writes into per-node ring buffers."""
+"""rdmasched: control messages as one-sided writes into per-node ring buffers.
+
+The public namespace is two layers, both importable from here:
+
+- **Scheduling** (docs/DAEMON.md, docs/CLIENT.md): `Node`, a host's daemon
+  (rdmasched.daemon.node); `Client`, a training rank's handle on it (rdmasched.client),
+  with the same API (rdmasched.api); `LATER`, what a sync handler returns to keep its slot.
+  These load on first use (a module `__getattr__`), so that importing the lanes below does
+  not pull in the daemon.
+- **Lanes** (docs/PROTOCOL.md): `TxLane`, `RxLane`, `LaneSet`, `Batch` (rdmasched._ring),
+  `Message` and `Kind` (the wire), and the errors (rdmasched.errors).
+
+Everything else is reached through its module: `rdmasched.launch` (starting a host's
+daemon from the launcher's environment), `rdmasched.cluster`, `rdmasched.transport`,
+`rdmasched.telemetry`, `rdmasched.integrations.torch`. A module or name with a leading
+underscore is private.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from rdmasched._ring import Batch, LaneSet, RxLane, TxLane
 from rdmasched._wire import Message
@@ -15,10 +35,17 @@ from rdmasched.errors import (
 )
 from rdmasched.wire import Kind
 
+if TYPE_CHECKING:
+    from rdmasched.api import LATER
+    from rdmasched.client import Client
+    from rdmasched.daemon.node import Node
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "LATER",
     "Batch",
+    "Client",
     "ConfigError",
     "CorruptSlotError",
     "Kind",
@@ -29,8 +56,27 @@ __all__ = [
     "Message",
     "MessageError",
     "MessageTooLargeError",
+    "Node",
     "PeerDeadError",
     "RdmaschedError",
     "RxLane",
     "TxLane",
 ]
+
+#: the names loaded on first use: name -> the module that defines it
+_LAZY = {"Node": "rdmasched.daemon.node", "Client": "rdmasched.client", "LATER": "rdmasched.api"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rdmasched' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

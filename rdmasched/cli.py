@@ -585,7 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         action="append",
         default=[],
-        help="also a running node's events, from its metrics port (Node(metrics_port=...))",
+        help="also a running node's events, from its metrics port (rdmasched.launch.serve_metrics)",
     )
 
     # ---- mirror, top (docs/TELEMETRY.md, "Live mirror") -------------------------------------
@@ -608,7 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--live",
             metavar="HOST:PORT",
             action="append",
-            help="a running daemon's metrics port (Node(metrics_port=...)), polled; "
+            help="a running daemon's metrics port (rdmasched.launch.serve_metrics), polled; "
             "repeatable (default none)",
         )
         mp.add_argument(
@@ -1242,7 +1242,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     import threading
     import time
 
-    from rdmasched.daemon.clients import ClientHub
+    from rdmasched import launch
     from rdmasched.daemon.node import Node
 
     if (args.config is None) != (args.node is None):
@@ -1253,7 +1253,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
             args.config, int(args.node) if args.node.isdigit() else args.node, **policy
         )
     else:
-        node = Node.from_env(**policy)
+        node = launch.host_node(**policy)
     done = threading.Event()
 
     def stop(signum: int, frame: object) -> None:
@@ -1263,7 +1263,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         signal.signal(sig, stop)
     node.start()
     try:
-        hub = ClientHub(node, max_clients=args.max_clients).open()
+        hub = launch.serve(node, max_clients=args.max_clients)
         print(
             f"rdmasched daemon: node {node.id} ({node.spec.name}) of cluster "
             f"{node.cluster.name!r}, {node.spec.slots} slots, {len(node.cluster.nodes)} nodes; "

@@ -5,8 +5,7 @@ A node is a host, run as one daemon (`rdmasched daemon`, or started by local ran
 lanes, one each way. A `Client` has the API of a `Node` (docs/DAEMON.md): the same methods
 and the same handler contracts, so code written for a node runs on a rank::
 
-    from rdmasched.client import Client
-    from rdmasched.daemon.node import LATER
+    from rdmasched import LATER, Client
 
     client = Client.from_env()          # LOCAL_RANK's lanes of this host's daemon
     @client.on_dispatch
@@ -25,6 +24,10 @@ method may be called from any thread or from a handler. A rank gets the callback
 tasks only (and of other nodes' tasks placed on its slot). If the daemon goes away, every
 waiting call raises `DaemonGoneError` within `check_ms` (default 100 ms) of the reader thread
 running, and every later call raises it too.
+
+The messages a client and its daemon exchange, and their lanes' names, are the client-lane
+protocol (`rdmasched.clientproto`); the argument checks and handler types are the ones
+`Node` uses (`rdmasched.api`).
 """
 
 from __future__ import annotations
@@ -36,20 +39,25 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rdmasched import Kind
-from rdmasched import errors as _errors
 from rdmasched._ring import Batch, LaneSet, TxLane
 from rdmasched._shm import read_header
-from rdmasched.daemon.checks import (
-    U64_MAX,
-    check_bool,
-    check_callable,
-    check_int,
-    check_payload,
+from rdmasched.api import (
+    LATER,
+    CompleteHandler,
+    DispatchHandler,
+    PreemptHandler,
+    SyncHandler,
+    check_complete,
+    check_group,
+    check_members,
+    check_preempt,
+    check_step,
+    check_task,
 )
-from rdmasched.daemon.clients import (
+from rdmasched.clientproto import (
     NONE,
     OP_BYE,
     OP_COMPLETE,
@@ -70,8 +78,11 @@ from rdmasched.daemon.clients import (
     OP_YIELDED,
     bell_name,
     down_lane,
+    error_from,
+    preempt_flags,
     up_lane,
 )
+from rdmasched.daemon.checks import U64_MAX, check_callable, check_int
 from rdmasched.daemon.core import SYNC_ID_BASE
 from rdmasched.errors import (
     ArgumentError,
@@ -88,36 +99,21 @@ from rdmasched.scheduler.events import Decision
 from rdmasched.scheduler.task import TaskState
 from rdmasched.transport import shm
 
+if TYPE_CHECKING:
+    from rdmasched.api import NodeAPI
+
 __all__ = ["Client", "DaemonGoneError"]
 
 _log = logging.getLogger("rdmasched.client")
-
-DispatchHandler = Callable[[Task, int], None]
-PreemptHandler = Callable[[Task, int, bool], int]
-SyncHandler = Callable[[Task, int], object]
-CompleteHandler = Callable[[int, int], None]
-
-GROUP_MAX = (1 << 31) - 1
-STEP_MAX = (1 << 32) - 1
 
 
 class DaemonGoneError(PeerDeadError):
     """This host's daemon is not there (at connect) or went away (later)."""
 
 
-def _error(kind: str, text: str) -> RdmaschedError:
-    """The error a daemon reported, as the same class when rdmasched has it."""
-    cls = getattr(_errors, kind, None)
-    if isinstance(cls, type) and issubclass(cls, RdmaschedError):
-        return cls(text)
-    if kind == "DuplicateTaskError" or kind.endswith("Error"):
-        return ArgumentError(f"{kind}: {text}")
-    return RdmaschedError(f"{kind}: {text}")
-
-
 class Client:
     """Client `index` (the rank's LOCAL_RANK) of the daemon at `endpoint` (`<cluster>.<host>`,
-    rdmasched.daemon.clients.endpoint_name)."""
+    rdmasched.clientproto.endpoint_name)."""
 
     def __init__(
         self,
@@ -353,7 +349,7 @@ class Client:
     ) -> None:
         """Run a task of this rank on this host if a slot is free, else on a lighter node,
         else queue it here. Its callbacks come to this rank."""
-        a = self._task_args(task_id, job, priority, cost_ns, payload)
+        a = check_task(task_id, job, priority, cost_ns, payload)
         self._send(Kind.DISPATCH, a[0], a[1], a[2], 0, a[3], hops=OP_SUBMIT, meta=payload)
 
     def dispatch(
@@ -367,7 +363,7 @@ class Client:
         payload: dict[str, Any] | None = None,
     ) -> None:
         """DISPATCH a task of this rank to node `to` (default: this host), no placement."""
-        a = self._task_args(task_id, job, priority, cost_ns, payload)
+        a = check_task(task_id, job, priority, cost_ns, payload)
         dst = NONE if to is None else self._node(to)
         self._send(Kind.DISPATCH, a[0], a[1], a[2], 0, a[3], dst, hops=OP_DISPATCH, meta=payload)
 
@@ -380,14 +376,10 @@ class Client:
         cancel: bool = False,
     ) -> None:
         """PREEMPT a task (or every task of `job`) on `node` (default: this host)."""
-        if (task_id is None) == (job is None):
-            raise ArgumentError("preempt needs exactly one of task_id and job")
-        check_bool("cancel", cancel)
-        tid = 0 if task_id is None else check_int("task_id", task_id)
-        j = 0 if job is None else check_int("job", job)
+        tid, j = check_preempt(task_id, job, cancel)
         dst = NONE if node is None else self._node(node)
-        flags = (1 if cancel else 0) | (2 if job is not None else 0)
-        self._send(Kind.PREEMPT, tid, j, 0, flags, 0, dst, hops=OP_PREEMPT)
+        flags = preempt_flags(cancel, j is not None)
+        self._send(Kind.PREEMPT, tid or 0, j or 0, 0, flags, 0, dst, hops=OP_PREEMPT)
 
     def define_group(
         self, group: int, members: Iterable[int | str], *, local: int | None = None
@@ -396,10 +388,8 @@ class Client:
         join it as one of this host's participants. This host is ready at a step once
         `local` participants (default: every client the daemon serves) said sync_ready.
         Waits for the daemon's answer: errors raise here."""
-        group = check_int("group", group, 0, GROUP_MAX)
-        if isinstance(members, str | bytes) or not isinstance(members, Iterable):
-            raise ArgumentTypeError(f"members must be node ids or names, not {members!r}")
-        mem = frozenset(self._node(m) for m in members)
+        group = check_group(group)
+        mem = frozenset(self._node(m) for m in check_members(members))
         if local is not None:
             local = check_int("local", local, 1, 255)
         old = self._groups.get(group)
@@ -413,8 +403,8 @@ class Client:
     def sync_ready(self, group: int, step: int) -> None:
         """This rank reached `step` of `group`; when all of the host's participants have,
         the host tells the group's members."""
-        group = check_int("group", group, 0, GROUP_MAX)
-        step = check_int("step", step, 0, STEP_MAX)
+        group = check_group(group)
+        step = check_step(step)
         if group not in self._groups:
             raise ArgumentError(f"sync_ready for group {group}, which define_group never declared")
         self._send(Kind.SYNC_READY, group, 0, 0, 0, step, hops=OP_READY)
@@ -422,8 +412,7 @@ class Client:
     def complete(self, task_id: int, *, origin: int | None = None, runtime_ns: int = 0) -> None:
         """The work of `task_id` finished (for another node's task: `origin=task.origin`;
         for a sync task whose `on_sync` returned LATER: its id)."""
-        task_id = check_int("task_id", task_id)
-        runtime_ns = check_int("runtime_ns", runtime_ns)
+        task_id, runtime_ns = check_complete(task_id, runtime_ns)
         o = NONE if origin is None else check_int("origin", origin)
         if task_id < SYNC_ID_BASE:
             self._running.pop((self.id if origin is None else o, task_id), None)
@@ -498,17 +487,6 @@ class Client:
         return True
 
     # ---- internals --------------------------------------------------------------------------
-    def _task_args(
-        self, task_id: int, job: int, priority: int, cost_ns: int, payload: Any
-    ) -> tuple[int, int, int, int]:
-        check_payload(payload)
-        return (
-            check_int("task_id", task_id, 0, SYNC_ID_BASE - 1),
-            check_int("job", job),
-            check_int("priority", priority, 0, 254),
-            check_int("cost_ns", cost_ns),
-        )
-
     def _node(self, node: int | str) -> int:
         if isinstance(node, str):
             if node not in self._nodes:
@@ -589,7 +567,7 @@ class Client:
         self._check()
         reply = box[0]
         if "err" in reply:
-            raise _error(*reply["err"])
+            raise error_from(*reply["err"])
         return reply.get("ok")
 
     # ---- the reader thread: the daemon's messages --------------------------------------------
@@ -705,8 +683,6 @@ class Client:
         return got
 
     def _run_sync(self, t: Task, slot: int) -> bool:
-        from rdmasched.daemon.node import LATER
-
         if self._sync is None:
             return True
         try:
@@ -725,3 +701,7 @@ class Client:
                 t.id,
             )
         return True
+
+
+if TYPE_CHECKING:
+    _satisfies: type[NodeAPI] = Client  # mypy: Client offers Node's API (rdmasched.api)

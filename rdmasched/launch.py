@@ -26,6 +26,11 @@ RDMASCHED_DEAD_AFTER_MS (docs/CONFIG.md's heartbeat_ms and dead_after_ms), RDMAS
 (under Slurm: a topology.conf, default /etc/slurm/topology.conf if it exists, cut down to
 the job's hosts: the cluster's [topology]; `job_topology`). A rank is
 client LOCAL_RANK (or SLURM_LOCALID) of the daemon at `<cluster>.<host>` (`client_endpoint`).
+
+Starting a host's daemon is this module's too: `host_node()` is this host's `Node`, and
+`serve(node)` what a started node runs to be the host's daemon (`rdmasched daemon` calls
+it): the client hub for the host's ranks and, given a port, the metrics server
+(`serve_metrics`). A node on its own (`Node(...)`) serves neither.
 """
 
 from __future__ import annotations
@@ -38,11 +43,16 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rdmasched.clientproto import endpoint_name, up_lane
 from rdmasched.cluster import MAX_NODES, ClusterConfig
-from rdmasched.daemon.clients import endpoint_name, up_lane
 from rdmasched.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rdmasched.daemon.clients import ClientHub
+    from rdmasched.daemon.node import Node
+    from rdmasched.telemetry.metrics import MetricsServer
 
 __all__ = [
     "client_endpoint",
@@ -50,6 +60,9 @@ __all__ = [
     "daemon_running",
     "host_cluster",
     "host_name",
+    "host_node",
+    "serve",
+    "serve_metrics",
     "slurm_hosts",
     "spawn_daemon",
 ]
@@ -250,6 +263,44 @@ def host_cluster(env: Mapping[str, str] | None = None) -> tuple[ClusterConfig, i
     if env.get("RDMASCHED_TRANSPORT") == "verbs":
         one["address"] = f"{_address(env, name)}:{_int(env, 'RDMASCHED_PORT', SLURM_PORT)}"
     return _config(env, [one], "environment (one host)"), 0
+
+
+def host_node(env: Mapping[str, str] | None = None, **kw: Any) -> Node:
+    """This host's daemon, a `Node` of the cluster of hosts `host_cluster` finds (a node is
+    a host: torchrun's hosts through its TCPStore, Slurm's through SLURM_JOB_NODELIST and
+    SLURM_NODEID); `kw` as `Node`'s. The ranks are its clients (`Client.from_env()`). The
+    old rank-per-node config is `Node(*ClusterConfig.from_env())`."""
+    from rdmasched.daemon.node import Node
+
+    cluster, node = host_cluster(env)
+    return Node(cluster, node, **kw)
+
+
+def serve(
+    node: Node, *, max_clients: int | None = None, metrics_port: int | None = None
+) -> ClientHub:
+    """Make a started `node` this host's daemon: serve its ranks (a `ClientHub` of
+    `max_clients`, default one per slot) and, given `metrics_port` (0: any free port), its
+    Prometheus metrics (`serve_metrics`). Both stop with the node. What `rdmasched daemon`
+    runs."""
+    from rdmasched.daemon.clients import ClientHub
+
+    hub = ClientHub(node, max_clients=max_clients).open()
+    if metrics_port is not None:
+        serve_metrics(node, metrics_port)
+    return hub
+
+
+def serve_metrics(node: Node, port: int, addr: str = "127.0.0.1") -> MetricsServer:
+    """Serve `node`'s Prometheus metrics and live events on `addr:port` (0: any free port;
+    the server is `node.metrics`, its port `node.metrics.port`); it stops with the node
+    (docs/TELEMETRY.md, "Metrics")."""
+    from rdmasched.telemetry.metrics import serve as serve_http
+
+    if node.metrics is None:
+        node.metrics = serve_http(node, port, addr)
+    server: MetricsServer = node.metrics
+    return server
 
 
 def _from_store(env: Mapping[str, str]) -> tuple[ClusterConfig, int]:

@@ -8,11 +8,17 @@ socket on the message path):
     up   <cluster>.<host>.c<k>.up     client k -> daemon, created by the daemon at start
     down <cluster>.<host>.c<k>.down   daemon -> client k, created by the client
 
-`<cluster>.<host>` is the daemon's **endpoint** (`endpoint_name`): the cluster's name and the
-host's node name. The daemon creates the up lanes of clients 0..max_clients-1 when it opens
-(one per slot by default; `k` is the rank's LOCAL_RANK), with a doorbell of its own, and one
-thread (`rdmasched-clients<id>`) waits on them; every message it reads is handed to the
-node's loop, which owns all the state below, so nothing here is shared between threads.
+`<cluster>.<host>` is the daemon's **endpoint**: the cluster's name and the host's node name.
+The lanes' names, the messages' ops and the error frames are the client-lane protocol,
+`rdmasched.clientproto`, which the client imports too. The daemon creates the up lanes of
+clients 0..max_clients-1 when it opens (one per slot by default; `k` is the rank's
+LOCAL_RANK), with a doorbell of its own, and one thread (`rdmasched-clients<id>`) waits on
+them; every message it reads is handed to the node's loop (`Node.call_soon`), which owns
+all the state below, so nothing here is shared between threads.
+
+The hub drives the node through its public surface: it takes over the node's handlers
+(`Node.handlers` are its fallback), feeds the node's core (`node.core`) what the clients ask
+and hands what the core decides to `Node.carry_out`, on the loop thread.
 
 A lane has one live sender (the shm transport refuses a second), so two processes cannot be
 client k at once. A client says HELLO on its up lane; the daemon attaches to the client's
@@ -41,7 +47,6 @@ it leaves its groups, its down lane is closed, and `stats()["clients_dead"]` cou
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import threading
 import time
@@ -51,6 +56,33 @@ from typing import TYPE_CHECKING, Any
 from rdmasched import Kind
 from rdmasched._ring import Batch, LaneSet, RxLane, TxLane
 from rdmasched._shm import read_header
+from rdmasched.api import LATER, Handlers
+from rdmasched.clientproto import (
+    NONE,
+    OP_BYE,
+    OP_COMPLETE,
+    OP_DISPATCH,
+    OP_DONE,
+    OP_ERROR,
+    OP_HELLO,
+    OP_PREEMPT,
+    OP_READY,
+    OP_REPLY,
+    OP_REQUEST,
+    OP_START,
+    OP_STOP,
+    OP_SUBMIT,
+    OP_SYNC,
+    OP_SYNC_DONE,
+    OP_WELCOME,
+    OP_YIELDED,
+    bell_name,
+    down_lane,
+    endpoint_name,
+    error_meta,
+    preempt_from_flags,
+    up_lane,
+)
 from rdmasched.daemon.core import SYNC_ID_BASE as _SYNC_ID_BASE
 from rdmasched.errors import (
     ArgumentError,
@@ -71,66 +103,9 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("rdmasched.clients")
 
-__all__ = ["ClientHub", "down_lane", "endpoint_name", "up_lane"]
-
-#: "no node" / "this node" in a u64 field
-NONE = (1 << 64) - 1
-
-# ---- the client protocol: the op of a message travels in its `hops` byte ----------------------
-# client -> daemon
-OP_HELLO = 1  # HEARTBEAT meta {"pid", "rank"}
-OP_BYE = 2  # HEARTBEAT
-OP_SUBMIT = 3  # DISPATCH id job priority arg0=cost meta=payload
-OP_DISPATCH = 4  # DISPATCH ... arg1=to node (NONE: here)
-OP_PREEMPT = 5  # PREEMPT id job flags(1 cancel, 2 by job) arg1=node (NONE: here)
-OP_READY = 6  # SYNC_READY id=group arg0=step
-OP_COMPLETE = 7  # COMPLETE id arg0=runtime arg1=origin (NONE: unnamed)
-OP_YIELDED = 8  # PREEMPT id arg0=progress arg2=origin: a preempt handler's answer
-OP_SYNC_DONE = 9  # SYNC_READY id=sync task id: this participant's on_sync is done
-OP_REQUEST = 10  # HEARTBEAT arg0=request id meta {"q": name, "a": [args]}
-# daemon -> client
-OP_WELCOME = 32  # HEARTBEAT meta {node, name, slots, cluster, client}
-OP_START = 33  # DISPATCH id job priority flags=slot arg0=cost arg1=progress arg2=origin meta
-OP_STOP = 34  # PREEMPT id job flags=slot arg0=progress arg1=cancel arg2=origin
-OP_SYNC = 35  # SYNC_READY id=sync task id job flags=slot arg0=group arg2=origin meta=payload
-OP_DONE = 36  # COMPLETE id=task arg0=node: a task this client submitted completed there
-OP_REPLY = 37  # HEARTBEAT arg0=request id meta {"ok": value} or {"err": [type, text]}
-OP_ERROR = 38  # HEARTBEAT meta {"err": [type, text]}: a request of this client was refused
+__all__ = ["ClientHub"]
 
 _STOPPING = (TaskState.PREEMPTING, TaskState.CANCELLING)
-_PREEMPT_CANCEL = 1
-_PREEMPT_JOB = 2
-
-
-def endpoint_name(cluster: str, host: str) -> str:
-    """The name a host's daemon is found by: `<cluster>.<host>` (cluster name, node name)."""
-    name = f"{cluster}.{host}"
-    try:
-        shm.lane_segment_name(up_lane(name, 0))
-    except ValueError:
-        raise ConfigError(
-            f"cluster {cluster!r} / host {host!r} do not make a daemon name: letters, digits, "
-            "'_', '.', '-' only"
-        ) from None
-    return name
-
-
-def up_lane(endpoint: str, k: int) -> str:
-    return f"{endpoint}.c{k}.up"
-
-
-def down_lane(endpoint: str, k: int) -> str:
-    return f"{endpoint}.c{k}.down"
-
-
-def bell_name(endpoint: str, who: str) -> str:
-    """A doorbell name (at most 21 characters) for `who` ("d" daemon, "c<k>" client k)."""
-    tag = hashlib.blake2s(endpoint.encode(), digest_size=4).hexdigest()
-    return f"{tag}.{who}"[:21]
-
-
-def error_meta(exc: BaseException) -> dict[str, Any]:
-    return {"err": [type(exc).__name__, str(exc)]}
 
 
 class _Client:
@@ -217,7 +192,7 @@ class ClientHub:
             raise
         self._set = lanes
         node = self.node
-        self._own = (node._dispatch, node._preempt, node._sync, node._complete)
+        self._own: Handlers = node.handlers
         node.on_dispatch(self._on_start)
         node.on_preempt(self._on_preempt)
         node.on_sync(self._on_sync)
@@ -303,10 +278,10 @@ class ClientHub:
 
     def _post(self, fn: Any) -> bool:
         """Hand `fn` to the node's loop; False once the node is gone."""
-        loop = self.node.loop
-        if loop is None or self.node.error is not None:
+        try:
+            self.node.call_soon(fn)
+        except RdmaschedError:  # stopped, or its loop failed
             return False
-        loop.post(fn)
         return True
 
     # ---- on the loop thread: messages from clients ------------------------------------------
@@ -347,7 +322,7 @@ class ClientHub:
             return
         node = self.node
         if op in (OP_SUBMIT, OP_DISPATCH):
-            task = node._checked_task(id, job, priority, arg0, meta)
+            task = node.new_task(id, job=job, priority=priority, cost_ns=arg0, payload=meta)
             if id in self.owner:
                 raise ArgumentError(
                     f"task {id} of this node is still held (submitted by client "
@@ -355,15 +330,14 @@ class ClientHub:
                 )
             self.owner[id] = k
             if op == OP_SUBMIT:
-                node._do(node.core.submit(task, node.clock()))
+                node.carry_out(node.core.submit(task, node.clock()))
             elif arg1 == NONE or arg1 == node.id:
-                node._do(node.core.dispatch(task, node.clock()))
+                node.carry_out(node.core.dispatch(task, node.clock()))
             else:
-                node._check_peer(arg1)
-                node._do(node.core.dispatch_to(arg1, task, node.clock()))
+                node.cluster.node(arg1)  # ConfigError for a node the cluster does not have
+                node.carry_out(node.core.dispatch_to(arg1, task, node.clock()))
         elif op == OP_PREEMPT:
-            cancel = bool(flags & _PREEMPT_CANCEL)
-            by_job = bool(flags & _PREEMPT_JOB)
+            cancel, by_job = preempt_from_flags(flags)
             node.preempt(
                 None if by_job else id,
                 job=job if by_job else None,
@@ -380,7 +354,7 @@ class ClientHub:
             if (origin is None or origin == node.id) and self.owner.get(id) == k:
                 del self.owner[id]
             self.running_on.pop((node.id if origin is None else origin, id), None)
-            node._do(node.core.complete(id, origin, arg0, node.clock()))
+            node.carry_out(node.core.complete(id, origin, arg0, node.clock()))
         elif op == OP_YIELDED:
             self.running_on.pop((arg2, id), None)
             t = node.scheduler.lookup(id, arg2)
@@ -446,7 +420,7 @@ class ClientHub:
         try:
             value: Any = None
             if q == "flush":  # after the calls queued on the loop before it
-                self.node._loop().post(
+                node.call_soon(
                     lambda: self._send(k, Kind.HEARTBEAT, arg0=rid, hops=OP_REPLY, meta={"ok": 0})
                 )
                 return
@@ -473,11 +447,6 @@ class ClientHub:
 
     # ---- sync groups ----------------------------------------------------------------------------
     def _define_group(self, k: int, group: int, members: list[Any], local: int | None) -> None:
-        node = self.node
-        mem = node._checked_members(group, members)
-        old = node._group_defs.get(group)
-        if old is not None and old != mem:
-            raise ArgumentError(f"group {group} is already defined, with members {sorted(old)}")
         want = self.max_clients if local is None else int(local)
         if not 1 <= want <= self.max_clients:
             raise ArgumentError(f"local must be 1..{self.max_clients} (clients), not {want}")
@@ -485,9 +454,9 @@ class ClientHub:
             raise ArgumentError(
                 f"group {group} waits for {self.local[group]} local participants here, not {want}"
             )
-        if old is None:
-            node._group_defs[group] = mem
-            node._do(node.core.define_group(group, mem, node.clock()))
+        # the node's own define_group: its checks, and nothing again for the same members
+        # (queued on the loop: it runs before anything the client sends after the answer)
+        self.node.define_group(group, members)
         self.local[group] = want
         self.participants.setdefault(group, set()).add(k)
         self.clients[k].groups.add(group)
@@ -511,7 +480,7 @@ class ClientHub:
             if len(self.announced) > 65536:  # steps long done
                 self.announced = {a for a in self.announced if a[1] + 1024 > step}
             node = self.node
-            node._do(node.core.sync_ready(group, step, node.clock()))
+            node.carry_out(node.core.sync_ready(group, step, node.clock()))
 
     def _sync_done(self, k: int, task_id: int) -> None:
         left = self.syncing.get(task_id)
@@ -521,7 +490,7 @@ class ClientHub:
         if not left:
             del self.syncing[task_id]
             node = self.node
-            node._do(node.core.complete(task_id, node.id, 0, node.clock()))
+            node.carry_out(node.core.complete(task_id, node.id, 0, node.clock()))
 
     # ---- the node's effects, routed to clients (loop thread) ------------------------------------
     def _client_for(self, task: Task, slot: int) -> int | None:
@@ -536,7 +505,7 @@ class ClientHub:
     def _on_start(self, task: Task, slot: int) -> None:
         k = self._client_for(task, slot)
         if k is None:
-            own = self._own[0]
+            own = self._own.dispatch
             if own is not None:
                 own(task, slot)
             else:  # no one to run it yet: it waits for the first client (_hand_over)
@@ -558,15 +527,13 @@ class ClientHub:
         )
 
     def _on_preempt(self, task: Task, slot: int, cancel: bool) -> Any:
-        from rdmasched.daemon.node import LATER
-
         key = (task.origin, task.id)
         if self.waiting.pop(key, None) is not None:  # it never ran: nothing to stop
             return task.progress_ns
         k = self.running_on.get(key)
         if k is None or k not in self.clients:
             self.running_on.pop((task.origin, task.id), None)
-            own = self._own[1]
+            own = self._own.preempt
             return own(task, slot, cancel) if own is not None and k is None else task.progress_ns
         self._send(
             k,
@@ -583,12 +550,10 @@ class ClientHub:
         return LATER  # its answer comes as OP_YIELDED
 
     def _on_sync(self, task: Task, slot: int) -> Any:
-        from rdmasched.daemon.node import LATER
-
         group = task.group if task.group is not None else 0
         parts = [k for k in sorted(self.participants.get(group, ())) if k in self.clients]
         if not parts:
-            own = self._own[2]
+            own = self._own.sync
             return own(task, slot) if own is not None else None
         self.syncing[task.id] = set(parts)
         for k in parts:
@@ -610,7 +575,7 @@ class ClientHub:
     def _on_complete(self, task_id: int, where: int) -> None:
         k = self.owner.pop(task_id, None)
         if k is None or k not in self.clients:
-            own = self._own[3]
+            own = self._own.complete
             if own is not None and k is None:
                 own(task_id, where)
             return
@@ -618,7 +583,7 @@ class ClientHub:
 
     def _yielded(self, task: Task, progress: int) -> None:
         node = self.node
-        node._do(node.core.preempted(task, progress, node.clock()))
+        node.carry_out(node.core.preempted(task, progress, node.clock()))
         if task.state is TaskState.CANCELLED and task.origin == node.id:
             self.owner.pop(task.id, None)
 
@@ -649,7 +614,7 @@ class ClientHub:
             self.msgs_out += 1
         except (LaneFullError, EpochError):
             c.outbox.append(args)
-            self.node._loop().call_later(200_000, lambda: self._flush(k))
+            self.node.call_later(200_000, lambda: self._flush(k))
         except PeerDeadError as exc:
             self.clients_dead += 1
             self._drop(k, str(exc))
@@ -662,7 +627,7 @@ class ClientHub:
             try:
                 c.tx.send(*c.outbox[0], timeout_us=0)
             except (LaneFullError, EpochError):
-                self.node._loop().call_later(200_000, lambda: self._flush(k))
+                self.node.call_later(200_000, lambda: self._flush(k))
                 return
             except PeerDeadError as exc:
                 self.clients_dead += 1
@@ -694,7 +659,7 @@ class ClientHub:
             t = node.scheduler.lookup(tid, origin)
             if owner == k and t is not None and t.state in _STOPPING:
                 del self.running_on[key]
-                node._do(node.core.preempted(t, t.progress_ns, now))
+                node.carry_out(node.core.preempted(t, t.progress_ns, now))
         # 2. its own tasks held here: cancelled (running ones through PREEMPT(cancel))
         owned = [t for t, o in self.owner.items() if o == k]
         for tid in owned:
@@ -703,7 +668,7 @@ class ClientHub:
             for tid in owned:
                 t = node.scheduler.lookup(tid, node.id)
                 if t is not None and t.state is state:
-                    node._do(node.core.preempt(tid, None, True, now))
+                    node.carry_out(node.core.preempt(tid, None, True, now))
                     self.cancelled += 1
         for tid in owned:  # placed on another host: cancelled there (PREEMPT(cancel))
             t = node.scheduler.lookup(tid, node.id)
@@ -718,14 +683,14 @@ class ClientHub:
             origin, tid = key
             t = node.scheduler.lookup(tid, origin)
             if owner == k and t is not None and t.state is TaskState.RUNNING:
-                node._do(node.core.preempt(tid, None, False, now))
+                node.carry_out(node.core.preempt(tid, None, False, now))
         # 4. its share of sync steps
         for tid, left in list(self.syncing.items()):
             if k in left:
                 left.discard(k)
                 if not left:
                     del self.syncing[tid]
-                    node._do(node.core.complete(tid, node.id, 0, now))
+                    node.carry_out(node.core.complete(tid, node.id, 0, now))
         for g in c.groups:
             parts = self.participants.get(g, set())
             parts.discard(k)

@@ -29,16 +29,23 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rdmasched import messages as msg
-from rdmasched._wire import JOB_MAX, Message
-from rdmasched.cluster import ClusterConfig
-from rdmasched.daemon.checks import (
-    U64_MAX,
-    check_bool,
-    check_callable,
-    check_int,
-    check_node,
-    check_payload,
+from rdmasched._wire import Message
+from rdmasched.api import (
+    LATER,
+    CompleteHandler,
+    DispatchHandler,
+    Handlers,
+    PreemptHandler,
+    SyncHandler,
+    check_complete,
+    check_group,
+    check_members,
+    check_preempt,
+    check_step,
+    check_task,
 )
+from rdmasched.cluster import ClusterConfig
+from rdmasched.daemon.checks import U64_MAX, check_callable, check_int, check_node
 from rdmasched.daemon.core import (
     EARLY_SYNC_MAX,
     SYNC_ID_BASE,
@@ -72,37 +79,17 @@ from rdmasched.stats import percentile_us
 from rdmasched.wire import Kind
 
 if TYPE_CHECKING:
+    from rdmasched.api import NodeAPI
     from rdmasched.daemon.clients import ClientHub
 
 _log = logging.getLogger("rdmasched.daemon")
 _T = TypeVar("_T")
-
-DispatchHandler = Callable[[Task, int], None]
-PreemptHandler = Callable[[Task, int, bool], int]
-SyncHandler = Callable[[Task, int], object]
-CompleteHandler = Callable[[int, int], None]
 
 _COMPLETE = int(Kind.COMPLETE)
 _PREEMPT = int(Kind.PREEMPT)
 _HEARTBEAT_T = msg.Heartbeat
 
 __all__ = ["EARLY_SYNC_MAX", "LATER", "SYNC_ID_BASE", "Node", "Reactions", "sync_task_id"]
-
-GROUP_MAX = (1 << 31) - 1
-#: steps are 0..2**32-1 (a sync task's id holds the step in 32 bits)
-STEP_MAX = (1 << 32) - 1
-
-
-class _Later:
-    """The type of `LATER`."""
-
-    def __repr__(self) -> str:
-        return "LATER"
-
-
-#: what a sync handler returns to keep its slot until `node.complete(task.id)`; any other
-#: return (None) completes the sync task when the handler returns
-LATER = _Later()
 
 
 class Reactions:
@@ -141,7 +128,6 @@ class Node:
         sync_cost_ns: int = 0,
         max_hops: int = 2,
         clock: Callable[[], int] = time.monotonic_ns,
-        metrics_port: int | None = None,
         tuning: LoopTuning | None = None,
     ) -> None:
         self.cluster = cluster
@@ -172,8 +158,9 @@ class Node:
         )
         self.sync_cost_ns = sync_cost_ns
         self.reactions = Reactions()
-        #: Prometheus metrics and live events over HTTP (docs/TELEMETRY.md); None: off
-        self.metrics_port = metrics_port
+        #: the server of this node's Prometheus metrics and live events (docs/TELEMETRY.md),
+        #: when whoever started the node serves them (`rdmasched.launch.serve_metrics`);
+        #: closed with the node. None: off
         self.metrics: Any = None
         self._dispatch: DispatchHandler | None = None
         self._preempt: PreemptHandler | None = None
@@ -183,7 +170,8 @@ class Node:
         self._probe: Probe | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        #: the ranks of this host, when it serves clients (daemon/clients.py, docs/CLIENT.md)
+        #: the ranks of this host, when it serves clients (set by `ClientHub.open`,
+        #: daemon/clients.py, docs/CLIENT.md); closed with the node
         self.hub: ClientHub | None = None
         self._init_api_state()
 
@@ -191,18 +179,6 @@ class Node:
     @classmethod
     def from_config(cls, path: str, node: int | str, **kw: Any) -> Node:
         return cls(ClusterConfig.load(path), node, **kw)
-
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, **kw: Any) -> Node:
-        """This host's daemon, from the launcher's environment (docs/CLIENT.md): a node is
-        a host (torchrun: its hosts found through the launcher's TCPStore; Slurm:
-        SLURM_JOB_NODELIST and SLURM_NODEID). The ranks are its clients
-        (`rdmasched.client.Client.from_env()`). The old rank-per-node config is
-        `Node(*ClusterConfig.from_env())`."""
-        from rdmasched import launch
-
-        cluster, node = launch.host_cluster(env)
-        return cls(cluster, node, **kw)
 
     # ---- the core's state, read-only views -------------------------------------------------
     @property
@@ -278,11 +254,7 @@ class Node:
         self.loop.stall_ns = self.members.stall_ns
         self.loop.on_stall = self._stalled
         # first heartbeats, so that peers know this incarnation before anything else
-        self._do(self.core.open(self.clock()))
-        if self.metrics_port is not None and self.metrics is None:
-            from rdmasched.telemetry.metrics import serve
-
-            self.metrics = serve(self, self.metrics_port)
+        self.carry_out(self.core.open(self.clock()))
 
     def run(self, until: Callable[[], bool] | None = None) -> None:
         """Run the loop on this thread until `stop()` (or `until()` is true)."""
@@ -371,6 +343,37 @@ class Node:
             raise RdmaschedError(f"node {self.id} is not running")
         self.loop.post(fn)
 
+    # ---- for drivers that share the node's loop (the client hub, daemon/clients.py) -----------
+    def call_soon(self, fn: Callable[[], object]) -> None:
+        """Run `fn()` on the loop thread, after the calls made before this one (the one way
+        to run code on the node's loop; the API's methods are queued the same way).
+
+        There `fn` may read the node's state and feed the core, handing what it decides to
+        `carry_out`. An exception in `fn` stops the loop (the node fails), as a bug in the
+        node would: catch what `fn` expects. Raises `NodeFailedError` once the loop has
+        failed, `RdmaschedError` when the node is not open."""
+        self._call(fn)
+
+    def new_task(
+        self,
+        task_id: int,
+        *,
+        job: int = 0,
+        priority: int = 0,
+        cost_ns: int = 0,
+        payload: dict[str, Any] | None = None,
+    ) -> Task:
+        """A task of this node (its origin), its arguments checked as `submit` checks them
+        (rdmasched.api.check_task)."""
+        task_id, job, priority, cost_ns = check_task(task_id, job, priority, cost_ns, payload)
+        return Task(task_id, job, priority, cost_ns, payload=payload, origin=self.id)
+
+    @property
+    def handlers(self) -> Handlers:
+        """The handlers registered now (None: not registered), for a driver that takes them
+        over and falls back on them (the client hub)."""
+        return Handlers(self._dispatch, self._preempt, self._sync, self._complete)
+
     def submit(
         self,
         task_id: int,
@@ -382,8 +385,8 @@ class Node:
     ) -> None:
         """Run a task here if a slot is free, else on a lighter peer (power of two choices,
         same topology domain first), else queue it here."""
-        task = self._checked_task(task_id, job, priority, cost_ns, payload)
-        self._call(lambda: self._do(self.core.submit(task, self.clock())))
+        task = self.new_task(task_id, job=job, priority=priority, cost_ns=cost_ns, payload=payload)
+        self._call(lambda: self.carry_out(self.core.submit(task, self.clock())))
 
     def dispatch(
         self,
@@ -397,13 +400,12 @@ class Node:
     ) -> None:
         """DISPATCH a task to node `to` (id or name; default: this node), bypassing
         placement."""
-        task = self._checked_task(task_id, job, priority, cost_ns, payload)
+        task = self.new_task(task_id, job=job, priority=priority, cost_ns=cost_ns, payload=payload)
         to = None if to is None else check_node(self.cluster, "to", to)
         if to is None or to == self.id:
-            self._call(lambda: self._do(self.core.dispatch(task, self.clock())))
+            self._call(lambda: self.carry_out(self.core.dispatch(task, self.clock())))
         else:
-            self._check_peer(to)
-            self._call(lambda: self._do(self.core.dispatch_to(to, task, self.clock())))
+            self._call(lambda: self.carry_out(self.core.dispatch_to(to, task, self.clock())))
 
     def preempt(
         self,
@@ -415,11 +417,13 @@ class Node:
     ) -> None:
         """PREEMPT a task (or every task of `job`) on `node` (id or name; default: this
         node)."""
-        task_id, job, node = self._checked_preempt(task_id, job, node, cancel)
+        task_id, job = check_preempt(task_id, job, cancel)
+        node = None if node is None else check_node(self.cluster, "node", node)
         if node is None or node == self.id:
-            self._call(lambda: self._do(self.core.preempt(task_id, job, cancel, self.clock())))
+            self._call(
+                lambda: self.carry_out(self.core.preempt(task_id, job, cancel, self.clock()))
+            )
             return
-        self._check_peer(node)
         # No decision here (the receiver makes it): sent as is, stamped at the moment it is
         # sent (the trigger of the reaction the receiver measures).
         stop = msg.Preempt(task_id or 0, job or 0, 0, cancel, job is not None)
@@ -435,11 +439,11 @@ class Node:
         declares it too. May come before `open()`; declaring it again alike does nothing.
         SYNC_READYs from members that declared it first are kept until it is declared here.
         """
-        group = check_int("group", group, 0, GROUP_MAX)
+        group = check_group(group)
         mem = self._checked_members(group, members)
 
         def define() -> None:
-            self._do(self.core.define_group(group, mem, self.clock()))
+            self.carry_out(self.core.define_group(group, mem, self.clock()))
 
         with self._defs_lock:
             old = self._group_defs.get(group)
@@ -456,13 +460,13 @@ class Node:
     def sync_ready(self, group: int, step: int) -> None:
         """This node reached `step` (0..2**32-1) of `group`: tell every member (and count
         itself). `group` must have been declared with `define_group` on this node."""
-        group = check_int("group", group, 0, GROUP_MAX)
-        step = check_int("step", step, 0, STEP_MAX)
+        group = check_group(group)
+        step = check_step(step)
         if group not in self._group_defs:
             raise ArgumentError(f"sync_ready for group {group}, which define_group never declared")
 
         def announce() -> None:
-            self._do(self.core.sync_ready(group, step, self.clock()))
+            self.carry_out(self.core.sync_ready(group, step, self.clock()))
 
         self._call(announce)
 
@@ -472,13 +476,12 @@ class Node:
         Task ids are unique per origin node: `origin` names the node that submitted the
         task (`task.origin` in the dispatch handler). Without it: this node's own task
         `task_id` if it holds one, else the only task with that id held here."""
-        task_id = check_int("task_id", task_id)
-        runtime_ns = check_int("runtime_ns", runtime_ns)
+        task_id, runtime_ns = check_complete(task_id, runtime_ns)
         if origin is not None:
             origin = check_node(self.cluster, "origin", origin)
 
         def done() -> None:
-            self._do(self.core.complete(task_id, origin, runtime_ns, self.clock()))
+            self.carry_out(self.core.complete(task_id, origin, runtime_ns, self.clock()))
 
         self._call(done)
 
@@ -585,33 +588,8 @@ class Node:
         err.__cause__ = self._error
         return err
 
-    def _checked_task(
-        self, task_id: int, job: int, priority: int, cost_ns: int, payload: dict[str, Any] | None
-    ) -> Task:
-        """`_new_task` with every argument checked (types, the wire's ranges, the payload)."""
-        task_id = check_int("task_id", task_id, 0, SYNC_ID_BASE - 1)
-        job = check_int("job", job, 0, JOB_MAX)
-        priority = check_int("priority", priority, 0, 254)
-        cost_ns = check_int("cost_ns", cost_ns)
-        check_payload(payload)
-        return self._new_task(task_id, job, priority, cost_ns, payload)
-
-    def _checked_preempt(
-        self, task_id: object, job: object, node: object, cancel: object
-    ) -> tuple[int | None, int | None, int | None]:
-        if (task_id is None) == (job is None):
-            raise ArgumentError("preempt needs exactly one of task_id and job")
-        check_bool("cancel", cancel)
-        return (
-            None if task_id is None else check_int("task_id", task_id),
-            None if job is None else check_int("job", job, 0, JOB_MAX),
-            None if node is None else check_node(self.cluster, "node", node),
-        )
-
     def _checked_members(self, group: int, members: Iterable[int | str]) -> frozenset[int]:
-        if isinstance(members, str | bytes) or not isinstance(members, Iterable):
-            raise ArgumentTypeError(f"members must be node ids or names, not {members!r}")
-        mem = frozenset(check_node(self.cluster, "group member", m) for m in members)
+        mem = frozenset(check_node(self.cluster, "group member", m) for m in check_members(members))
         if self.id not in mem:
             raise ConfigError(f"node {self.id} is not a member of group {group}")
         return mem
@@ -725,29 +703,13 @@ class Node:
         assert self.loop is not None
         return self.loop
 
-    def _new_task(
-        self, task_id: int, job: int, priority: int, cost_ns: int, payload: dict[str, Any] | None
-    ) -> Task:
-        if not 0 <= task_id < SYNC_ID_BASE:
-            raise ValueError(
-                f"task ids are 0..2**63-1 (2**63 and up are sync tasks), not {task_id}"
-            )
-        if not 0 <= priority <= 254:
-            raise ValueError(f"priority must be 0..254 (255 is for sync tasks), not {priority}")
-        if not 0 <= job <= JOB_MAX or cost_ns < 0:
-            raise ValueError("job must be a u32 (wire version 2) and cost_ns >= 0")
-        return Task(task_id, job, priority, cost_ns, payload=payload, origin=self.id)
-
-    def _check_peer(self, node: int) -> None:
-        self.cluster.node(node)
-
     # ---- the driver: carrying out the core's effects ----------------------------------------
     def _on_message(self, m: Message, peer: int) -> None:
         probe = self._probe
         if probe is None:
             effects = self.core.receive(m, peer, self.clock())
             if effects:
-                self._do(effects)
+                self.carry_out(effects)
             return
         # the same, with the stage probe's points 2, 3 and 5 (rdmasched/daemon/probe.py)
         probe.mark(2)
@@ -756,7 +718,7 @@ class Node:
         effects = self.core.receive(m, peer, self.clock())
         probe.mark(3)
         if effects:
-            self._do(effects)
+            self.carry_out(effects)
         probe.mark(5)
 
     @property
@@ -770,9 +732,13 @@ class Node:
         if self.loop is not None:
             self.loop.probe = probe
 
-    def _do(self, effects: list[Effect]) -> None:
+    def carry_out(self, effects: list[Effect]) -> None:
         """Carry out the core's effects, in order. A handler's answer goes back to the core
-        at once, and what the core makes of it is carried out next, before the rest."""
+        at once, and what the core makes of it is carried out next, before the rest.
+
+        On the loop thread only (from a handler, or a function given to `call_soon`): for
+        drivers that share the node's loop, such as the client hub, which feed the core
+        (`node.core`) themselves and hand what it decides to the node to carry out."""
         # On the hot path: one `type(e) is` test per kind, no isinstance, no asserts.
         core = self.core
         i = 0
@@ -838,8 +804,12 @@ class Node:
             effects += self.core.peer_lost(p, why, self.clock())
         loop.lost.clear()
         effects += self.core.tick(self.clock(), loop.listened_ns)
-        self._do(effects)
+        self.carry_out(effects)
 
     def _stalled(self, gap_ns: int) -> None:
         """The loop did not run for `gap_ns`: maybe declared dead meanwhile."""
-        self._do(self.core.stalled(gap_ns, self.clock()))
+        self.carry_out(self.core.stalled(gap_ns, self.clock()))
+
+
+if TYPE_CHECKING:
+    _satisfies: type[NodeAPI] = Node  # mypy: Node offers the API Client offers (rdmasched.api)

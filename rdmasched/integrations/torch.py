@@ -46,8 +46,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.distributed as dist
 
+from rdmasched.api import NodeAPI
 from rdmasched.errors import ArgumentError, RdmaschedError
 from rdmasched.integrations.freeze import Freezer
+from rdmasched.limits import COMPUTE_PRIORITY_MAX
 from rdmasched.scheduler import Task
 from rdmasched.transport import shm
 
@@ -85,44 +87,14 @@ class SyncTimeoutError(TorchSyncError, TimeoutError):
     """A bucket was not released (not every rank reported it) within the timeout."""
 
 
-class SchedulerClient(Protocol):
-    """What the integration uses of a rank's scheduler: `rdmasched.client.Client`'s methods
-    (Node's API and handler contracts, docs/CLIENT.md)."""
-
-    id: int
-
-    @property
-    def healthy(self) -> bool: ...
-
-    @property
-    def error(self) -> BaseException | None: ...
+class SchedulerClient(NodeAPI, Protocol):
+    """What the integration uses of a rank's scheduler: Node's API (`rdmasched.api.NodeAPI`,
+    docs/CLIENT.md) with a client's `define_group`, which says how many of the host's ranks
+    take part (`rdmasched.client.Client`)."""
 
     def define_group(
         self, group: int, members: Iterable[int | str], *, local: int | None = None
     ) -> None: ...
-
-    def sync_ready(self, group: int, step: int) -> None: ...
-
-    def dispatch(
-        self,
-        task_id: int,
-        *,
-        to: int | str | None = None,
-        job: int = 0,
-        priority: int = 0,
-        cost_ns: int = 0,
-        payload: dict[str, Any] | None = None,
-    ) -> None: ...
-
-    def complete(self, task_id: int, *, origin: int | None = None, runtime_ns: int = 0) -> None: ...
-
-    def on_sync(self, fn: Callable[[Task, int], object]) -> Any: ...
-
-    def on_dispatch(self, fn: Callable[[Task, int], None]) -> Any: ...
-
-    def on_preempt(self, fn: Callable[[Task, int, bool], int]) -> Any: ...
-
-    def stats(self) -> dict[str, Any]: ...
 
 
 class _Bucket:
@@ -174,8 +146,10 @@ class RankScheduler:
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e6:
                 raise ArgumentError(f"{name} must be a number of seconds > 0, not {value!r}")
-        if not 0 <= compute_priority <= 254:
-            raise ArgumentError(f"compute_priority must be 0..254, not {compute_priority!r}")
+        if not 0 <= compute_priority <= COMPUTE_PRIORITY_MAX:
+            raise ArgumentError(
+                f"compute_priority must be 0..{COMPUTE_PRIORITY_MAX}, not {compute_priority!r}"
+            )
         if not node.healthy or node.id < 0:
             raise ArgumentError(
                 "RankScheduler needs an open client of the host's daemon (`with host_client() "
@@ -587,8 +561,8 @@ class Colocated:
         freezer: Freezer | None = None,
         mechanism: str = "auto",
     ) -> None:
-        if not 0 <= priority <= 254:
-            raise ArgumentError(f"priority must be 0..254, not {priority!r}")
+        if not 0 <= priority <= COMPUTE_PRIORITY_MAX:
+            raise ArgumentError(f"priority must be 0..{COMPUTE_PRIORITY_MAX}, not {priority!r}")
         self.sched = sched
         self.priority = priority
         self.job = job

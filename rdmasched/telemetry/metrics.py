@@ -1,7 +1,8 @@
 """Prometheus metrics of a node daemon (docs/TELEMETRY.md, "Metrics").
 
-Off by default: ``Node(..., metrics_port=9464)`` (or ``serve(node, port)``) starts an HTTP
-server on that port (0: any free port, see ``MetricsServer.port``) that answers
+Off by default: whoever starts a node serves them, ``rdmasched.launch.serve_metrics(node,
+9464)`` (the server stops with the node; ``serve(node, port)`` is one not tied to it). It is
+an HTTP server on that port (0: any free port, see ``MetricsServer.port``) that answers
 
 * ``/metrics``: the Prometheus text format (needs ``prometheus-client``, the ``telemetry``
   extra);
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
 from rdmasched.errors import ConfigError
+from rdmasched.limits import COMPUTE_PRIORITY_MAX
 from rdmasched.scheduler.events import Decision
 from rdmasched.scheduler.task import SYNC_PRIORITY
 from rdmasched.telemetry.records import anchor, header
@@ -46,7 +48,7 @@ def priority_class(priority: int) -> str:
     if priority == SYNC_PRIORITY:
         return "sync"
     lo = priority // 32 * 32
-    return f"{lo}-{min(lo + 31, 254)}"
+    return f"{lo}-{min(lo + 31, COMPUTE_PRIORITY_MAX)}"
 
 
 CLASSES = tuple(dict.fromkeys(priority_class(p) for p in range(256)))

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from rdmasched import launch
-from rdmasched.daemon.clients import endpoint_name
-from rdmasched.daemon.node import Node
+from rdmasched.clientproto import endpoint_name
 from rdmasched.errors import ConfigError
 
 TOKEN = "a-long-enough-token"
@@ -103,9 +102,9 @@ def test_bad_local_rank_and_names() -> None:
         endpoint_name("job", "bad host")
 
 
-def test_node_from_env_is_the_host_daemon() -> None:
+def test_host_node_is_the_host_daemon() -> None:
     # under Slurm, every rank of gpu02 names the same node (the host), not a node per rank
-    node = Node.from_env(slurm())
+    node = launch.host_node(slurm())
     assert (node.id, node.spec.name, node.spec.slots) == (1, "gpu02", 4)
     assert [n.name for n in node.cluster.nodes] == ["gpu01", "gpu02", "gpu03"]
 

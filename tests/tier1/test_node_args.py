@@ -150,3 +150,40 @@ def test_groups_take_node_names_and_may_be_declared_twice_alike(node: Node) -> N
     node.define_group(4, ["n2", "n1", "n0"])  # the same members: no change, no error
     node.define_group(7, ("n0", 2))
     not_running(lambda: node.sync_ready(7, 0))
+
+
+# ---- a rank's Client makes the same checks (rdmasched.api), before it sends anything --------
+CLIENT_BAD = [
+    ("submit job 2**32", lambda c: c.submit(1, job=2**32), ValueError, "job"),
+    ("dispatch job 2**32", lambda c: c.dispatch(1, job=2**32), ValueError, "job"),
+    ("preempt job 2**32", lambda c: c.preempt(job=2**32), ValueError, "job"),
+    ("submit priority 255", lambda c: c.submit(1, priority=255), ValueError, "priority"),
+    ("submit id 2**63", lambda c: c.submit(2**63), ValueError, "task_id"),
+    ("submit payload a list", lambda c: c.submit(1, payload=[1]), TypeError, "payload"),
+    ("sync step 2**32", lambda c: c.sync_ready(4, 2**32), ValueError, "step"),
+    ("group 2**31", lambda c: c.define_group(2**31, [0]), ValueError, "group"),
+    ("group members a string", lambda c: c.define_group(1, "n0"), TypeError, "members"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "exc", "match"), [b[1:] for b in CLIENT_BAD], ids=[b[0] for b in CLIENT_BAD]
+)
+def test_client_bad_argument_raises_at_once(fn: Any, exc: type, match: str) -> None:
+    from rdmasched.client import Client
+
+    with pytest.raises(exc, match=match) as info:
+        fn(Client("args.h0", 0))  # never opened: a good call fails with "not connected"
+    assert isinstance(info.value, ArgumentError)
+
+
+def test_client_good_task_arguments_pass_the_checks() -> None:
+    from rdmasched.client import Client
+
+    c = Client("args.h0", 0)
+    for fn in (
+        lambda: c.submit(2**63 - 1, job=2**32 - 1, priority=254),
+        lambda: c.preempt(job=2**32 - 1),
+    ):
+        with pytest.raises(RdmaschedError, match="not connected"):
+            fn()

@@ -57,15 +57,15 @@ def test_the_daemon_runs_strict_priorities_when_told(
 ) -> None:
     # host_client() starts the daemon with RDMASCHED_STARVATION_US=off and
     # RDMASCHED_AGING_US=off; a user's `rdmasched daemon` takes the options
+    from rdmasched import launch
     from rdmasched.cli import _daemon_policy, build_parser
-    from rdmasched.daemon.node import Node
 
     for var in ("RDMASCHED_STARVATION_US", "RDMASCHED_AGING_US"):
         monkeypatch.delenv(var, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     args = build_parser().parse_args(["daemon", *argv])
-    node = Node.from_env({"RDMASCHED_CLUSTER": "unused-never-opened"}, **_daemon_policy(args))
+    node = launch.host_node({"RDMASCHED_CLUSTER": "unused-never-opened"}, **_daemon_policy(args))
     if starvation_us is None:  # off: no cap any task reaches
         assert node.scheduler.starvation_ns >= (1 << 40) * 1000
     else:

@@ -248,7 +248,7 @@ def test_killed_daemon_makes_waiting_clients_raise(tmp_path: Path) -> None:
             d.kill()
             d.wait()
         # what the killed daemon left (only its own segments: others' are not ours to touch)
-        from rdmasched.daemon.clients import bell_name
+        from rdmasched.clientproto import bell_name
         from rdmasched.daemon.links import ShmLinks
         from rdmasched.transport import shm
 

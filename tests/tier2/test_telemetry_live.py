@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from rdmasched import launch
 from rdmasched.cli import main
 from rdmasched.cluster import local_cluster
 from rdmasched.daemon.node import Node
@@ -26,7 +27,8 @@ parser = need("prometheus_client.parser")
 def pair() -> Iterator[tuple[Node, Node]]:
     c = local_cluster(2, 1, name=f"t{os.getpid()}-{uuid.uuid4().hex[:6]}")
     n0 = Node(c, 0, spin_us=50)
-    n1 = Node(c, 1, spin_us=50, metrics_port=0)
+    n1 = Node(c, 1, spin_us=50)
+    launch.serve_metrics(n1, 0)
     n1.on_dispatch(lambda task, slot: None)
     n1.on_preempt(lambda task, slot, cancel: task.progress_ns + 10)
     t = threading.Thread(target=n1.open)

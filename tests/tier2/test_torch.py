@@ -33,7 +33,7 @@ if importlib.util.find_spec("torch") is None:
         )
     pytest.skip("torch is not installed (pip install -e '.[torch]')", allow_module_level=True)
 
-from rdmasched.daemon.clients import endpoint_name
+from rdmasched.clientproto import endpoint_name
 from rdmasched.integrations.freeze import cgroup_available
 from rdmasched.launch import daemon_running
 from rdmasched.transport import shm
