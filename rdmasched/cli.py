@@ -1100,8 +1100,8 @@ def demo_liveness(args: argparse.Namespace) -> tuple[int, int]:
 
 
 def demo_config(args: argparse.Namespace) -> Any:
+    from rdmasched.demo.job import WorkloadConfig
     from rdmasched.demo.runner import DemoConfig
-    from rdmasched.demo.workload import WorkloadConfig
 
     w = WorkloadConfig(
         steps=args.steps,

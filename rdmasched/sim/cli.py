@@ -12,9 +12,9 @@ from dataclasses import replace
 from typing import Any
 
 from rdmasched.cli import _int_range
-from rdmasched.demo.workload import WorkloadConfig
+from rdmasched.demo.job import WorkloadConfig
 from rdmasched.errors import ArgumentError
-from rdmasched.sim.links import PRESETS, preset
+from rdmasched.sim.linkmodel import PRESETS, preset
 from rdmasched.sim.report import (
     calibrate,
     check_plot_path,

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from rdmasched.errors import ArgumentError
-from rdmasched.sim.links import preset
+from rdmasched.sim.linkmodel import preset
 from rdmasched.sim.run import SimConfig, simulate
 
 COLUMNS: list[tuple[str, str, str]] = [

@@ -14,12 +14,10 @@ import pytest
 from rdmasched.cli import main
 from rdmasched.cluster import MAX_NODES
 from rdmasched.demo.central import Coordinator
-from rdmasched.demo.workload import (
-    GROUP,
+from rdmasched.demo.job import GROUP, Trainer, WorkloadConfig
+from rdmasched.demo.taskid import (
     KIND_BACKGROUND,
     KIND_COMPUTE,
-    Trainer,
-    WorkloadConfig,
     task_id,
     task_kind,
     task_node,

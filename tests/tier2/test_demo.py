@@ -226,8 +226,8 @@ def test_cleanup_removes_segments_of_dead_processes(
 def test_a_stalled_demo_fails_with_a_clear_message_and_cleans_up() -> None:
     """No node finishing a step for `stall_s` ends the run with the steps per node (it used to
     wait 300 s, and a long healthy run hit that limit too); nothing is left in /dev/shm."""
+    from rdmasched.demo.job import WorkloadConfig
     from rdmasched.demo.runner import DemoConfig, run_mode
-    from rdmasched.demo.workload import WorkloadConfig
 
     # a step takes at least 3 s by construction: no step can finish within 0.5 s
     cfg = DemoConfig(
