@@ -121,13 +121,10 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
 def demo_cluster(n: int, full_mesh: bool = False) -> tuple[int | None, int, int]:
     """What `rdmasched demo --nodes n` runs by default: (nodes per leaf, None for a full
     mesh; heartbeat ms; dead-after ms). The calibration gives the simulator the same."""
-    import argparse
+    from rdmasched.demo import defaults
 
-    from rdmasched.cli import demo_leaf, demo_liveness
-
-    ns = argparse.Namespace(nodes=n, full_mesh=full_mesh)
-    hb, dead = demo_liveness(ns)
-    return demo_leaf(ns), hb, dead
+    hb, dead = defaults.liveness(n)
+    return defaults.leaf(n, full_mesh=full_mesh), hb, dead
 
 
 def calibrate(

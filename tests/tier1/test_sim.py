@@ -417,6 +417,21 @@ def test_the_default_stall_window_waits_for_a_k8s_round_of_pods() -> None:
     assert r["finished"], r["stopped"]
 
 
+def test_sizes_are_one_grammar_with_topology(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--sizes 1k` means 1,000 nodes in `sim` as in `topology` (one argument type)."""
+    from rdmasched.cli import build_parser
+
+    p = build_parser()
+    a = p.parse_args(["sim", "--sizes", "1k,2", "--calibrate-sizes", "4,1K"])
+    assert (a.sizes, a.calibrate_sizes) == ([1000, 2], [4, 1000])
+    assert p.parse_args(["topology", "--sizes", "1k,2"]).sizes == [1000, 2]
+    errs = []
+    for cmd in ("sim", "topology"):
+        assert main([cmd, "--sizes", "1k,x"]) == 2
+        errs.append(capsys.readouterr().err.split("error: ", 1)[1].split(" (see: ")[0])
+    assert errs[0] == errs[1], errs
+
+
 def test_cli_bad_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "t.json"
     f.write_text("{not json")

@@ -1,4 +1,4 @@
-"""`rdmasched sim`: arguments and the command (rdmasched/cli.py registers them)."""
+"""`rdmasched sim`: the simulator's command (rdmasched/sim/, docs/SIM.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from rdmasched.cli import _int_range
+from rdmasched.commands.args import int_range, node_counts
 from rdmasched.demo.job import WorkloadConfig
 from rdmasched.errors import ArgumentError
 from rdmasched.sim.linkmodel import PRESETS, preset
@@ -26,19 +26,12 @@ from rdmasched.sim.report import (
 )
 from rdmasched.sim.run import CENTRAL, SCHEDULERS, SimConfig, measure_central_call_ns, simulate
 
-MAX_NODES = 1 << 20
+HELP = (
+    "simulate a cluster of up to 100,000 nodes running the real node core, against "
+    "central, k8s-class and fifo baselines (docs/SIM.md)"
+)
 #: the default of --central-max-nodes: the baselines at every size
 CENTRAL_MAX_NODES = 0
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of node counts: {text!r}") from None
-    if not out or any(not 1 <= n <= MAX_NODES for n in out):
-        raise argparse.ArgumentTypeError(f"node counts are 1..{MAX_NODES}, comma-separated")
-    return out
 
 
 def _schedulers(text: str) -> list[str]:
@@ -80,12 +73,15 @@ def _positive(text: str) -> float:
 
 
 #: an integer >= 0, and one >= 1 (the command line's one parser of integer ranges)
-_count, _pos_int = _int_range(0), _int_range(1)
+_count, _pos_int = int_range(0), int_range(1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--sizes", type=_sizes, default="1000", help="cluster sizes (nodes), comma-separated"
+        "--sizes",
+        type=node_counts,
+        default="1000",
+        help="cluster sizes (nodes), comma-separated; 1k is 1,000",
     )
     p.add_argument(
         "--schedulers",
@@ -199,7 +195,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "unless --full-mesh",
     )
     p.add_argument(
-        "--calibrate-sizes", type=_sizes, default="4,8,16,32", help="node counts to calibrate at"
+        "--calibrate-sizes",
+        type=node_counts,
+        default="4,8,16,32",
+        help="node counts to calibrate at",
     )
 
 
