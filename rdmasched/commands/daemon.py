@@ -50,6 +50,11 @@ def add_arguments(daemon: argparse.ArgumentParser) -> None:
     )
 
 
+def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if (args.config is None) != (args.node is None):
+        parser.error("--config and --node go together")
+
+
 def daemon_policy(args: argparse.Namespace) -> dict[str, Any]:
     """The daemon's scheduling policy: its options, else RDMASCHED_STARVATION_US and
     RDMASCHED_AGING_US (which a daemon started by a rank inherits), else Node's defaults."""
@@ -77,8 +82,6 @@ def main(args: argparse.Namespace) -> int:
     from rdmasched.daemon.clients import ClientHub
     from rdmasched.daemon.node import Node
 
-    if (args.config is None) != (args.node is None):
-        raise UserError("--config and --node go together")
     policy = daemon_policy(args)
     if args.config is not None:
         node = Node.from_config(

@@ -11,9 +11,8 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from rdmasched.commands.args import int_range, node_counts
+from rdmasched.commands.args import int_range, jitter, node_counts
 from rdmasched.demo.job import WorkloadConfig
-from rdmasched.errors import ArgumentError
 from rdmasched.sim.linkmodel import PRESETS, preset
 from rdmasched.sim.report import (
     calibrate,
@@ -72,6 +71,13 @@ def _positive(text: str) -> float:
     return v
 
 
+def _slowdown(text: str) -> float:
+    v = _nonneg(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"not a factor >= 1: {text!r}")
+    return v
+
+
 #: an integer >= 0, and one >= 1 (the command line's one parser of integer ranges)
 _count, _pos_int = int_range(0), int_range(1)
 
@@ -100,13 +106,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=_pos_int, default=10, help="training steps")
     p.add_argument("--exec-slots", type=_pos_int, default=4, help="execution slots per node")
     p.add_argument("--compute-ms", type=_nonneg, default=4.0, help="compute task length, ms")
-    p.add_argument("--jitter", type=_nonneg, default=0.25, help="compute length +- fraction")
+    p.add_argument("--jitter", type=jitter, default=0.25, help="compute length +- fraction")
     p.add_argument("--sync-ms", type=_nonneg, default=1.0, help="gradient sync task length, ms")
     p.add_argument("--background-ms", type=_nonneg, default=2.0, help="background task, ms")
-    p.add_argument("--backlog", type=int, default=4, help="background tasks queued per node")
+    p.add_argument("--backlog", type=_count, default=4, help="background tasks queued per node")
     p.add_argument(
         "--job-nodes",
-        type=int,
+        type=_count,
         default=0,
         help="nodes per data-parallel job: the cluster runs N/J jobs side by side "
         "(0: one job over every node)",
@@ -118,7 +124,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(.et) instead of the synthetic job (default none: the synthetic job)",
     )
     p.add_argument("--links", choices=sorted(PRESETS), default="ib", help="link model")
-    p.add_argument("--cpu-ns", type=int, help="per-message CPU cost, ns (default the model's)")
+    p.add_argument("--cpu-ns", type=_count, help="per-message CPU cost, ns (default the model's)")
     p.add_argument("--leaf", type=_pos_int, default=32, help="nodes per leaf switch")
     p.add_argument(
         "--full-mesh",
@@ -130,7 +136,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1, help="seed of every random choice")
     p.add_argument("--sigma", type=_nonneg, default=0.0, help="per-node lognormal slowdown")
     p.add_argument("--stragglers", type=_nonneg, default=0.0, help="fraction of stragglers")
-    p.add_argument("--straggler-slowdown", type=_nonneg, default=2.0, help="their factor")
+    p.add_argument("--straggler-slowdown", type=_slowdown, default=2.0, help="their factor")
     p.add_argument(
         "--kill",
         type=_kill,
@@ -148,7 +154,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "at start-up by timing the real coordinator code)",
     )
     p.add_argument(
-        "--k8s-pods-per-s", type=_nonneg, default=100.0, help="k8s baseline: decisions/s"
+        "--k8s-pods-per-s", type=_positive, default=100.0, help="k8s baseline: decisions/s"
     )
     p.add_argument(
         "--k8s-period-ms", type=_nonneg, default=0.0, help="k8s baseline: scheduling cycle, ms"
@@ -203,12 +209,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def base_config(args: argparse.Namespace) -> SimConfig:
-    if args.job_nodes < 0:
-        raise ArgumentError("--job-nodes must be >= 0")
-    if args.backlog < 0:
-        raise ArgumentError("--backlog must be >= 0")
-    if args.jitter >= 1:
-        raise ArgumentError("--jitter must be in [0, 1)")
     trace = None
     if args.workload:
         from rdmasched.workload import load
@@ -217,8 +217,6 @@ def base_config(args: argparse.Namespace) -> SimConfig:
         trace.validate()
     model = preset(args.links)
     if args.cpu_ns is not None:
-        if args.cpu_ns < 0:
-            raise ArgumentError("--cpu-ns must be >= 0")
         model = model.with_cpu(args.cpu_ns)
     w = WorkloadConfig(
         steps=args.steps,
@@ -239,11 +237,11 @@ def base_config(args: argparse.Namespace) -> SimConfig:
         seed=args.seed,
         sigma=args.sigma,
         stragglers=args.stragglers,
-        straggler_slowdown=max(1.0, args.straggler_slowdown),
+        straggler_slowdown=args.straggler_slowdown,
         kill=tuple(args.kill or ()),
         heartbeat_ms=args.heartbeat_ms,
         dead_after_ms=args.dead_after_ms,
-        k8s_pods_per_s=args.k8s_pods_per_s or 1.0,
+        k8s_pods_per_s=args.k8s_pods_per_s,
         k8s_period_ms=args.k8s_period_ms,
         wall_limit_s=args.wall_limit_s,
         stall_ms=args.stall_ms,
@@ -251,10 +249,6 @@ def base_config(args: argparse.Namespace) -> SimConfig:
         trace=trace,
         full_mesh=args.full_mesh,
     )
-    if args.k8s_pods_per_s <= 0:
-        raise ArgumentError("--k8s-pods-per-s must be > 0")
-    if args.straggler_slowdown < 1:
-        raise ArgumentError("--straggler-slowdown must be >= 1")
     return cfg
 
 

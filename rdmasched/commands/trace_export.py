@@ -35,12 +35,15 @@ def add_arguments(texp: argparse.ArgumentParser) -> None:
     )
 
 
+def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not args.dirs and not args.live:
+        parser.error("give at least one DIR (or --live HOST:PORT)")
+
+
 def main(args: argparse.Namespace) -> int:
     from rdmasched.telemetry import live, perfetto
     from rdmasched.telemetry.records import read_dir
 
-    if not args.dirs and not args.live:
-        raise UserError("give at least one DIR (or --live HOST:PORT)")
     traces = [t for d in args.dirs for t in read_dir(d, args.prefix)]
     traces += [live.fetch(addr) for addr in args.live]
     seen: dict[int, str] = {}

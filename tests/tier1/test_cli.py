@@ -68,6 +68,9 @@ def one_line(err: str) -> str:
         (["bench", "throughput", "--messages", "100", "--batch", "256"], "--batch"),
         (["bench", "throughput", "--lane-slots", "64", "--batch", "64"], "--batch"),
         (["bench", "all"], "--json-out"),
+        # issue 20 item 15: one exit code for a bad argument in every command (these were 1)
+        (["daemon", "--config", "cluster.toml"], "--config and --node go together"),
+        (["trace", "export", "-o", "/tmp/x.pftrace"], "give at least one DIR"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(

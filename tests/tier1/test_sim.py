@@ -329,6 +329,13 @@ def test_cli_central_baselines_up_to_a_size(capsys: pytest.CaptureFixture[str]) 
         ["--stall-ms", "0"],
         ["--central-max-nodes", "-1"],
         ["--central-max-nodes", "many"],
+        # issue 20 item 15: these exited 1 (checked after parsing), as no other bad argument
+        ["--job-nodes", "-1"],
+        ["--backlog", "-1"],
+        ["--jitter", "1"],
+        ["--cpu-ns", "-5"],
+        ["--k8s-pods-per-s", "0"],
+        ["--straggler-slowdown", "0.5"],
     ],
 )
 def test_cli_bad_arguments(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
