@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import urllib.parse
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -146,6 +148,54 @@ def jitter(text: str) -> float:
     if value >= 1.0:
         raise argparse.ArgumentTypeError(f"must be a finite number in [0, 1), not {text}")
     return value
+
+
+def output_file(suffix: str | None = None) -> Callable[[str], str]:
+    """A file the command will write: not a directory, in a directory that exists and is
+    writable, and named `*suffix` if one is given. Checked before anything runs."""
+
+    def parse(text: str) -> str:
+        if suffix is not None and not text.lower().endswith(suffix):
+            raise argparse.ArgumentTypeError(
+                f"must be a file name ending in {suffix}, not {text!r}"
+            )
+        if os.path.isdir(text):
+            raise argparse.ArgumentTypeError(f"{text} is a directory; give a file name")
+        _writable_dir(os.path.dirname(os.path.abspath(text)))
+        return text
+
+    return parse
+
+
+def output_dir(text: str) -> str:
+    """A directory the command will write into: one that exists, or a new one in a directory
+    that exists. Checked before anything runs."""
+    if os.path.exists(text):
+        if not os.path.isdir(text):
+            raise argparse.ArgumentTypeError(f"{text} is not a directory")
+        _writable_dir(text)
+    else:
+        _writable_dir(os.path.dirname(os.path.abspath(text)))
+    return text
+
+
+def _writable_dir(d: str) -> None:
+    if not os.path.isdir(d):
+        raise argparse.ArgumentTypeError(f"no directory {d}")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"directory {d} is not writable")
+
+
+def host_port(text: str) -> str:
+    """HOST:PORT, or a URL with both (a running daemon's metrics port); returned as given."""
+    try:
+        url = urllib.parse.urlsplit(text if "://" in text else f"http://{text}")
+        port = url.port
+    except ValueError:
+        port = None
+    if not url.hostname or port is None or not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT (a port in 1..65535), not {text!r}")
+    return text
 
 
 positive = int_range(1, None, "a positive integer")

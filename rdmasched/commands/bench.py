@@ -21,6 +21,7 @@ from rdmasched.commands.args import (
     int_range,
     json_flag,
     meta_sizes,
+    output_file,
     positive,
     spin_us,
 )
@@ -89,15 +90,19 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
         help="run each row about this long per round instead of a count of round trips "
         "(the count comes from a short probe of the row); None: --iterations",
     )
-    lat.add_argument("--csv", metavar="FILE", help="also write every row and round as CSV")
+    lat.add_argument(
+        "--csv", metavar="FILE", type=output_file(), help="also write every row and round as CSV"
+    )
     lat.add_argument(
         "--hdr-log",
         metavar="FILE",
+        type=output_file(),
         help="also write an HdrHistogram log (one interval histogram per row and round)",
     )
     lat.add_argument(
         "--plot",
         metavar="FILE.png",
+        type=output_file(".png"),
         help="also draw each row's latency CDF and histogram into a PNG (needs matplotlib)",
     )
     # --transport verbs (rdmasched/bench/verbs_latency.py): inside the Soft-RoCE VM

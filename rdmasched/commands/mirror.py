@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from rdmasched.commands.args import fraction, int_range, positive_float
+from rdmasched.commands.args import fraction, host_port, int_range, positive_float
 
 HELP = (
     "serve a web page of the cluster from its decision events: slots, queues, sync "
@@ -25,6 +25,7 @@ def add_source_arguments(mp: argparse.ArgumentParser) -> None:
     mp.add_argument(
         "--live",
         metavar="HOST:PORT",
+        type=host_port,
         action="append",
         help="a running daemon's metrics port (Node(metrics_port=...)), polled; "
         "repeatable (default none)",

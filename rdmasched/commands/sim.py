@@ -11,12 +11,11 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from rdmasched.commands.args import int_range, jitter, node_counts
+from rdmasched.commands.args import int_range, jitter, node_counts, output_dir, output_file
 from rdmasched.demo.job import WorkloadConfig
 from rdmasched.sim.linkmodel import PRESETS, preset
 from rdmasched.sim.report import (
     calibrate,
-    check_plot_path,
     compare,
     demo_cluster,
     format_calibration,
@@ -176,6 +175,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trace",
         metavar="DIR",
+        type=output_dir,
         help="write every node's decision events to DIR at the end (one trace file per node, "
         "as `rdmasched trace`, `trace export` and `mirror` read; several runs: a "
         "subdirectory SCHEDULER-nN each) (default none: the event rings stay off)",
@@ -191,6 +191,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--plot",
         metavar="FILE.png",
+        type=output_file(".png"),
         help="a PNG of idle percent and step time against N (default none)",
     )
     p.add_argument(
@@ -275,8 +276,6 @@ def _real_demo(args: argparse.Namespace, cfg: SimConfig) -> Any:
 def main(args: argparse.Namespace) -> int:
     logging.getLogger("rdmasched.daemon").setLevel(logging.ERROR)
     base = base_config(args)
-    if args.plot:
-        check_plot_path(args.plot)
     say = (lambda s: print(s, file=sys.stderr)) if args.json else print
     if args.calibrate:
         call = args.central_call_ns or measure_central_call_ns()

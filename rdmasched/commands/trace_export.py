@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from rdmasched.commands.args import UserError
+from rdmasched.commands.args import UserError, host_port, output_file
 
 HELP = "write trace records (demo --trace, a node's dump, rdmasched sim) as a Perfetto trace"
 
@@ -19,7 +19,14 @@ def add_arguments(texp: argparse.ArgumentParser) -> None:
         "and load, flow arrows for DISPATCH, SYNC_READY and PREEMPT."
     )
     texp.add_argument("dirs", metavar="DIR", nargs="*", help="directories of trace records")
-    texp.add_argument("-o", "--output", metavar="FILE", required=True, help="the trace to write")
+    texp.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        required=True,
+        type=output_file(),
+        help="the trace to write",
+    )
     texp.add_argument(
         "--prefix",
         default="",
@@ -29,6 +36,7 @@ def add_arguments(texp: argparse.ArgumentParser) -> None:
     texp.add_argument(
         "--live",
         metavar="HOST:PORT",
+        type=host_port,
         action="append",
         default=[],
         help="also a running node's events, from its metrics port (Node(metrics_port=...))",

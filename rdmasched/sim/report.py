@@ -224,9 +224,3 @@ def format_calibration(rows: Sequence[dict[str, Any]]) -> str:
 
 def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
-
-
-def check_plot_path(path: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(d) or not os.access(d, os.W_OK):
-        raise ArgumentError(f"--plot {path}: directory {d} is not writable")

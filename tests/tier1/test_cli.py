@@ -71,6 +71,21 @@ def one_line(err: str) -> str:
         # issue 20 item 15: one exit code for a bad argument in every command (these were 1)
         (["daemon", "--config", "cluster.toml"], "--config and --node go together"),
         (["trace", "export", "-o", "/tmp/x.pftrace"], "give at least one DIR"),
+        # issue 20 item 15: output paths are checked before anything runs (these were
+        # tracebacks, the plot's only after the benchmark ran) and addresses are parsed
+        (["bench", "latency", "--csv", "/nonexistent/d/x.csv"], "--csv"),
+        (["bench", "latency", "--hdr-log", "/tmp"], "--hdr-log"),
+        (["bench", "latency", "--plot", "/nonexistent/x.png"], "--plot"),
+        (["bench", "latency", "--plot", "/tmp/x.txt"], "--plot"),
+        (["sim", "--plot", "/tmp"], "--plot"),
+        (["sim", "--plot", "/tmp/x.txt"], "--plot"),
+        (["sim", "--plot", "/nonexistent/x.png"], "--plot"),
+        (["sim", "--trace", "/proc/version"], "--trace"),
+        (["sim", "--trace", "/nonexistent/d"], "--trace"),
+        (["trace", "export", "--live", "127.0.0.1:abc", "-o", "/tmp/x.pftrace"], "--live"),
+        (["trace", "export", "/tmp", "-o", "/nonexistent/x.pftrace"], "--output"),
+        (["top", "--live", "127.0.0.1:abc"], "--live"),
+        (["mirror", "--live", ":8080"], "--live"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(
