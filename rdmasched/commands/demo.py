@@ -103,6 +103,7 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from rdmasched.bench.output import run_info
     from rdmasched.demo.runner import print_report, run
 
     if args.trace is not None:
@@ -119,7 +120,7 @@ def main(args: argparse.Namespace) -> int:
         local_cluster(cfg.nodes, cfg.slots, leaf=cfg.leaf, pod=cfg.pod)
     res = run(cfg, progress=True)
     if args.json:
-        print(json.dumps(res, indent=2))
+        print(json.dumps(res | run_info(vars(args)), indent=2))
     else:
         print_report(cfg, res)
     return 0

@@ -274,6 +274,8 @@ def _real_demo(args: argparse.Namespace, cfg: SimConfig) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
+    from rdmasched.bench.output import run_info
+
     logging.getLogger("rdmasched.daemon").setLevel(logging.ERROR)
     base = base_config(args)
     say = (lambda s: print(s, file=sys.stderr)) if args.json else print
@@ -286,7 +288,8 @@ def main(args: argparse.Namespace) -> int:
             base, args.calibrate_sizes, _real_demo(args, base), full_mesh=args.full_mesh
         )
         if args.json:
-            print(json.dumps({"central_call_ns": call, "calibration": cal}, indent=2))
+            doc = {"central_call_ns": call, "calibration": cal} | run_info(vars(args))
+            print(json.dumps(doc, indent=2))
         else:
             print(format_calibration(cal))
         return 0
@@ -336,7 +339,7 @@ def main(args: argparse.Namespace) -> int:
             | ({"trace": base.trace.source} if base.trace is not None else {}),
             "runs": rows,
             "not_run": not_run,
-        }
+        } | run_info(vars(args))
         print(json.dumps(doc, indent=2))
     else:
         print(format_table(rows, not_run))

@@ -286,6 +286,17 @@ def test_cli_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "idle %" in out and "fifo" in out and "central" not in out
 
 
+def test_cli_json_carries_the_run_info(capsys: pytest.CaptureFixture[str]) -> None:
+    """As bench's JSON (bench/output.run_info): the version, the options, machine, commit."""
+    from rdmasched import __version__
+
+    args = ["sim", "--sizes", "4", "--steps", "1", "--schedulers", "rdmasched", "--json"]
+    assert main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["version"] == __version__ and doc["config"]["sizes"] == [4]
+    assert doc["machine"]["nproc"] >= 1 and "commit" in doc["commit"] and doc["date_utc"]
+
+
 def test_cli_central_baselines_up_to_a_size(capsys: pytest.CaptureFixture[str]) -> None:
     """The central and k8s baselines run at sizes up to --central-max-nodes (their
     simulation grows with the coordinator's queue); the sizes above are listed as not run,

@@ -56,6 +56,9 @@ def test_demo_json_and_trace(tmp_path: Path) -> None:
         check=True,
     )
     res = json.loads(out.stdout)
+    # the run's description, as bench's JSON has it (bench/output.run_info; issue 20 item 15)
+    info = {k: res.pop(k) for k in ("version", "config", "machine", "commit", "date_utc")}
+    assert info["config"]["nodes"] == 3 and info["machine"]["nproc"] >= 1
     assert set(res) == {"rdmasched", "central"}
     for mode in res.values():
         assert set(mode) >= KEYS
