@@ -268,3 +268,26 @@ def test_python_dash_m_rdmasched_is_the_command() -> None:
         timeout=60,
     )
     assert p.returncode == 0 and p.stdout.strip() == f"rdmasched {__version__}"
+
+
+def test_library_code_never_imports_the_commands() -> None:
+    """The CLI is a shell over the library (issue 19): only cli.py, commands/ and
+    __main__.py may import rdmasched.cli or rdmasched.commands."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2] / "rdmasched"
+    shell = {root / "cli.py", root / "__main__.py"}
+    bad = []
+    for path in root.rglob("*.py"):
+        if path in shell or root / "commands" in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            shells = ("rdmasched.cli", "rdmasched.commands")
+            if any(n in shells or n.startswith(tuple(f"{s}." for s in shells)) for n in names):
+                bad.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    assert not bad, bad
