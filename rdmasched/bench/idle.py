@@ -8,6 +8,7 @@ read from the kernel, divided by the wall time.
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing as mp
 import os
 import time
@@ -59,3 +60,9 @@ def run(nodes: int = 4, seconds: float = 5.0, spin_us: int = 200) -> dict[str, A
         "max_cpu_pct": max(pct),
         "msgs_per_node": [r[2] for r in res],
     }
+
+
+def from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """`rdmasched bench idle`'s figures from its parsed options (the command prints them,
+    `bench all` stores them)."""
+    return run(args.nodes, args.seconds, args.spin_us)

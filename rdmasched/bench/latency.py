@@ -17,15 +17,18 @@ so the pinger's own loop is included, as it is for a user.
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
+import statistics
+import sys
 import tempfile
 import time
 import uuid
 from array import array
 from typing import Any
 
-from rdmasched.bench.common import Row, run_pair, samples_array
+from rdmasched.bench.common import Row, pick_cores, run_pair, samples_array
 
 PING = 1  # Kind.DISPATCH
 ROWS = (
@@ -393,3 +396,46 @@ def round_ratios(per_round: list[dict[str, Row]], name: str, ref: str) -> list[f
         for r in per_round
         if name in r and ref in r and r[ref].p50_us > 0
     ]
+
+
+def from_args(args: argparse.Namespace, quiet: bool = False) -> dict[str, Any]:
+    """`rdmasched bench latency`'s figures from its parsed options: the rows, their ratios
+    within rounds; progress on stderr unless `quiet` or stderr is not a terminal."""
+    rows = list(args.rows)
+    sizes: tuple[int, ...] = tuple(getattr(args, "sizes", None) or ())
+    quiet = quiet or not sys.stderr.isatty()
+
+    def progress(r: int, name: str, row: Any) -> None:
+        if not quiet:
+            print(
+                f"  round {r + 1}/{args.rounds}: {name:<18} p50 {row.p50_us:7.2f} us",
+                file=sys.stderr,
+            )
+
+    results, per_round = run(
+        rows,
+        args.iterations,
+        args.slow_iterations,
+        args.warmup,
+        args.rounds,
+        args.lane_slots,
+        progress,
+        sizes=sizes,
+        duration_s=getattr(args, "duration", None),
+    )
+    # in a size sweep the sized rows are renamed (row@<size>B): only the floor is a reference
+    refs = [
+        r for r in ("c-shm-floor", "rdmasched-shm") if r in rows and not (r in SIZED_ROWS and sizes)
+    ]
+    ratios = {
+        row.name: {ref: statistics.median(round_ratios(per_round, row.name, ref)) for ref in refs}
+        for row in results
+    }
+    return {
+        "results": results,
+        "ratios_p50_median_of_rounds": ratios,
+        "refs": refs,
+        "rounds": args.rounds,
+        "cores": list(pick_cores()),
+        "per_round": per_round,
+    }

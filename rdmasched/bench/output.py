@@ -1,12 +1,16 @@
 """What `rdmasched bench latency` writes besides its table: CSV, an HdrHistogram log, a plot,
-and the run's description (version, configuration, machine) that every JSON carries."""
+and the run's description (version, configuration, machine, commit) that every JSON carries
+(`run_info`; `bench all` writes the machine and the commit too)."""
 
 from __future__ import annotations
 
 import csv
 import os
+import platform
+import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from rdmasched.bench.common import Row
@@ -35,15 +39,52 @@ def run_info(config: Mapping[str, Any]) -> dict[str, Any]:
     """The version, the configuration (every option as given or defaulted), the machine and
     the commit: what a figure needs so that someone else can rerun it."""
     from rdmasched import __version__
-    from rdmasched.bench import suite
 
     return {
         "version": __version__,
         "config": {k: v for k, v in config.items() if _jsonable(v)},
-        "machine": suite.machine(),
-        "commit": suite.commit(),
+        "machine": machine(),
+        "commit": commit(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu_model": model or platform.processor(),
+        "nproc": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "loadavg_1_5_15": list(os.getloadavg()),
+    }
+
+
+def commit() -> dict[str, Any]:
+    """The checkout's commit, and whether tracked files differ from it."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    head = git("rev-parse", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": head, "dirty": bool(dirty) if dirty is not None else None}
 
 
 def _jsonable(v: Any) -> bool:

@@ -18,6 +18,7 @@ Baseline in the same run: the C floor's one-way time (half its round trip).
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing as mp
 import time
 import uuid
@@ -284,3 +285,19 @@ def telemetry_cost(
     res["p99_ratio"] = res["events_on"]["reaction_p99_us"] / res["events_off"]["reaction_p99_us"]
     res["path"] = stages.telemetry_cost(n, rounds=rounds, events=events)
     return res
+
+
+def from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """`rdmasched bench preempt`'s figures from its parsed options (the command prints them,
+    `bench all` stores them)."""
+    if args.telemetry_cost:
+        return telemetry_cost(
+            args.preempts, args.interval_us, args.spin_us, rounds=args.rounds, events=args.events
+        )
+    return run(
+        args.preempts,
+        args.interval_us,
+        args.spin_us,
+        stages=getattr(args, "stages", False),
+        events=args.events,
+    )

@@ -340,3 +340,22 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """`rdmasched bench scheduler`'s figures from its parsed options (the command prints them,
+    `bench all` stores them)."""
+    if args.telemetry_cost:
+        return telemetry_cost(
+            args.decisions, args.exec_slots, rounds=args.rounds, events=args.events
+        )
+    # The baseline in the same run: the same policy source as plain Python.
+    ev = args.events
+    compiled = run(args.decisions, args.exec_slots, impl="auto", quiet=True, events=ev)
+    python = run(args.decisions, args.exec_slots, impl="python", quiet=True, events=ev)
+    return {
+        "results": [compiled, python],
+        "speedup": compiled["decisions_per_s"] / python["decisions_per_s"],
+        # on each run's CPU time: steadier than wall-clock when other work shares the core
+        "cpu_speedup": compiled["cpu_decisions_per_s"] / python["cpu_decisions_per_s"],
+    }

@@ -19,6 +19,7 @@ are).
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
@@ -314,3 +315,9 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """`rdmasched bench stages`'s figures from its parsed options (the command prints them,
+    `bench all` stores them)."""
+    return run(args.messages)

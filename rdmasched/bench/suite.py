@@ -11,14 +11,13 @@ import argparse
 import datetime
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from rdmasched.bench.common import row_dict
+from rdmasched.bench.output import commit, machine
 
 #: the benchmarks, in the order they run, with the arguments `--quick` adds (a tenth)
 BENCHES: dict[str, tuple[list[str], list[str]]] = {
@@ -35,44 +34,6 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
 }  # fmt: skip
 
 
-def machine() -> dict[str, Any]:
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "cpu_model": model or platform.processor(),
-        "nproc": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "loadavg_1_5_15": list(os.getloadavg()),
-    }
-
-
-def commit() -> dict[str, Any]:
-    """The checkout's commit, and whether tracked files differ from it."""
-    root = Path(__file__).resolve().parents[2]
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(
-                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    head = git("rev-parse", "HEAD")
-    dirty = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": head, "dirty": bool(dirty) if dirty is not None else None}
-
-
 def _progress(text: str) -> None:
     print(f"bench all: {text}", file=sys.stderr, flush=True)
 
@@ -86,8 +47,16 @@ def run(
     """Run every benchmark, write the figures to `json_out`, return them.
 
     `extra`: more arguments for some benchmarks, by name (the tests make them small)."""
-    from rdmasched import cli
+    from rdmasched.bench import idle, latency, preempt, scheduler, throughput
+    from rdmasched.demo.defaults import demo_config
+    from rdmasched.demo.runner import run as run_demo
 
+    figures: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+        "throughput": throughput.from_args,
+        "scheduler": scheduler.from_args,
+        "preempt": preempt.from_args,
+        "idle": idle.from_args,
+    }
     started = time.monotonic()
     doc: dict[str, Any] = {
         "command": "rdmasched bench all --json-out FILE" + (" --quick" if quick else ""),
@@ -106,7 +75,7 @@ def run(
         _progress(f"{name} ({' '.join(argv[:2])}) ...")
         t0 = time.monotonic()
         if name == "latency":
-            r = cli.bench_latency(args, quiet=True)
+            r = latency.from_args(args, quiet=True)
             fig: dict[str, Any] = {
                 "rows": [row_dict(row) for row in r["results"]],
                 "ratios_p50_median_of_rounds": r["ratios_p50_median_of_rounds"],
@@ -114,11 +83,9 @@ def run(
                 "cores": r["cores"],
             }
         elif name == "demo":
-            from rdmasched.demo.runner import run as run_demo
-
-            fig = run_demo(cli.demo_config(args), progress=True)
+            fig = run_demo(demo_config(args), progress=True)
         else:
-            fig = getattr(cli, f"bench_{name}")(args)
+            fig = figures[name](args)
         fig["seconds"] = round(time.monotonic() - t0, 1)
         doc["figures"][name] = fig
     doc["duration_s"] = round(time.monotonic() - started, 1)

@@ -7,6 +7,7 @@ receiver checks that every message number arrived once, in order.
 
 from __future__ import annotations
 
+import argparse
 import time
 import uuid
 from typing import Any
@@ -101,4 +102,15 @@ def run(n: int, batch: int, nslots: int = 1024) -> dict[str, Any]:
         "slots": nslots,
         "msgs_per_s": rx_res["msgs_per_s"],
         "sender_msgs_per_s": tx_rate,
+    }
+
+
+def from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """`rdmasched bench throughput`'s figures from its parsed options (the command prints them,
+    `bench all` stores them)."""
+    return {
+        "results": [
+            run(args.messages, 1, args.lane_slots),
+            run(args.messages, args.batch, args.lane_slots),
+        ]
     }

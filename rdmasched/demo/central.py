@@ -17,7 +17,7 @@ from rdmasched._wire import Message
 from rdmasched.daemon.core import Effect, NodeCore, PreemptTask, RunSync
 from rdmasched.daemon.loop import Loop
 from rdmasched.daemon.node import Reactions
-from rdmasched.demo.workload import GROUP
+from rdmasched.demo.job import GROUP
 from rdmasched.errors import MessageError
 from rdmasched.scheduler import Scheduler, Start, Task, TaskState
 

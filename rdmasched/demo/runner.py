@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rdmasched.demo.workload import GROUP, Trainer, WorkloadConfig
+from rdmasched.demo.job import GROUP, Trainer, WorkloadConfig
 from rdmasched.errors import RdmaschedError
 from rdmasched.stats import percentile_us
 from rdmasched.telemetry import records

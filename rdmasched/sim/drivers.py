@@ -8,7 +8,7 @@
   The "k8s" baseline is the same code with a batch scheduler's costs: a scheduling decision
   takes 1/throughput, and messages are taken in at the scheduler's cycle.
 
-The workload is the demo's `Trainer` (rdmasched/demo/workload.py), unchanged, behind a
+The workload is the demo's `Trainer` (rdmasched/demo/job.py), unchanged, behind a
 backend that counts what conservation tests check and applies the node's slowdown.
 """
 
@@ -32,7 +32,8 @@ from rdmasched.daemon.core import (
     SetTimer,
     StartTask,
 )
-from rdmasched.demo.workload import GROUP, KIND_BACKGROUND, Trainer, WorkloadConfig, task_kind
+from rdmasched.demo.job import GROUP, Trainer, WorkloadConfig
+from rdmasched.demo.taskid import KIND_BACKGROUND, task_kind
 from rdmasched.messages import Heartbeat
 from rdmasched.scheduler import Task
 from rdmasched.sim.engine import Endpoint, Engine, Network

@@ -19,7 +19,7 @@ from typing import Any
 from rdmasched import _wire
 from rdmasched.errors import LaneError
 from rdmasched.messages import ControlMessage, Heartbeat, Outgoing, relayed
-from rdmasched.sim.links import LinkModel
+from rdmasched.sim.linkmodel import LinkModel
 from rdmasched.topology import Topology
 from rdmasched.wire import Kind
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from rdmasched.errors import ArgumentError
-from rdmasched.sim.links import preset
+from rdmasched.sim.linkmodel import preset
 from rdmasched.sim.run import SimConfig, simulate
 
 COLUMNS: list[tuple[str, str, str]] = [
@@ -121,13 +121,10 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
 def demo_cluster(n: int, full_mesh: bool = False) -> tuple[int | None, int, int]:
     """What `rdmasched demo --nodes n` runs by default: (nodes per leaf, None for a full
     mesh; heartbeat ms; dead-after ms). The calibration gives the simulator the same."""
-    import argparse
+    from rdmasched.demo import defaults
 
-    from rdmasched.cli import demo_leaf, demo_liveness
-
-    ns = argparse.Namespace(nodes=n, full_mesh=full_mesh)
-    hb, dead = demo_liveness(ns)
-    return demo_leaf(ns), hb, dead
+    hb, dead = defaults.liveness(n)
+    return defaults.leaf(n, full_mesh=full_mesh), hb, dead
 
 
 def calibrate(
@@ -227,9 +224,3 @@ def format_calibration(rows: Sequence[dict[str, Any]]) -> str:
 
 def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
-
-
-def check_plot_path(path: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(d) or not os.access(d, os.W_OK):
-        raise ArgumentError(f"--plot {path}: directory {d} is not writable")

@@ -21,7 +21,7 @@ from typing import Any
 from rdmasched import _wire
 from rdmasched.daemon.core import NodeCore
 from rdmasched.demo.central import Coordinator, Executor
-from rdmasched.demo.workload import GROUP, WorkloadConfig
+from rdmasched.demo.job import GROUP, WorkloadConfig
 from rdmasched.errors import ArgumentError
 from rdmasched.messages import Complete, Dispatch, SyncReady
 from rdmasched.scheduler.events import WORDS
@@ -34,7 +34,7 @@ from rdmasched.sim.drivers import (
     make_core,
 )
 from rdmasched.sim.engine import Endpoint, Engine, Network
-from rdmasched.sim.links import PRESETS, LinkModel
+from rdmasched.sim.linkmodel import PRESETS, LinkModel
 from rdmasched.sim.trace import TRACE_GROUP_BASE, TraceTrainer, allreduce_ns, trace_groups
 from rdmasched.topology import DEFAULT_SLOTS_PER_LANE, LANE_HEADER_BYTES, SLOT_BYTES, Topology
 from rdmasched.wire import Kind

@@ -17,17 +17,11 @@ from __future__ import annotations
 
 import math
 
-from rdmasched.demo.workload import (
-    COMPUTE_PRIORITY,
-    KIND_BACKGROUND,
-    KIND_COMPUTE,
-    WorkloadConfig,
-    task_id,
-    task_kind,
-)
+from rdmasched.demo.job import COMPUTE_PRIORITY, WorkloadConfig
+from rdmasched.demo.taskid import KIND_BACKGROUND, KIND_COMPUTE, task_id, task_kind
 from rdmasched.scheduler import Task
 from rdmasched.sim.drivers import Ledger, Shaped, SimTrainer
-from rdmasched.sim.links import LinkModel
+from rdmasched.sim.linkmodel import LinkModel
 from rdmasched.workload import ComputeTask, Replicated, SyncTask
 
 TRACE_GROUP_BASE = 16

@@ -28,7 +28,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from rdmasched.demo.workload import KIND_BACKGROUND, KIND_COMPUTE, task_kind, task_node, task_seq
+from rdmasched.demo.taskid import KIND_BACKGROUND, KIND_COMPUTE, task_kind, task_node, task_seq
 from rdmasched.errors import ConfigError
 from rdmasched.scheduler.events import NO_TASK, Decision, Event
 from rdmasched.telemetry import live
@@ -52,7 +52,7 @@ _STATIC = {
 
 def label(task_id: int, group: int | None = None, step: int | None = None) -> str:
     """A short name for a task: ``sync G step S`` for a sync task; the demo's compute and
-    background ids (rdmasched.demo.workload.task_id) as ``compute N.SEQ``/``bg N.SEQ``;
+    background ids (rdmasched.demo.taskid.task_id) as ``compute N.SEQ``/``bg N.SEQ``;
     else the id."""
     if group is not None and step is not None:
         return f"sync {group} step {step}"

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from rdmasched.cli import main
-from rdmasched.demo.workload import WorkloadConfig
+from rdmasched.demo.job import WorkloadConfig
 from rdmasched.errors import WorkloadError
 from rdmasched.sim import Run, SimConfig, simulate
 from rdmasched.sim.trace import TRACE_GROUP_BASE

@@ -68,6 +68,24 @@ def one_line(err: str) -> str:
         (["bench", "throughput", "--messages", "100", "--batch", "256"], "--batch"),
         (["bench", "throughput", "--lane-slots", "64", "--batch", "64"], "--batch"),
         (["bench", "all"], "--json-out"),
+        # issue 20 item 15: one exit code for a bad argument in every command (these were 1)
+        (["daemon", "--config", "cluster.toml"], "--config and --node go together"),
+        (["trace", "export", "-o", "/tmp/x.pftrace"], "give at least one DIR"),
+        # issue 20 item 15: output paths are checked before anything runs (these were
+        # tracebacks, the plot's only after the benchmark ran) and addresses are parsed
+        (["bench", "latency", "--csv", "/nonexistent/d/x.csv"], "--csv"),
+        (["bench", "latency", "--hdr-log", "/tmp"], "--hdr-log"),
+        (["bench", "latency", "--plot", "/nonexistent/x.png"], "--plot"),
+        (["bench", "latency", "--plot", "/tmp/x.txt"], "--plot"),
+        (["sim", "--plot", "/tmp"], "--plot"),
+        (["sim", "--plot", "/tmp/x.txt"], "--plot"),
+        (["sim", "--plot", "/nonexistent/x.png"], "--plot"),
+        (["sim", "--trace", "/proc/version"], "--trace"),
+        (["sim", "--trace", "/nonexistent/d"], "--trace"),
+        (["trace", "export", "--live", "127.0.0.1:abc", "-o", "/tmp/x.pftrace"], "--live"),
+        (["trace", "export", "/tmp", "-o", "/nonexistent/x.pftrace"], "--output"),
+        (["top", "--live", "127.0.0.1:abc"], "--live"),
+        (["mirror", "--live", ":8080"], "--live"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(
@@ -250,3 +268,26 @@ def test_python_dash_m_rdmasched_is_the_command() -> None:
         timeout=60,
     )
     assert p.returncode == 0 and p.stdout.strip() == f"rdmasched {__version__}"
+
+
+def test_library_code_never_imports_the_commands() -> None:
+    """The CLI is a shell over the library (issue 19): only cli.py, commands/ and
+    __main__.py may import rdmasched.cli or rdmasched.commands."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2] / "rdmasched"
+    shell = {root / "cli.py", root / "__main__.py"}
+    bad = []
+    for path in root.rglob("*.py"):
+        if path in shell or root / "commands" in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            shells = ("rdmasched.cli", "rdmasched.commands")
+            if any(n in shells or n.startswith(tuple(f"{s}." for s in shells)) for n in names):
+                bad.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    assert not bad, bad

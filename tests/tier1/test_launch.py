@@ -112,9 +112,10 @@ def test_host_node_is_the_host_daemon() -> None:
 def test_daemon_command_user_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from rdmasched.cli import main
 
-    assert main(["daemon", "--config", "cluster.toml"]) == 1
+    assert main(["daemon", "--config", "cluster.toml"]) == 2  # a bad argument, as everywhere
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["rdmasched daemon: error: --config and --node go together"]
+    assert len(err) == 1
+    assert err[0].startswith("rdmasched daemon: error: --config and --node go together")
     assert main(["daemon", "--config", f"{tmp_path}/none.toml", "--node", "a"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not exist" in err[0]

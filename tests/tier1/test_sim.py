@@ -14,12 +14,10 @@ import pytest
 from rdmasched.cli import main
 from rdmasched.cluster import MAX_NODES
 from rdmasched.demo.central import Coordinator
-from rdmasched.demo.workload import (
-    GROUP,
+from rdmasched.demo.job import GROUP, Trainer, WorkloadConfig
+from rdmasched.demo.taskid import (
     KIND_BACKGROUND,
     KIND_COMPUTE,
-    Trainer,
-    WorkloadConfig,
     task_id,
     task_kind,
     task_node,
@@ -288,6 +286,17 @@ def test_cli_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "idle %" in out and "fifo" in out and "central" not in out
 
 
+def test_cli_json_carries_the_run_info(capsys: pytest.CaptureFixture[str]) -> None:
+    """As bench's JSON (bench/output.run_info): the version, the options, machine, commit."""
+    from rdmasched import __version__
+
+    args = ["sim", "--sizes", "4", "--steps", "1", "--schedulers", "rdmasched", "--json"]
+    assert main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["version"] == __version__ and doc["config"]["sizes"] == [4]
+    assert doc["machine"]["nproc"] >= 1 and "commit" in doc["commit"] and doc["date_utc"]
+
+
 def test_cli_central_baselines_up_to_a_size(capsys: pytest.CaptureFixture[str]) -> None:
     """The central and k8s baselines run at sizes up to --central-max-nodes (their
     simulation grows with the coordinator's queue); the sizes above are listed as not run,
@@ -331,6 +340,13 @@ def test_cli_central_baselines_up_to_a_size(capsys: pytest.CaptureFixture[str]) 
         ["--stall-ms", "0"],
         ["--central-max-nodes", "-1"],
         ["--central-max-nodes", "many"],
+        # issue 20 item 15: these exited 1 (checked after parsing), as no other bad argument
+        ["--job-nodes", "-1"],
+        ["--backlog", "-1"],
+        ["--jitter", "1"],
+        ["--cpu-ns", "-5"],
+        ["--k8s-pods-per-s", "0"],
+        ["--straggler-slowdown", "0.5"],
     ],
 )
 def test_cli_bad_arguments(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -417,6 +433,21 @@ def test_the_default_stall_window_waits_for_a_k8s_round_of_pods() -> None:
     assert cfg(1000, "k8s", stall_ms=100).stall_window_ms() == 100
     r = simulate(c)
     assert r["finished"], r["stopped"]
+
+
+def test_sizes_are_one_grammar_with_topology(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--sizes 1k` means 1,000 nodes in `sim` as in `topology` (one argument type)."""
+    from rdmasched.cli import build_parser
+
+    p = build_parser()
+    a = p.parse_args(["sim", "--sizes", "1k,2", "--calibrate-sizes", "4,1K"])
+    assert (a.sizes, a.calibrate_sizes) == ([1000, 2], [4, 1000])
+    assert p.parse_args(["topology", "--sizes", "1k,2"]).sizes == [1000, 2]
+    errs = []
+    for cmd in ("sim", "topology"):
+        assert main([cmd, "--sizes", "1k,x"]) == 2
+        errs.append(capsys.readouterr().err.split("error: ", 1)[1].split(" (see: ")[0])
+    assert errs[0] == errs[1], errs
 
 
 def test_cli_bad_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -378,8 +378,8 @@ def test_cli_json_sources(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("argv", "why"),
     [
-        (["--nodes", "0"], "--nodes must be >= 1"),
-        (["--nodes", "x"], "--nodes must be an integer"),
+        (["--nodes", "0"], r"--nodes: must be an integer in 1\.\."),
+        (["--nodes", "x"], "--nodes: must be an integer, not 'x'"),
         (["--pod", "1000"], "multiple of leaf"),
         (["--lane-slots", "100"], "power of two"),
         (["--budget", "8"], "no link plan fits 8"),
@@ -395,6 +395,32 @@ def test_cli_errors_are_one_line(
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and re.search(why, err), err
     assert err.startswith("rdmasched topology: error: ")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--budget", "x"],
+        ["--budget", "0"],
+        ["--lane-slots", "100"],
+        ["--lane-slots", "x"],
+        ["--sizes", "1k,x"],
+        ["--sizes", "0"],
+        ["--nodes", "x"],
+        ["--nodes", "0"],
+        ["--leaf", "0"],
+        ["--pod", "-1"],
+        ["--exhaustive", "-1"],
+        ["--sources", "0"],
+        ["--bfs", "x"],
+    ],
+)
+def test_cli_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """As every command's: argparse refuses them, exit 2, one line naming the option."""
+    assert main(["topology", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith(f"rdmasched topology: error: argument {argv[0]}: "), err
 
 
 def test_cli_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:

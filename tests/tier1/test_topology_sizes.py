@@ -8,7 +8,9 @@ import json
 import pytest
 
 from rdmasched.cli import main
-from rdmasched.topology import Topology, parse_sizes, table_row, verify
+from rdmasched.commands.args import node_counts
+from rdmasched.commands.topology import table_row
+from rdmasched.topology import Topology, verify
 
 
 def test_sizes_rows_are_verify_reports(capsys: pytest.CaptureFixture[str]) -> None:
@@ -48,8 +50,8 @@ def test_sizes_errors_are_one_line(
     assert err.count("\n") == 1 and why in err, err
 
 
-def test_parse_sizes() -> None:
-    assert parse_sizes("1k, 10K,100000") == [1000, 10_000, 100_000]
+def test_node_counts() -> None:
+    assert node_counts("1k, 10K,100000") == [1000, 10_000, 100_000]
 
 
 @pytest.mark.parametrize(

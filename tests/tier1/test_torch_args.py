@@ -58,14 +58,15 @@ def test_the_daemon_runs_strict_priorities_when_told(
     # host_client() starts the daemon with RDMASCHED_STARVATION_US=off and
     # RDMASCHED_AGING_US=off; a user's `rdmasched daemon` takes the options
     from rdmasched import launch
-    from rdmasched.cli import _daemon_policy, build_parser
+    from rdmasched.cli import build_parser
+    from rdmasched.commands.daemon import daemon_policy
 
     for var in ("RDMASCHED_STARVATION_US", "RDMASCHED_AGING_US"):
         monkeypatch.delenv(var, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     args = build_parser().parse_args(["daemon", *argv])
-    node = launch.host_node({"RDMASCHED_CLUSTER": "unused-never-opened"}, **_daemon_policy(args))
+    node = launch.host_node({"RDMASCHED_CLUSTER": "unused-never-opened"}, **daemon_policy(args))
     if starvation_us is None:  # off: no cap any task reaches
         assert node.scheduler.starvation_ns >= (1 << 40) * 1000
     else:
@@ -74,11 +75,13 @@ def test_the_daemon_runs_strict_priorities_when_told(
 
 
 def test_a_bad_policy_variable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rdmasched.cli import _daemon_policy, _UserError, build_parser
+    from rdmasched.cli import build_parser
+    from rdmasched.commands.args import UserError
+    from rdmasched.commands.daemon import daemon_policy
 
     monkeypatch.setenv("RDMASCHED_STARVATION_US", "forever")
-    with pytest.raises(_UserError, match="RDMASCHED_STARVATION_US='forever'"):
-        _daemon_policy(build_parser().parse_args(["daemon"]))
+    with pytest.raises(UserError, match="RDMASCHED_STARVATION_US='forever'"):
+        daemon_policy(build_parser().parse_args(["daemon"]))
 
 
 def test_the_hook_has_the_annotations_ddp_checks() -> None:

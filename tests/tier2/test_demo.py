@@ -56,6 +56,9 @@ def test_demo_json_and_trace(tmp_path: Path) -> None:
         check=True,
     )
     res = json.loads(out.stdout)
+    # the run's description, as bench's JSON has it (bench/output.run_info; issue 20 item 15)
+    info = {k: res.pop(k) for k in ("version", "config", "machine", "commit", "date_utc")}
+    assert info["config"]["nodes"] == 3 and info["machine"]["nproc"] >= 1
     assert set(res) == {"rdmasched", "central"}
     for mode in res.values():
         assert set(mode) >= KEYS
@@ -226,8 +229,8 @@ def test_cleanup_removes_segments_of_dead_processes(
 def test_a_stalled_demo_fails_with_a_clear_message_and_cleans_up() -> None:
     """No node finishing a step for `stall_s` ends the run with the steps per node (it used to
     wait 300 s, and a long healthy run hit that limit too); nothing is left in /dev/shm."""
+    from rdmasched.demo.job import WorkloadConfig
     from rdmasched.demo.runner import DemoConfig, run_mode
-    from rdmasched.demo.workload import WorkloadConfig
 
     # a step takes at least 3 s by construction: no step can finish within 0.5 s
     cfg = DemoConfig(

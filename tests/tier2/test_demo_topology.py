@@ -8,8 +8,8 @@ import io
 import pytest
 
 from rdmasched.cluster import local_cluster
+from rdmasched.demo.job import WorkloadConfig
 from rdmasched.demo.runner import DemoConfig, print_report, run, run_mode
-from rdmasched.demo.workload import WorkloadConfig
 from rdmasched.transport import shm
 
 pytestmark = pytest.mark.tier2

@@ -23,7 +23,7 @@ def test_calibrate_default_sizes_reach_32() -> None:
 
 
 def test_demo_cluster_is_the_demos_default() -> None:
-    # the demo's own defaults (rdmasched/cli.py): leaves of 8, liveness by size
+    # the demo's own defaults (rdmasched/demo/defaults.py): leaves of 8, liveness by size
     assert demo_cluster(4) == (4, 50, 500)
     assert demo_cluster(16) == (8, 50, 500)
     leaf, hb, dead = demo_cluster(32)

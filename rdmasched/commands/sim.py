@@ -1,4 +1,4 @@
-"""`rdmasched sim`: arguments and the command (rdmasched/cli.py registers them)."""
+"""`rdmasched sim`: the simulator's command (rdmasched/sim/, docs/SIM.md)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,11 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from rdmasched.cli import _int_range
-from rdmasched.demo.workload import WorkloadConfig
-from rdmasched.errors import ArgumentError
-from rdmasched.sim.links import PRESETS, preset
+from rdmasched.commands.args import int_range, jitter, node_counts, output_dir, output_file
+from rdmasched.demo.job import WorkloadConfig
+from rdmasched.sim.linkmodel import PRESETS, preset
 from rdmasched.sim.report import (
     calibrate,
-    check_plot_path,
     compare,
     demo_cluster,
     format_calibration,
@@ -26,19 +24,12 @@ from rdmasched.sim.report import (
 )
 from rdmasched.sim.run import CENTRAL, SCHEDULERS, SimConfig, measure_central_call_ns, simulate
 
-MAX_NODES = 1 << 20
+HELP = (
+    "simulate a cluster of up to 100,000 nodes running the real node core, against "
+    "central, k8s-class and fifo baselines (docs/SIM.md)"
+)
 #: the default of --central-max-nodes: the baselines at every size
 CENTRAL_MAX_NODES = 0
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of node counts: {text!r}") from None
-    if not out or any(not 1 <= n <= MAX_NODES for n in out):
-        raise argparse.ArgumentTypeError(f"node counts are 1..{MAX_NODES}, comma-separated")
-    return out
 
 
 def _schedulers(text: str) -> list[str]:
@@ -79,13 +70,23 @@ def _positive(text: str) -> float:
     return v
 
 
+def _slowdown(text: str) -> float:
+    v = _nonneg(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"not a factor >= 1: {text!r}")
+    return v
+
+
 #: an integer >= 0, and one >= 1 (the command line's one parser of integer ranges)
-_count, _pos_int = _int_range(0), _int_range(1)
+_count, _pos_int = int_range(0), int_range(1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--sizes", type=_sizes, default="1000", help="cluster sizes (nodes), comma-separated"
+        "--sizes",
+        type=node_counts,
+        default="1000",
+        help="cluster sizes (nodes), comma-separated; 1k is 1,000",
     )
     p.add_argument(
         "--schedulers",
@@ -104,13 +105,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=_pos_int, default=10, help="training steps")
     p.add_argument("--exec-slots", type=_pos_int, default=4, help="execution slots per node")
     p.add_argument("--compute-ms", type=_nonneg, default=4.0, help="compute task length, ms")
-    p.add_argument("--jitter", type=_nonneg, default=0.25, help="compute length +- fraction")
+    p.add_argument("--jitter", type=jitter, default=0.25, help="compute length +- fraction")
     p.add_argument("--sync-ms", type=_nonneg, default=1.0, help="gradient sync task length, ms")
     p.add_argument("--background-ms", type=_nonneg, default=2.0, help="background task, ms")
-    p.add_argument("--backlog", type=int, default=4, help="background tasks queued per node")
+    p.add_argument("--backlog", type=_count, default=4, help="background tasks queued per node")
     p.add_argument(
         "--job-nodes",
-        type=int,
+        type=_count,
         default=0,
         help="nodes per data-parallel job: the cluster runs N/J jobs side by side "
         "(0: one job over every node)",
@@ -122,7 +123,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(.et) instead of the synthetic job (default none: the synthetic job)",
     )
     p.add_argument("--links", choices=sorted(PRESETS), default="ib", help="link model")
-    p.add_argument("--cpu-ns", type=int, help="per-message CPU cost, ns (default the model's)")
+    p.add_argument("--cpu-ns", type=_count, help="per-message CPU cost, ns (default the model's)")
     p.add_argument("--leaf", type=_pos_int, default=32, help="nodes per leaf switch")
     p.add_argument(
         "--full-mesh",
@@ -134,7 +135,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1, help="seed of every random choice")
     p.add_argument("--sigma", type=_nonneg, default=0.0, help="per-node lognormal slowdown")
     p.add_argument("--stragglers", type=_nonneg, default=0.0, help="fraction of stragglers")
-    p.add_argument("--straggler-slowdown", type=_nonneg, default=2.0, help="their factor")
+    p.add_argument("--straggler-slowdown", type=_slowdown, default=2.0, help="their factor")
     p.add_argument(
         "--kill",
         type=_kill,
@@ -152,7 +153,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "at start-up by timing the real coordinator code)",
     )
     p.add_argument(
-        "--k8s-pods-per-s", type=_nonneg, default=100.0, help="k8s baseline: decisions/s"
+        "--k8s-pods-per-s", type=_positive, default=100.0, help="k8s baseline: decisions/s"
     )
     p.add_argument(
         "--k8s-period-ms", type=_nonneg, default=0.0, help="k8s baseline: scheduling cycle, ms"
@@ -174,6 +175,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trace",
         metavar="DIR",
+        type=output_dir,
         help="write every node's decision events to DIR at the end (one trace file per node, "
         "as `rdmasched trace`, `trace export` and `mirror` read; several runs: a "
         "subdirectory SCHEDULER-nN each) (default none: the event rings stay off)",
@@ -189,6 +191,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--plot",
         metavar="FILE.png",
+        type=output_file(".png"),
         help="a PNG of idle percent and step time against N (default none)",
     )
     p.add_argument(
@@ -199,17 +202,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "unless --full-mesh",
     )
     p.add_argument(
-        "--calibrate-sizes", type=_sizes, default="4,8,16,32", help="node counts to calibrate at"
+        "--calibrate-sizes",
+        type=node_counts,
+        default="4,8,16,32",
+        help="node counts to calibrate at",
     )
 
 
 def base_config(args: argparse.Namespace) -> SimConfig:
-    if args.job_nodes < 0:
-        raise ArgumentError("--job-nodes must be >= 0")
-    if args.backlog < 0:
-        raise ArgumentError("--backlog must be >= 0")
-    if args.jitter >= 1:
-        raise ArgumentError("--jitter must be in [0, 1)")
     trace = None
     if args.workload:
         from rdmasched.workload import load
@@ -218,8 +218,6 @@ def base_config(args: argparse.Namespace) -> SimConfig:
         trace.validate()
     model = preset(args.links)
     if args.cpu_ns is not None:
-        if args.cpu_ns < 0:
-            raise ArgumentError("--cpu-ns must be >= 0")
         model = model.with_cpu(args.cpu_ns)
     w = WorkloadConfig(
         steps=args.steps,
@@ -240,11 +238,11 @@ def base_config(args: argparse.Namespace) -> SimConfig:
         seed=args.seed,
         sigma=args.sigma,
         stragglers=args.stragglers,
-        straggler_slowdown=max(1.0, args.straggler_slowdown),
+        straggler_slowdown=args.straggler_slowdown,
         kill=tuple(args.kill or ()),
         heartbeat_ms=args.heartbeat_ms,
         dead_after_ms=args.dead_after_ms,
-        k8s_pods_per_s=args.k8s_pods_per_s or 1.0,
+        k8s_pods_per_s=args.k8s_pods_per_s,
         k8s_period_ms=args.k8s_period_ms,
         wall_limit_s=args.wall_limit_s,
         stall_ms=args.stall_ms,
@@ -252,10 +250,6 @@ def base_config(args: argparse.Namespace) -> SimConfig:
         trace=trace,
         full_mesh=args.full_mesh,
     )
-    if args.k8s_pods_per_s <= 0:
-        raise ArgumentError("--k8s-pods-per-s must be > 0")
-    if args.straggler_slowdown < 1:
-        raise ArgumentError("--straggler-slowdown must be >= 1")
     return cfg
 
 
@@ -280,10 +274,10 @@ def _real_demo(args: argparse.Namespace, cfg: SimConfig) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
+    from rdmasched.bench.output import run_info
+
     logging.getLogger("rdmasched.daemon").setLevel(logging.ERROR)
     base = base_config(args)
-    if args.plot:
-        check_plot_path(args.plot)
     say = (lambda s: print(s, file=sys.stderr)) if args.json else print
     if args.calibrate:
         call = args.central_call_ns or measure_central_call_ns()
@@ -294,7 +288,8 @@ def main(args: argparse.Namespace) -> int:
             base, args.calibrate_sizes, _real_demo(args, base), full_mesh=args.full_mesh
         )
         if args.json:
-            print(json.dumps({"central_call_ns": call, "calibration": cal}, indent=2))
+            doc = {"central_call_ns": call, "calibration": cal} | run_info(vars(args))
+            print(json.dumps(doc, indent=2))
         else:
             print(format_calibration(cal))
         return 0
@@ -344,7 +339,7 @@ def main(args: argparse.Namespace) -> int:
             | ({"trace": base.trace.source} if base.trace is not None else {}),
             "runs": rows,
             "not_run": not_run,
-        }
+        } | run_info(vars(args))
         print(json.dumps(doc, indent=2))
     else:
         print(format_table(rows, not_run))
