@@ -17,6 +17,16 @@ from rdmasched.libibverbs cimport (
 
 from rdmasched.errors import PeerDeadError
 
+# A lane's close tells its connection (`_on_close`, set by verbs.Connection), which decides
+# what else goes: the peer is told, and once both lanes are closed the connection closes.
+cdef void _tell_connection(lane, on_close):
+    try:
+        on_close(lane)
+    except Exception as exc:
+        import logging
+        logging.getLogger("rdmasched.verbs").warning("closing lane %r: %s", lane.name, exc)
+
+
 # ---- receiver ---------------------------------------------------------------------------------
 cdef struct vb_rx:
     vb_conn *conn            # where the credits go
@@ -175,12 +185,7 @@ cdef class VerbsRxLane(RxLane):
         self.x.conn = NULL
         self.x.next = NULL
         if self._on_close is not None:
-            try:
-                self._on_close(self)
-            except Exception as exc:
-                import logging
-                logging.getLogger("rdmasched.verbs").warning(
-                    "closing lane %r: %s", self.name, exc)
+            _tell_connection(self, self._on_close)
         else:
             self.release_memory()
 
@@ -351,9 +356,4 @@ cdef class VerbsTxLane(TxLane):
 
     cdef void _close_transport(self):
         if self._on_close is not None:
-            try:
-                self._on_close(self)
-            except Exception as exc:
-                import logging
-                logging.getLogger("rdmasched.verbs").warning(
-                    "closing lane %r: %s", self.name, exc)
+            _tell_connection(self, self._on_close)

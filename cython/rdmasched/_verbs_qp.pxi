@@ -317,11 +317,14 @@ cdef void _poll_once(vb_conn *c) noexcept nogil:
     _unlock(c)
 
 
-cdef class QueuePair:
-    """One RC queue pair and its send completion queue, in the protection domain `pd`.
+cdef class QueuePair(VerbsObject):
+    """One RC queue pair and its completion queues (send; receive on `channel` if given), in
+    the protection domain `pd`.
 
-    Keeps `pd` and the control block `ctl_mr` alive (a child holds its parent) but does not
-    own them. Made by verbs.Connection, which owns it.
+    A child of `pd` and of `channel`: it keeps them (and the control block `ctl_mr`) alive,
+    and either closes it before itself. `close()` destroys the QP, then its CQs; the C state
+    stays allocated until the object goes, so a lane that still points at it finds it failed,
+    not freed. Made by verbs.Connection, which owns it.
     """
 
     cdef vb_conn *c
@@ -417,6 +420,9 @@ cdef class QueuePair:
               self.c.ctl_lkey)
         _prep(&self.c.rwr, &self.c.rsge, IBV_WR_RDMA_READ, &self.c.ctl.peer_tail, 8,
               self.c.ctl_lkey)
+        pd._adopt(PD_QPS, self)
+        if channel is not None:
+            channel._adopt(CHANNEL_QPS, self)
 
     cdef void _free(self):
         if self.c == NULL:
@@ -457,7 +463,7 @@ cdef class QueuePair:
 
     cdef int _check(self) except -1:
         if self.c.qp == NULL:
-            raise DeviceError("the queue pair was destroyed")
+            raise DeviceError("the queue pair is closed")
         return 0
 
     def modify_init(self):
@@ -633,19 +639,19 @@ cdef class QueuePair:
         _fail(self.c, VB_CLOSED)
         _unlock(self.c)
 
-    def destroy_qp(self):
-        """First step of teardown. Safe to call twice."""
+    cdef bint _is_open(self):
+        return self.c != NULL and (self.c.qp != NULL or self.c.cq != NULL
+                                   or self.c.rcq != NULL)
+
+    cdef int _destroy(self) except -1:
+        """The QP (under the lock, marking the connection closed, so a lane's next post
+        fails instead of posting), then its completion queues."""
         _lock(self.c)
         _fail(self.c, VB_CLOSED)
         if self.c.qp != NULL:
             ibv_destroy_qp(self.c.qp)
             self.c.qp = NULL
         _unlock(self.c)
-
-    def destroy_cq(self):
-        """After the QP and the memory regions. Safe to call twice."""
-        if self.c.qp != NULL:
-            raise DeviceError("destroy the queue pair before its completion queue")
         if self.c.cq != NULL:
             ibv_destroy_cq(self.c.cq)
             self.c.cq = NULL
@@ -654,10 +660,7 @@ cdef class QueuePair:
             self.c.rcq = NULL
         self._ctl_mr = None
         self._chan = None
-
-    @property
-    def destroyed(self):
-        return self.c.qp == NULL
+        return 0
 
     def stats(self):
         c = self.c
