@@ -22,10 +22,11 @@ exceed `sq_depth`, it polls the CQ. Because at most `signal_every - 1` requests 
 unsignalled and sq_depth >= signal_every + MAX_WR_PER_POST, a full queue always holds a
 signalled request whose completion frees room: the send queue can never overflow.
 
-Teardown order (done by verbs.py, which owns the resources): queue pair, then the memory
-regions, then the completion queue, then the protection domain, then the context.
-`QueuePair.destroy_qp` and `destroy_cq` are the two halves; the C state stays allocated
-until the Python object goes, so a lane that still points at it finds it failed, not freed.
+Teardown order is the handles' own (VerbsObject, in _verbs_device.pxi): a parent closes its
+children first, so the queue pairs (each with its CQs) go before the memory regions, those
+before the protection domain, the completion channel before the context. verbs.py, which
+owns the handles, decides when. A closed QueuePair's C state stays allocated until the
+Python object goes, so a lane that still points at it finds it failed, not freed.
 
 One extension module in four parts, included in this order (the C declarations they share
 are in libibverbs.pxd). They stay one module so that the per-message calls between them
