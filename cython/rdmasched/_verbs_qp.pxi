@@ -425,6 +425,7 @@ cdef class QueuePair(VerbsObject):
             channel._adopt(CHANNEL_QPS, self)
 
     cdef void _free(self):
+        """Destroy the QP, then its CQs (what exists of them)."""
         if self.c == NULL:
             return
         if self.c.qp != NULL:
@@ -644,20 +645,12 @@ cdef class QueuePair(VerbsObject):
                                    or self.c.rcq != NULL)
 
     cdef int _destroy(self) except -1:
-        """The QP (under the lock, marking the connection closed, so a lane's next post
-        fails instead of posting), then its completion queues."""
+        """The QP, then its completion queues, under the lock and marking the connection
+        closed: a lane's next post fails instead of posting."""
         _lock(self.c)
         _fail(self.c, VB_CLOSED)
-        if self.c.qp != NULL:
-            ibv_destroy_qp(self.c.qp)
-            self.c.qp = NULL
+        self._free()
         _unlock(self.c)
-        if self.c.cq != NULL:
-            ibv_destroy_cq(self.c.cq)
-            self.c.cq = NULL
-        if self.c.rcq != NULL:
-            ibv_destroy_cq(self.c.rcq)
-            self.c.rcq = NULL
         self._ctl_mr = None
         self._chan = None
         return 0
