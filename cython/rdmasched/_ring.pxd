@@ -102,28 +102,29 @@ cdef class Batch:
     cdef uint32_t arena_used
 
 
-cdef class RxLane:
-    cdef rs_rx st
-    cdef uint8_t *scratch
+# What both ends share: the name, and close() (safe twice) with the context manager.
+cdef class Lane:
     cdef readonly object name
     cdef bint _open
-    cdef uint64_t _reported
     cdef object __weakref__
+    cdef void _stop(self)                 # the ring state's part of closing (RxLane, TxLane)
+    cdef void _close_transport(self)      # the transport's part (its subclasses)
+
+
+cdef class RxLane(Lane):
+    cdef rs_rx st
+    cdef uint8_t *scratch
+    cdef uint64_t _reported
     cdef int _check_open(self) except -1
     cdef object _deliver(self, rs_msg *m, const uint8_t *meta)
     cdef object _dead_message(self)
-    cdef void _close_transport(self)
 
 
-cdef class TxLane:
+cdef class TxLane(Lane):
     cdef rs_tx st
-    cdef readonly object name
-    cdef bint _open
     cdef public uint64_t timeout_ns
-    cdef object __weakref__
     cdef int _send_slow(self, rs_msg *m, const uint8_t *mp, int rc, object timeout_us) except -1
     cdef int _fail(self, int rc, uint32_t n, uint64_t timeout_ns) except -1
-    cdef void _close_transport(self)
 
 
 cdef class LaneSet:

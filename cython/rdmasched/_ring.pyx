@@ -593,7 +593,37 @@ cdef _stats_dict(const rs_rx *r):
     }
 
 
-cdef class RxLane:
+cdef class Lane:
+    """What both ends of a lane share: its `name`, and `close()` (safe twice), which marks
+    the lane closed and then lets the transport release its part (`_close_transport`); a
+    lane is a context manager that closes it."""
+
+    @property
+    def closed(self):
+        return not self._open
+
+    cdef void _stop(self):
+        pass
+
+    cdef void _close_transport(self):
+        pass
+
+    def close(self):
+        """Stop using the lane and release its memory. Safe to call twice."""
+        if not self._open:
+            return
+        self._open = False
+        self._stop()
+        self._close_transport()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+cdef class RxLane(Lane):
     """The receiving end of a lane. Made by a transport (e.g. `shm.create_lane`)."""
 
     def __cinit__(self, *args, **kwargs):
@@ -705,34 +735,16 @@ cdef class RxLane:
         """The load hint carried by the last message (the sender's, permille)."""
         return self.st.peer_load
 
-    @property
-    def closed(self):
-        return not self._open
-
     cdef object _dead_message(self):
         """Why the lane is dead, for PeerDeadError; a transport says more."""
         return f"lane {self.name!r}: transport failed ({self.st.dead})"
 
-    cdef void _close_transport(self):
-        pass
-
-    def close(self):
-        """Stop receiving and release the lane's memory. Safe to call twice."""
-        if not self._open:
-            return
-        self._open = False
+    cdef void _stop(self):
         self.st.dead = RS_CLOSED
-        self._close_transport()
         self.st.ring = NULL
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-
-cdef class TxLane:
+cdef class TxLane(Lane):
     """The sending end of a lane. Made by a transport (e.g. `shm.attach_lane`)."""
 
     def __cinit__(self, *args, **kwargs):
@@ -878,27 +890,9 @@ cdef class TxLane:
             raise ValueError("load must be 0..65535")
         self.st.load = <uint16_t>value
 
-    @property
-    def closed(self):
-        return not self._open
-
-    cdef void _close_transport(self):
-        pass
-
-    def close(self):
-        """Stop sending and release the mapping. Safe to call twice."""
-        if not self._open:
-            return
-        self._open = False
+    cdef void _stop(self):
         self.st.dead = RS_CLOSED
-        self._close_transport()
         self.st.ring = NULL
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 cdef class LaneSet:

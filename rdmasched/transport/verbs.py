@@ -15,10 +15,13 @@ Memory regions: the inbound ring (REMOTE_WRITE, its rkey goes to that one peer o
 control block (REMOTE_WRITE, its own rkey), the shadow ring (local only). One protection
 domain per endpoint; a peer holds only the rkeys of its own lane and control block.
 
-Teardown order, every resource with one owner: the queue pair (Connection), the memory
-regions (ring: its RxLane; control block and shadow: the Connection), the completion queues
-(Connection), the completion channel (Endpoint), the protection domain (Endpoint), then the
-context (Device).
+Every resource has one owner: the queue pair, the control block and the shadow ring the
+Connection, the ring its RxLane, the protection domain and the completion channel the
+Endpoint, the context the Device. The order they are freed in is the handles' own
+(_verbs.VerbsObject): a parent closes its children first, so a queue pair (and its CQs) goes
+before the memory regions, the PD and the completion channel, and the context last, whoever
+closes first. What this module decides is when: a connection's resources go when both its
+lanes are closed, a reconnected peer's old queue pair once its lane has switched.
 
 Errors: DeviceError (no device, inactive port, a verbs call failed, memlock), ConfigError (a
 GID that cannot be used), BootstrapError (handshake), PeerDeadError (the peer went away).
@@ -317,7 +320,7 @@ class Device:
         return self.context is None
 
     def close(self) -> None:
-        """Close the context (after every endpoint on it). Safe twice."""
+        """Close the context, and whatever is still open on it first. Safe twice."""
         if self.context is not None:
             self.context.close()
             self.context = None
@@ -490,7 +493,7 @@ class Connection:
 
     Made by `Endpoint.connect` / `Endpoint.accept`. Closing it tells the peer (its sends stop
     with PeerDeadError, its receiver raises PeerDeadError once drained) and frees the queue
-    pair, then the memory regions, then the completion queue. Closing both lanes closes it.
+    pair and the memory regions. Closing both lanes closes it.
     """
 
     def __init__(self, endpoint: Endpoint, peer_node: int, peer_addr: str) -> None:
@@ -612,15 +615,13 @@ class Connection:
             self.tx._on_close = None
             self.tx.close()
         if self.qp is not None:
-            self.qp.destroy_qp()
+            self.qp.close()
         if self.rx is not None and not keep_rx:
             self.rx._on_close = None
             self.rx.close()
         for mr in (self.ctl_mr, self.shadow_mr):
             if mr is not None:
                 mr.close()
-        if self.qp is not None:
-            self.qp.destroy_cq()
 
     def _go(self, prior: Connection | None) -> None:
         """Both queue pairs are RTS: open for traffic."""
@@ -692,7 +693,7 @@ class Connection:
 
     def _rx_closed(self, lane: Any) -> None:
         v = _verbs_module()
-        if self.qp is not None and not self.qp.destroyed and not self._retired:
+        if self.qp is not None and not self.qp.closed and not self._retired:
             self.qp.notify(v.CTL_RX_CLOSED)  # the peer's sender stops: PeerDeadError
         if self.tx is None or self.tx.closed:
             self.close()
@@ -704,13 +705,13 @@ class Connection:
         return self._closed
 
     def close(self) -> None:
-        """Tell the peer, close both lanes, free QP, MRs, CQ (in that order). Safe twice."""
+        """Tell the peer, close both lanes, free the QP and the MRs. Safe twice."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         v = _verbs_module() if self.qp is not None else None
-        if v is not None and not self._retired and not self.qp.destroyed:
+        if v is not None and not self._retired and not self.qp.closed:
             self.qp.notify(v.CTL_RX_CLOSED)
             self.qp.notify(v.CTL_GONE)
         if self.tx is not None:
@@ -730,15 +731,13 @@ class Connection:
 
     def _teardown(self, release_ring: bool) -> None:
         if self.qp is not None:
-            self.qp.destroy_qp()  # 1. the queue pair
+            self.qp.close()  # before the ring: no write of the peer lands in it any more
         if release_ring and self.rx is not None:
-            self.rx.release_memory()  # 2. the memory regions
+            self.rx.release_memory()
         for mr in (self.ctl_mr, self.shadow_mr):
             if mr is not None:
                 mr.close()
         self.ctl_mr = self.shadow_mr = None
-        if self.qp is not None:
-            self.qp.destroy_cq()  # 3. the completion queue
         self.endpoint._forget(self)
 
     def __enter__(self) -> Connection:
@@ -1043,7 +1042,7 @@ class Endpoint:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
-        self.channel.close()  # after every CQ on it
+        self.channel.close()
         self.pd.close()
         if self._own_device:
             self.device.close()

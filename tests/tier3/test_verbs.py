@@ -357,6 +357,32 @@ def test_resources_close_in_order_and_twice(device: Any) -> None:
     assert a.closed and b.closed and ca.closed and cb.closed
 
 
+def test_a_verbs_parent_closes_its_children_first(device: Any) -> None:
+    # The teardown order is the handles' own: closing the context first closes its PD
+    # (the QP, then the MRs) and the completion channel, instead of failing with EBUSY.
+    from rdmasched import _verbs
+
+    access = 1 | 2 | 4  # IBV_ACCESS_LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ
+    ctx = _verbs.DeviceContext(device.name)
+    pd = _verbs.ProtectionDomain(ctx)
+    chan = _verbs.CompletionChannel(ctx)
+    ctl = pd.register(_verbs.CTL_BYTES, access)
+    ring = pd.register(4096, access)
+    qp = _verbs.QueuePair(pd, ctl, device.port, channel=chan)
+    qp.modify_init()
+    assert qp.query_state() == "INIT"
+    del pd, chan  # a child keeps its parents: the QP still works
+    assert qp.qpn > 0 and not ctx.closed
+    ctx.close()
+    assert qp.closed and qp.query_state() == "DESTROYED"
+    assert ctl.closed and ring.closed and ctx.closed
+    ctx.close()  # safe twice
+    qp.close()
+    with _verbs.DeviceContext(device.name) as ctx2, _verbs.ProtectionDomain(ctx2) as pd2:
+        mr = pd2.register(4096, access)
+    assert mr.closed and pd2.closed and ctx2.closed
+
+
 def test_endpoint_collected_open_warns(device: Any) -> None:
     import gc
 
