@@ -26,7 +26,7 @@ from rdmasched._wire cimport (
     rs_meta_check, META_OK,
     rs_store_slot, rs_fill_head, rs_fill_cont, rs_read_slot, rs_head_valid, rs_msg_from_head,
     rs_load_acquire_u64, rs_store_release_u32, rs_load_acquire_u32, rs_fence, rs_pause,
-    rs_now_ns, rs_futex_wait, rs_slot_crc, rs_crc32c_init,
+    rs_now_ns, rs_futex_wait, rs_futex_wake, rs_cas_u32, rs_slot_crc, rs_crc32c_init,
     SLOT_EMPTY, SLOT_OK, SLOT_BAD_CRC, SLOT_MALFORMED, CONT_PAYLOAD, MAX_CONT, KIND_CONT,
 )
 from rdmasched._wire import pack_meta
@@ -907,6 +907,9 @@ cdef class LaneSet:
     `drain` visits every lane round-robin in C without the GIL, up to `quantum` messages per
     lane per pass, so one busy sender cannot starve the others. Messages carry the index of
     their lane (`Message.lane`).
+
+    `wake` (from another thread of this process) ends the current or the next `wait`: how
+    a thread hands work to the one that waits here (docs/PROTOCOL.md section 9).
     """
 
     def __cinit__(self):
@@ -915,6 +918,7 @@ cdef class LaneSet:
         self._n = 0
         self._next = 0
         self._bell = NULL
+        self._woken = 0
         self.scratch = <uint8_t *>malloc(META_ROOM)
         if self.scratch == NULL:
             raise MemoryError()
@@ -944,6 +948,26 @@ cdef class LaneSet:
         """Block on the futex word at `address` (kept alive by `owner`) in `wait`."""
         self._bell_owner = owner
         self._bell = <volatile uint32_t *><size_t>address
+
+    def wake(self):
+        """End the `wait` another thread is in, spinning or asleep, or else the next one, at
+        once (it returns what it drained, maybe nothing); for a thread that hands the waiter
+        work of its own (an inbox), where no lane has a message to be found.
+
+        The flag is stored before the doorbell is looked at, and `wait` announces its sleep
+        before it looks at the flag, both fenced: either `wait` sees the flag, or this sees
+        it asleep and rings. A sender's ring alone (`ring_doorbell`) only wakes a sleeper.
+        """
+        with nogil:
+            rs_store_release_u32(&self._woken, 1)
+            rs_fence()
+            if self._bell != NULL and rs_load_acquire_u32(self._bell) != 0:
+                rs_store_release_u32(self._bell, 0)
+                rs_futex_wake(self._bell, 0x7FFFFFFF)
+
+    cdef bint _take_wake(self) noexcept nogil:
+        """Whether `wake` was called since the last time (clearing it)."""
+        return rs_load_acquire_u32(&self._woken) != 0 and rs_cas_u32(&self._woken, 1, 0)
 
     def drain(self, Batch batch not None, uint32_t quantum=64):
         cdef uint32_t got
@@ -975,7 +999,8 @@ cdef class LaneSet:
 
     def wait(self, Batch batch not None, timeout_us=1000, spin_us=50, uint32_t quantum=64):
         """Drain; if nothing came, spin up to `spin_us`, then sleep on the doorbell (if any)
-        until a sender rings it or `timeout_us` passes. Returns how many were added."""
+        until a sender rings it, `wake` is called or `timeout_us` passes. Returns how many
+        were added (0 after a `wake` with nothing to drain)."""
         cdef uint64_t timeout_ns = _us_to_ns(timeout_us, "timeout_us")
         cdef uint64_t spin_ns = _us_to_ns(spin_us, "spin_us")
         cdef uint32_t got
@@ -992,6 +1017,8 @@ cdef class LaneSet:
             got = self._drain(batch, quantum)
             if got:
                 return got
+            if self._take_wake():
+                return 0
             now = rs_now_ns()
             if now - start >= timeout_ns:
                 return 0
@@ -1003,12 +1030,13 @@ cdef class LaneSet:
                 ts.tv_nsec = 50000
                 nanosleep(&ts, NULL)
                 continue
-            # Doorbell: announce that we sleep, then look once more before sleeping, so a
-            # sender that wrote before seeing the flag is not missed (both sides fence).
+            # Doorbell: announce that we sleep, then look once more (the lanes and `wake`'s
+            # flag) before sleeping, so that a sender that wrote, or a thread that woke us,
+            # before seeing the announcement is not missed (both sides fence).
             rs_store_release_u32(self._bell, 1)
             rs_fence()
             got = self._drain(batch, quantum)
-            if got:
+            if got or self._take_wake():
                 rs_store_release_u32(self._bell, 0)
                 return got
             # Idle work before sleeping (PROTOCOL.md 7.3): credit, the look-ahead scrub; a
@@ -1021,8 +1049,9 @@ cdef class LaneSet:
             if limit:
                 rs_futex_wait(self._bell, 1, limit)
                 if rs_load_acquire_u32(self._bell) == 0:
-                    # rung (the ringer cleared the flag): a message, or another thread
-                    # waking this one with none (Loop.post); either ends the wait
+                    # rung (the ringer cleared the flag): a message, or `wake` with
+                    # none (Loop.post); either ends the wait
+                    self._take_wake()
                     return self._drain(batch, quantum)
             rs_store_release_u32(self._bell, 0)
 

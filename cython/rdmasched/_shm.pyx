@@ -244,7 +244,12 @@ cdef int _ring_bell(rs_tx *t, uint64_t pos, uint32_t n) noexcept nogil:
 
 
 def ring_doorbell(size_t address):
-    """Wake a receiver sleeping on the doorbell word at `address`, if it sleeps."""
+    """Wake a receiver sleeping on the doorbell word at `address`, if it sleeps.
+
+    A receiver that is not asleep is left alone: right for a sender, whose message the
+    receiver looks for after announcing its sleep, but not a way to hand a waiting thread
+    anything else (the ring would be lost if it came while that thread spins): that is
+    `LaneSet.wake`."""
     cdef volatile uint32_t *w = <volatile uint32_t *>address
     rs_fence()
     if rs_load_acquire_u32(w) != 0:

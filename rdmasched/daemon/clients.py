@@ -233,8 +233,8 @@ class ClientHub:
     def close(self) -> None:
         """Stop reading, close every lane (clients waiting on this daemon find it gone)."""
         self._stop.set()
-        if self._bell is not None:
-            self._bell.ring()
+        if self._set is not None:
+            self._set.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5)
         self._thread = None

@@ -8,6 +8,7 @@ test by its timeout (seconds), without measuring anything.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -19,8 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rdmasched._ring import Batch, LaneSet
+from rdmasched.cluster import local_cluster
+from rdmasched.daemon import node as node_module
 from rdmasched.daemon.links import ShmLinks
 from rdmasched.daemon.loop import Loop
+from rdmasched.daemon.node import Node
+from rdmasched.scheduler import Task
 from rdmasched.transport import shm
 
 #: far longer than any hand-off may take, far shorter than the loop's idle wake-up
@@ -95,3 +100,70 @@ def test_every_post_is_seen_whatever_the_timing(spin_us: int, pauses_us: list[in
             assert r.call()
     finally:
         r.close()
+
+
+# ---- the mechanism: LaneSet.wake ----------------------------------------------------------------
+@pytest.fixture
+def belled() -> Iterator[LaneSet]:
+    bell = shm.Doorbell.create(f"w{os.getpid() % 100000}.{uuid.uuid4().hex[:6]}")
+    lanes = LaneSet()
+    lanes.set_doorbell(bell, bell.address)
+    yield lanes
+    bell.close()
+
+
+def test_a_wake_before_the_wait_ends_the_next_wait_once(belled: LaneSet) -> None:
+    belled.wake()
+    done = threading.Event()
+    # a minute's wait, spinning or not: returns at once, with nothing drained
+    t = threading.Thread(target=lambda: (belled.wait(Batch(4), 60e6, 0), done.set()))
+    t.start()
+    assert done.wait(SEEN_S)
+    t.join()
+
+
+@pytest.mark.parametrize("spin_us", [0, 60e6], ids=["asleep", "spinning"])
+def test_a_wake_ends_a_wait_in_progress(belled: LaneSet, spin_us: float) -> None:
+    for _ in range(50):
+        done = threading.Event()
+        t = threading.Thread(target=lambda d=done: (belled.wait(Batch(4), 60e6, spin_us), d.set()))
+        t.start()
+        belled.wake()  # whenever it comes: before, while spinning, announcing, or asleep
+        assert done.wait(SEEN_S)
+        t.join()
+
+
+def test_without_a_doorbell_a_wake_ends_the_wait_too() -> None:
+    lanes = LaneSet()
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (lanes.wait(Batch(4), 60e6, 0), done.set()))
+    t.start()
+    time.sleep(0.002)
+    lanes.wake()
+    assert done.wait(SEEN_S)
+    t.join()
+
+
+# ---- the daemon: Node.submit -> on_dispatch from another thread -------------------------------
+def test_node_submits_from_another_thread_run_before_any_timer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A minute's heartbeat and idle wake-up: the node has no timer that could run a call."""
+    monkeypatch.setattr(node_module, "Loop", functools.partial(Loop, idle_wake_ms=IDLE_MS))
+    name = f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    n = Node(local_cluster(1, 1, name=name, heartbeat_ms=60_000, dead_after_ms=600_000), 0)
+    started = threading.Event()
+
+    def run(t: Task, slot: int) -> None:
+        started.set()
+        n.complete(t.id)  # from the handler: queued, run once it returns
+
+    n.on_dispatch(run)
+    n.start()
+    try:
+        for i in range(200):
+            started.clear()
+            n.submit(i + 1)
+            assert started.wait(SEEN_S), f"submit {i} waited for a timer"
+    finally:
+        n.stop()
