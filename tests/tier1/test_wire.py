@@ -328,6 +328,7 @@ BAD_METAS = {
     "surrogate": b"\x81\xa3\xed\xa0\x80\x01",
     "0xc1": b"\x81\xc1\x01",
     "too deep": b"\x81\x01" + b"\x91" * 32 + b"\x01",
+    "too deep, empty innermost": b"\x81\x00" * 32 + b"\x80",  # issue 20 item 2
 }
 
 
@@ -361,6 +362,38 @@ def test_valid_metadata_at_the_limits() -> None:
         for _ in range(32):
             nested = [nested]
         _wire.pack_meta({"d": nested})
+
+
+@pytest.mark.parametrize("innermost", [b"", b"\x01", b"\x80", b"\x90"])
+@settings(max_examples=20)
+@given(st.integers(0, 2**40 - 1))
+def test_nesting_is_counted_the_same_whether_the_innermost_container_is_empty(
+    innermost: bytes, pattern: int
+) -> None:
+    """The rule (docs/PROTOCOL.md section 5): at most META_DEPTH containers deep, the top map
+    counting as 1, every container counted, empty or not; the C check and the mirror agree.
+
+    At every depth up to 40: a top map, then containers (bit i of `pattern`: a map, else an
+    array), each holding the next; the last holds `innermost`: nothing, a scalar, an empty
+    map or an empty array."""
+    for levels in range(41):
+        kinds = [True] + [bool(pattern >> i & 1) for i in range(levels)]
+        raw = b""
+        for i, is_map in enumerate(kinds):
+            n = 1 if i < len(kinds) - 1 or innermost else 0
+            raw += bytes([(0x80 if is_map else 0x90) | n]) + (b"\x00" if is_map and n else b"")
+        raw += innermost
+        depth = len(kinds) + (1 if innermost in (b"\x80", b"\x90") else 0)
+        ok = depth <= wire.META_DEPTH
+        assert (_wire.check_meta(raw) is None) == ok, (depth, raw)
+        assert _mirror_accepts(raw) == ok, (depth, raw)
+
+
+def test_an_empty_container_one_level_too_deep_is_refused() -> None:
+    assert _wire.check_meta(b"\x81\x00" * 31 + b"\x80") is None  # 32 deep
+    assert _wire.check_meta(b"\x81\x00" * 32 + b"\x80") is not None  # 33 deep
+    assert _wire.check_meta(b"\x81\x00" * 31 + b"\x90") is None
+    assert _wire.check_meta(b"\x81\x00" * 32 + b"\x90") is not None
 
 
 @given(st.binary(max_size=300))
