@@ -195,7 +195,8 @@ cdef int rs_meta_check(const uint8_t *p, uint32_t n) noexcept nogil:
 
     Valid: exactly one msgpack map filling all n bytes; keys are scalars (nil, bool, int,
     float, str, bin); no extension types; every str valid UTF-8; containers nested at most
-    META_DEPTH deep (the top map is 1). One pass, no allocation, no GIL.
+    META_DEPTH deep (the top map is 1, an empty container counts). One pass, no
+    allocation, no GIL.
     """
     cdef uint64_t left[META_DEPTH]     # items still to read in each open container
     cdef uint8_t inmap[META_DEPTH]
@@ -276,9 +277,9 @@ cdef int rs_meta_check(const uint8_t *p, uint32_t n) noexcept nogil:
                 cnt *= 2
             if cnt > n - i:       # every item takes at least one byte
                 return META_NOT_MSGPACK
+            if depth == META_DEPTH:   # a container counts, empty or not
+                return META_DEEP
             if cnt:
-                if depth == META_DEPTH:
-                    return META_DEEP
                 left[depth] = cnt
                 inmap[depth] = container == 2
                 depth += 1
