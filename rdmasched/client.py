@@ -323,7 +323,9 @@ class Client:
             if lane is not None:
                 lane.close()
         self._tx = self._rx = None
-        self._lanes = None
+        if self._lanes is not None:
+            self._lanes.set_doorbell(None, 0)  # a `wake` still on its way rings nothing
+            self._lanes = None
         if self._bell is not None:
             self._bell.close()
             self._bell = None

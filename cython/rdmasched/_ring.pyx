@@ -945,8 +945,9 @@ cdef class LaneSet:
         return self._lanes[i]
 
     def set_doorbell(self, owner, unsigned long long address):
-        """Block on the futex word at `address` (kept alive by `owner`) in `wait`."""
-        self._bell_owner = owner
+        """Block on the futex word at `address` (kept alive by `owner`) in `wait`; address 0
+        lets go of it (before its owner unmaps it: `wake` must not touch it then)."""
+        self._bell_owner = owner if address else None
         self._bell = <volatile uint32_t *><size_t>address
 
     def wake(self):
@@ -958,12 +959,15 @@ cdef class LaneSet:
         before it looks at the flag, both fenced: either `wait` sees the flag, or this sees
         it asleep and rings. A sender's ring alone (`ring_doorbell`) only wakes a sleeper.
         """
-        with nogil:
-            rs_store_release_u32(&self._woken, 1)
-            rs_fence()
-            if self._bell != NULL and rs_load_acquire_u32(self._bell) != 0:
-                rs_store_release_u32(self._bell, 0)
-                rs_futex_wake(self._bell, 0x7FFFFFFF)
+        cdef volatile uint32_t *bell = self._bell
+        # the word is touched holding the GIL, so not after `set_doorbell(None, 0)` has let
+        # go of it; only the system call is made without (at worst EFAULT, never a fault)
+        rs_store_release_u32(&self._woken, 1)
+        rs_fence()
+        if bell != NULL and rs_load_acquire_u32(bell) != 0:
+            rs_store_release_u32(bell, 0)
+            with nogil:
+                rs_futex_wake(bell, 0x7FFFFFFF)
 
     cdef bint _take_wake(self) noexcept nogil:
         """Whether `wake` was called since the last time (clearing it)."""

@@ -244,6 +244,8 @@ class ClientHub:
         for rx in self._rx:
             rx.close()
         self._rx.clear()
+        if self._set is not None:
+            self._set.set_doorbell(None, 0)  # a later `wake` (close again) rings nothing
         if self._bell is not None:
             self._bell.close()
             self._bell = None

@@ -170,6 +170,7 @@ class ShmLinks:
             tx.close()
         for rx in self._rx:
             rx.close()
+        self.inbound.set_doorbell(None, 0)  # `wake` after this finds no doorbell to ring
         self.doorbell.close()
 
 

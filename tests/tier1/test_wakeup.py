@@ -167,3 +167,18 @@ def test_node_submits_from_another_thread_run_before_any_timer(
             assert started.wait(SEEN_S), f"submit {i} waited for a timer"
     finally:
         n.stop()
+
+
+def test_a_wake_after_the_links_are_closed_touches_no_memory() -> None:
+    links = ShmLinks(f"t{os.getpid()}-{uuid.uuid4().hex[:6]}", 0, [], nslots=16)
+    links.close()
+    links.wake()  # the doorbell is unmapped: the LaneSet let go of it first
+
+
+def test_a_hub_closed_twice_wakes_nothing_unmapped() -> None:
+    from rdmasched.daemon.clients import ClientHub
+
+    n = Node(local_cluster(1, 1, name=f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"), 0).start()
+    hub = ClientHub(n).open()
+    hub.close()
+    n.stop()  # closes the hub again
