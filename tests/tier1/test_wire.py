@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import struct
+import uuid
 
 import msgpack
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from rdmasched import _wire, wire
+from rdmasched import _ring, _wire, wire
 from rdmasched.errors import CorruptSlotError, MessageError, MessageTooLargeError
+from rdmasched.transport import shm
 from rdmasched.wire import Fields, Kind, Reject
 
 u64 = st.integers(0, 2**64 - 1)
@@ -482,3 +485,30 @@ def test_a_v1_slot_is_not_a_v2_slot() -> None:
     slot = wire.seal(body, wire.stamp(1, 0, 64))
     m = _wire.decode(slot, 1, 0, 64)
     assert (m.src, m.id, m.job) != (3, 42, 9)
+
+
+# ---- the one argument check of every encoder takes integers only (issue 20 item 3) ----------
+_FIELDS = ["kind", "id", "job", "priority", "flags", "arg0", "arg1", "arg2", "hops"]
+
+
+@pytest.mark.parametrize("bad", [1.5, 1.0, True], ids=["float", "whole-float", "bool"])
+@pytest.mark.parametrize("field", [*_FIELDS, "dst", "src", "relays"])
+def test_every_encoder_refuses_a_field_that_is_not_an_integer(field: str, bad: object) -> None:
+    args: dict[str, object] = {f: 0 for f in _FIELDS} | {"kind": Kind.DISPATCH, "src": 1}
+    args[field] = bad
+    pos = [args.pop(f) for f in _FIELDS]
+    with pytest.raises(MessageError, match=f"{field} must be an integer"):
+        _wire.encode(*pos, **args)
+    with pytest.raises(MessageError, match=f"{field} must be an integer"):
+        _ring.Batch(1).append(*pos, **args)
+    name = f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    with shm.create_lane(name, 16) as rx, shm.attach_lane(name) as tx:
+        with pytest.raises(MessageError, match=f"{field} must be an integer"):
+            tx.send(*pos, timeout_us=0, **args)
+        assert tx.stats()["sent"] == 0 and rx.poll() is None  # nothing was written
+
+
+def test_an_int_enum_is_an_integer() -> None:
+    b = _ring.Batch(1)
+    b.append(Kind.DISPATCH, 7, flags=Kind.PREEMPT)
+    assert (b[0].kind, b[0].id, b[0].flags) == (Kind.DISPATCH, 7, int(Kind.PREEMPT))
