@@ -560,10 +560,8 @@ cdef class Batch:
         for i in range(self.count):
             yield message_from_c(&self.msgs[i], self.arena)
 
-    def append(self, int kind, unsigned long long id=0, unsigned long long job=0,
-               int priority=0, int flags=0, unsigned long long arg0=0,
-               unsigned long long arg1=0, unsigned int arg2=0, int hops=0, meta=None, *,
-               long long dst=0, long long src=-1, int relays=0):
+    def append(self, kind, id=0, job=0, priority=0, flags=0, arg0=0, arg1=0, arg2=0, hops=0,
+               meta=None, *, dst=0, src=-1, relays=0):
         """Add a message to send; the same arguments as `TxLane.send`."""
         cdef bytes raw
         cdef rs_msg *m
@@ -744,10 +742,8 @@ cdef class TxLane:
             warnings.warn(f"lane {self.name!r} (sender) was not closed", ResourceWarning, 2)
             self.close()
 
-    def send(self, int kind, unsigned long long id=0, unsigned long long job=0,
-             int priority=0, int flags=0, unsigned long long arg0=0,
-             unsigned long long arg1=0, unsigned int arg2=0, int hops=0, meta=None,
-             timeout_us=None, *, long long dst=0, long long src=-1, int relays=0):
+    def send(self, kind, id=0, job=0, priority=0, flags=0, arg0=0, arg1=0, arg2=0, hops=0,
+             meta=None, timeout_us=None, *, dst=0, src=-1, relays=0):
         """Write one message into the peer's lane; returns its message number (seq).
 
         `dst`: the node the message is for (docs/PROTOCOL.md section 2); `src`: the node that
@@ -803,6 +799,13 @@ cdef class TxLane:
                 f"{timeout_ns / 1e6:g} ms ({self.st.tail - self.st.head} of "
                 f"{self.st.nslots} slots unread by the receiver){self._peer_note()}")
         if rc == RS_NOTREADY:
+            taken = self._epoch_taken()
+            if taken:  # it will never accept ours: polling has nothing to do with it
+                raise EpochError(
+                    f"lane {self.name!r}: the receiver skipped sender epoch {self.st.epoch} "
+                    f"and took a newer sender epoch, {taken}: another sender attached to "
+                    "this lane after this one (the newest wins); this one can no longer "
+                    "send (attach again to send)")
             raise EpochError(
                 f"lane {self.name!r}: the receiver did not accept sender epoch "
                 f"{self.st.epoch} within {timeout_ns / 1e6:g} ms; is it polling?"
@@ -813,6 +816,10 @@ cdef class TxLane:
 
     def _peer_note(self):
         return ""
+
+    def _epoch_taken(self):
+        """The newer sender epoch the receiver accepted instead of this one, or 0."""
+        return 0
 
     def send_batch(self, Batch batch not None, timeout_us=None):
         """Send every message of `batch` in order, without the GIL; returns how many.

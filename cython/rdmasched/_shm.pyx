@@ -363,6 +363,16 @@ cdef class ShmTxLane(TxLane):
         from rdmasched.transport.shm import describe_receiver
         return describe_receiver(read_header(self.seg))
 
+    def _epoch_taken(self):
+        cdef uint32_t ack
+        if self.hdr == NULL:
+            return 0
+        ack = rs_load_acquire_u32(&self.hdr.epoch_ack)
+        # newer, modulo the wrap (2**32 - 1 -> 1): the receiver moved past this epoch
+        if ack != 0 and ack != self.st.epoch and <uint32_t>(ack - self.st.epoch) < 0x80000000u:
+            return ack
+        return 0
+
     cdef void _close_transport(self):
         if self.hdr != NULL:
             # Release the sender claim so a successor can attach without waiting for us.

@@ -95,7 +95,7 @@ def _rank(endpoint: str, k: int, tasks: int, inflight: int, go: Any, out: Any) -
     try:
         client = Client(endpoint, k, connect_timeout_s=60).open()
     except BaseException as exc:
-        out.put((k, 0, 0, 0, repr(exc)))
+        out.put((k, 0, 0, 0, repr(exc), 0.0))
         return
     done = [0]
     submitted = [0]
@@ -115,8 +115,9 @@ def _rank(endpoint: str, k: int, tasks: int, inflight: int, go: Any, out: Any) -
             t_end[0] = time.monotonic_ns()
 
     client.on_dispatch(dispatched)
-    out.put((k, -1, 0, 0, None))  # ready
+    out.put((k, -1, 0, 0, None, 0.0))  # ready
     go.wait(120)
+    c0 = os.times()
     t0 = time.monotonic_ns()
     err = None
     try:
@@ -127,7 +128,9 @@ def _rank(endpoint: str, k: int, tasks: int, inflight: int, go: Any, out: Any) -
     except BaseException as exc:
         err = repr(exc)
     finally:
-        out.put((k, done[0], t0, t_end[0], err))
+        c1 = os.times()
+        cpu = c1.user - c0.user + c1.system - c0.system
+        out.put((k, done[0], t0, t_end[0], err, cpu))
         client.close()
 
 
@@ -158,7 +161,7 @@ def client_throughput(
     hub = ClientHub(node, max_clients=ranks).open()
     try:
         for _ in procs:
-            k, state, _, _, err = q.get(timeout=120)
+            k, _, _, _, err, _ = q.get(timeout=120)
             if err is not None:
                 raise RuntimeError(f"rank {k} did not connect: {err}")
         c0 = os.times()
@@ -191,6 +194,8 @@ def client_throughput(
         "tasks_per_s": total / wall,
         # the daemon process's CPU over the run (loop thread + the hub's reader)
         "daemon_cpu_pct": 100.0 * (c1.user - c0.user + c1.system - c0.system) / wall,
+        # the rank processes' CPU over the run, summed (100 = one core)
+        "ranks_cpu_pct": 100.0 * sum(r[5] for r in res) / wall,
         "daemon_msgs_in": stats["clients"]["msgs_in"] if stats["clients"] else None,
     }
 
@@ -206,6 +211,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         "submit_after_3ms_pause": submit_latency(calls // 4, pause_ms=3.0),
         "clients_1x1": client_throughput(ranks=1, tasks=tasks // 4, inflight=1, slots=1),
         "clients_4x32": client_throughput(ranks=4, tasks=tasks, inflight=32, slots=4),
+        # as many slots as tasks in flight: no task waits for a slot to come back
+        "clients_4x32_128_slots": client_throughput(ranks=4, tasks=tasks, inflight=32, slots=128),
     }
 
 
@@ -222,12 +229,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{key:<24} submit -> on_dispatch  p50 {f['p50_us']:8.1f} us  "
             f"p99 {f['p99_us']:8.1f} us  max {f['max_us']:8.1f} us  ({f['calls']} calls)"
         )
-    for key in ("clients_1x1", "clients_4x32"):
+    for key in ("clients_1x1", "clients_4x32", "clients_4x32_128_slots"):
         f = figures[key]
         print(
             f"{key:<24} {f['ranks']} rank(s) x {f['inflight']} in flight: "
-            f"{f['tasks_per_s']:9.0f} tasks/s  ({f['tasks']} tasks, daemon CPU "
-            f"{f['daemon_cpu_pct']:.0f}%)"
+            f"{f['tasks_per_s']:9.0f} tasks/s  ({f['tasks']} tasks on {f['slots']} slots; CPU: "
+            f"daemon {f['daemon_cpu_pct']:.0f}%, ranks {f['ranks_cpu_pct']:.0f}%)"
         )
     return 0
 
