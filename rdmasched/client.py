@@ -144,6 +144,8 @@ class Client:
         self._tx: TxLane | None = None
         self._rx: Any = None
         self._bell: shm.Doorbell | None = None
+        #: what the reader waits on (the down lane); `wake` hands it work (timers, stop)
+        self._lanes: LaneSet | None = None
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -231,6 +233,9 @@ class Client:
                 self._rx = shm.create_lane(
                     down_lane(self.endpoint, k), self.nslots, doorbell=self._bell
                 )
+                self._lanes = LaneSet()
+                self._lanes.set_doorbell(self._bell, self._bell.address)
+                self._lanes.add(self._rx)
             except LaneBusyError as exc:
                 raise LaneBusyError(
                     f"client {k} of daemon {self.endpoint} is another running process: "
@@ -305,8 +310,8 @@ class Client:
 
     def _close_lanes(self) -> None:
         self._stop.set()
-        if self._bell is not None:
-            self._bell.ring()
+        if self._lanes is not None:
+            self._lanes.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5)
         self._thread = None
@@ -314,6 +319,9 @@ class Client:
             if lane is not None:
                 lane.close()
         self._tx = self._rx = None
+        if self._lanes is not None:
+            self._lanes.set_doorbell(None, 0)  # a `wake` still on its way rings nothing
+            self._lanes = None
         if self._bell is not None:
             self._bell.close()
             self._bell = None
@@ -453,8 +461,9 @@ class Client:
         self._check()
         with self._tlock:
             heapq.heappush(self._timers, (time.monotonic_ns() + delay_ns, next(self._tseq), fn))
-        if threading.current_thread() is not self._thread and self._bell is not None:
-            self._bell.ring()  # the reader recomputes how long it may sleep
+        lanes = self._lanes
+        if threading.current_thread() is not self._thread and lanes is not None:
+            lanes.wake()  # the reader recomputes how long it may sleep
 
     def _run_timers(self) -> int:
         """Run the due timers; ns until the next one (or check_s)."""
@@ -572,10 +581,8 @@ class Client:
 
     # ---- the reader thread: the daemon's messages --------------------------------------------
     def _read(self) -> None:
-        lanes = LaneSet()
-        assert self._bell is not None and self._rx is not None
-        lanes.set_doorbell(self._bell, self._bell.address)
-        lanes.add(self._rx)
+        lanes = self._lanes
+        assert lanes is not None
         batch = Batch(64)
         last_check = time.monotonic()
         while not self._stop.is_set():

@@ -134,7 +134,9 @@ cdef class LaneSet:
     cdef uint32_t _next
     cdef volatile uint32_t *_bell
     cdef object _bell_owner
+    cdef volatile uint32_t _woken   # set by `wake` (another thread), taken by `_wait`
     cdef uint8_t *scratch
     cdef uint32_t _drain(self, Batch batch, uint32_t quantum) noexcept nogil
+    cdef bint _take_wake(self) noexcept nogil
     cdef uint32_t _wait(self, Batch batch, uint64_t timeout_ns, uint64_t spin_ns,
                         uint32_t quantum) noexcept nogil

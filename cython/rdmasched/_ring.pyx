@@ -26,7 +26,7 @@ from rdmasched._wire cimport (
     rs_meta_check, META_OK,
     rs_store_slot, rs_fill_head, rs_fill_cont, rs_read_slot, rs_head_valid, rs_msg_from_head,
     rs_load_acquire_u64, rs_store_release_u32, rs_load_acquire_u32, rs_fence, rs_pause,
-    rs_now_ns, rs_futex_wait, rs_slot_crc, rs_crc32c_init,
+    rs_now_ns, rs_futex_wait, rs_futex_wake, rs_cas_u32, rs_slot_crc, rs_crc32c_init,
     SLOT_EMPTY, SLOT_OK, SLOT_BAD_CRC, SLOT_MALFORMED, CONT_PAYLOAD, MAX_CONT, KIND_CONT,
 )
 from rdmasched._wire import pack_meta
@@ -560,10 +560,8 @@ cdef class Batch:
         for i in range(self.count):
             yield message_from_c(&self.msgs[i], self.arena)
 
-    def append(self, int kind, unsigned long long id=0, unsigned long long job=0,
-               int priority=0, int flags=0, unsigned long long arg0=0,
-               unsigned long long arg1=0, unsigned int arg2=0, int hops=0, meta=None, *,
-               long long dst=0, long long src=-1, int relays=0):
+    def append(self, kind, id=0, job=0, priority=0, flags=0, arg0=0, arg1=0, arg2=0, hops=0,
+               meta=None, *, dst=0, src=-1, relays=0):
         """Add a message to send; the same arguments as `TxLane.send`."""
         cdef bytes raw
         cdef rs_msg *m
@@ -756,10 +754,8 @@ cdef class TxLane(Lane):
             warnings.warn(f"lane {self.name!r} (sender) was not closed", ResourceWarning, 2)
             self.close()
 
-    def send(self, int kind, unsigned long long id=0, unsigned long long job=0,
-             int priority=0, int flags=0, unsigned long long arg0=0,
-             unsigned long long arg1=0, unsigned int arg2=0, int hops=0, meta=None,
-             timeout_us=None, *, long long dst=0, long long src=-1, int relays=0):
+    def send(self, kind, id=0, job=0, priority=0, flags=0, arg0=0, arg1=0, arg2=0, hops=0,
+             meta=None, timeout_us=None, *, dst=0, src=-1, relays=0):
         """Write one message into the peer's lane; returns its message number (seq).
 
         `dst`: the node the message is for (docs/PROTOCOL.md section 2); `src`: the node that
@@ -815,6 +811,13 @@ cdef class TxLane(Lane):
                 f"{timeout_ns / 1e6:g} ms ({self.st.tail - self.st.head} of "
                 f"{self.st.nslots} slots unread by the receiver){self._peer_note()}")
         if rc == RS_NOTREADY:
+            taken = self._epoch_taken()
+            if taken:  # it will never accept ours: polling has nothing to do with it
+                raise EpochError(
+                    f"lane {self.name!r}: the receiver skipped sender epoch {self.st.epoch} "
+                    f"and took a newer sender epoch, {taken}: another sender attached to "
+                    "this lane after this one (the newest wins); this one can no longer "
+                    "send (attach again to send)")
             raise EpochError(
                 f"lane {self.name!r}: the receiver did not accept sender epoch "
                 f"{self.st.epoch} within {timeout_ns / 1e6:g} ms; is it polling?"
@@ -825,6 +828,10 @@ cdef class TxLane(Lane):
 
     def _peer_note(self):
         return ""
+
+    def _epoch_taken(self):
+        """The newer sender epoch the receiver accepted instead of this one, or 0."""
+        return 0
 
     def send_batch(self, Batch batch not None, timeout_us=None):
         """Send every message of `batch` in order, without the GIL; returns how many.
@@ -901,6 +908,9 @@ cdef class LaneSet:
     `drain` visits every lane round-robin in C without the GIL, up to `quantum` messages per
     lane per pass, so one busy sender cannot starve the others. Messages carry the index of
     their lane (`Message.lane`).
+
+    `wake` (from another thread of this process) ends the current or the next `wait`: how
+    a thread hands work to the one that waits here (docs/PROTOCOL.md section 9).
     """
 
     def __cinit__(self):
@@ -909,6 +919,7 @@ cdef class LaneSet:
         self._n = 0
         self._next = 0
         self._bell = NULL
+        self._woken = 0
         self.scratch = <uint8_t *>malloc(META_ROOM)
         if self.scratch == NULL:
             raise MemoryError()
@@ -935,9 +946,33 @@ cdef class LaneSet:
         return self._lanes[i]
 
     def set_doorbell(self, owner, unsigned long long address):
-        """Block on the futex word at `address` (kept alive by `owner`) in `wait`."""
-        self._bell_owner = owner
+        """Block on the futex word at `address` (kept alive by `owner`) in `wait`; address 0
+        lets go of it (before its owner unmaps it: `wake` must not touch it then)."""
+        self._bell_owner = owner if address else None
         self._bell = <volatile uint32_t *><size_t>address
+
+    def wake(self):
+        """End the `wait` another thread is in, spinning or asleep, or else the next one, at
+        once (it returns what it drained, maybe nothing); for a thread that hands the waiter
+        work of its own (an inbox), where no lane has a message to be found.
+
+        The flag is stored before the doorbell is looked at, and `wait` announces its sleep
+        before it looks at the flag, both fenced: either `wait` sees the flag, or this sees
+        it asleep and rings. A sender's ring alone (`ring_doorbell`) only wakes a sleeper.
+        """
+        cdef volatile uint32_t *bell = self._bell
+        # the word is touched holding the GIL, so not after `set_doorbell(None, 0)` has let
+        # go of it; only the system call is made without (at worst EFAULT, never a fault)
+        rs_store_release_u32(&self._woken, 1)
+        rs_fence()
+        if bell != NULL and rs_load_acquire_u32(bell) != 0:
+            rs_store_release_u32(bell, 0)
+            with nogil:
+                rs_futex_wake(bell, 0x7FFFFFFF)
+
+    cdef bint _take_wake(self) noexcept nogil:
+        """Whether `wake` was called since the last time (clearing it)."""
+        return rs_load_acquire_u32(&self._woken) != 0 and rs_cas_u32(&self._woken, 1, 0)
 
     def drain(self, Batch batch not None, uint32_t quantum=64):
         cdef uint32_t got
@@ -969,7 +1004,8 @@ cdef class LaneSet:
 
     def wait(self, Batch batch not None, timeout_us=1000, spin_us=50, uint32_t quantum=64):
         """Drain; if nothing came, spin up to `spin_us`, then sleep on the doorbell (if any)
-        until a sender rings it or `timeout_us` passes. Returns how many were added."""
+        until a sender rings it, `wake` is called or `timeout_us` passes. Returns how many
+        were added (0 after a `wake` with nothing to drain)."""
         cdef uint64_t timeout_ns = _us_to_ns(timeout_us, "timeout_us")
         cdef uint64_t spin_ns = _us_to_ns(spin_us, "spin_us")
         cdef uint32_t got
@@ -986,6 +1022,8 @@ cdef class LaneSet:
             got = self._drain(batch, quantum)
             if got:
                 return got
+            if self._take_wake():
+                return 0
             now = rs_now_ns()
             if now - start >= timeout_ns:
                 return 0
@@ -997,12 +1035,13 @@ cdef class LaneSet:
                 ts.tv_nsec = 50000
                 nanosleep(&ts, NULL)
                 continue
-            # Doorbell: announce that we sleep, then look once more before sleeping, so a
-            # sender that wrote before seeing the flag is not missed (both sides fence).
+            # Doorbell: announce that we sleep, then look once more (the lanes and `wake`'s
+            # flag) before sleeping, so that a sender that wrote, or a thread that woke us,
+            # before seeing the announcement is not missed (both sides fence).
             rs_store_release_u32(self._bell, 1)
             rs_fence()
             got = self._drain(batch, quantum)
-            if got:
+            if got or self._take_wake():
                 rs_store_release_u32(self._bell, 0)
                 return got
             # Idle work before sleeping (PROTOCOL.md 7.3): credit, the look-ahead scrub; a
@@ -1015,8 +1054,9 @@ cdef class LaneSet:
             if limit:
                 rs_futex_wait(self._bell, 1, limit)
                 if rs_load_acquire_u32(self._bell) == 0:
-                    # rung (the ringer cleared the flag): a message, or another thread
-                    # waking this one with none (Loop.post); either ends the wait
+                    # rung (the ringer cleared the flag): a message, or `wake` with
+                    # none (Loop.post); either ends the wait
+                    self._take_wake()
                     return self._drain(batch, quantum)
             rs_store_release_u32(self._bell, 0)
 

@@ -244,7 +244,12 @@ cdef int _ring_bell(rs_tx *t, uint64_t pos, uint32_t n) noexcept nogil:
 
 
 def ring_doorbell(size_t address):
-    """Wake a receiver sleeping on the doorbell word at `address`, if it sleeps."""
+    """Wake a receiver sleeping on the doorbell word at `address`, if it sleeps.
+
+    A receiver that is not asleep is left alone: right for a sender, whose message the
+    receiver looks for after announcing its sleep, but not a way to hand a waiting thread
+    anything else (the ring would be lost if it came while that thread spins): that is
+    `LaneSet.wake`."""
     cdef volatile uint32_t *w = <volatile uint32_t *>address
     rs_fence()
     if rs_load_acquire_u32(w) != 0:
@@ -357,6 +362,16 @@ cdef class ShmTxLane(TxLane):
     def _peer_note(self):
         from rdmasched.transport.shm import describe_receiver
         return describe_receiver(read_header(self.seg))
+
+    def _epoch_taken(self):
+        cdef uint32_t ack
+        if self.hdr == NULL:
+            return 0
+        ack = rs_load_acquire_u32(&self.hdr.epoch_ack)
+        # newer, modulo the wrap (2**32 - 1 -> 1): the receiver moved past this epoch
+        if ack != 0 and ack != self.st.epoch and <uint32_t>(ack - self.st.epoch) < 0x80000000u:
+            return ack
+        return 0
 
     cdef void _close_transport(self):
         if self.hdr != NULL:

@@ -239,7 +239,7 @@ cdef class Message:
 
 
 cdef Message message_from_c(const rs_msg *m, const uint8_t *meta)
-cdef int msg_from_args(rs_msg *m, int kind, unsigned long long id, unsigned long long job,
-                       int priority, int flags, unsigned long long arg0,
-                       unsigned long long arg1, unsigned int arg2, int hops) except -1
-cdef int msg_route(rs_msg *m, long long dst, long long src, int relays) except -1
+cdef int msg_from_args(rs_msg *m, object kind, object id, object job, object priority,
+                       object flags, object arg0, object arg1, object arg2,
+                       object hops) except -1
+cdef int msg_route(rs_msg *m, object dst, object src, object relays) except -1

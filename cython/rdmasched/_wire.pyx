@@ -10,6 +10,7 @@ with the `struct` mirror in `rdmasched/wire.py`.
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memset
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from cpython.number cimport PyNumber_Index
 
 cimport cython
 
@@ -195,7 +196,8 @@ cdef int rs_meta_check(const uint8_t *p, uint32_t n) noexcept nogil:
 
     Valid: exactly one msgpack map filling all n bytes; keys are scalars (nil, bool, int,
     float, str, bin); no extension types; every str valid UTF-8; containers nested at most
-    META_DEPTH deep (the top map is 1). One pass, no allocation, no GIL.
+    META_DEPTH deep (the top map is 1, an empty container counts). One pass, no
+    allocation, no GIL.
     """
     cdef uint64_t left[META_DEPTH]     # items still to read in each open container
     cdef uint8_t inmap[META_DEPTH]
@@ -276,9 +278,9 @@ cdef int rs_meta_check(const uint8_t *p, uint32_t n) noexcept nogil:
                 cnt *= 2
             if cnt > n - i:       # every item takes at least one byte
                 return META_NOT_MSGPACK
+            if depth == META_DEPTH:   # a container counts, empty or not
+                return META_DEEP
             if cnt:
-                if depth == META_DEPTH:
-                    return META_DEEP
                 left[depth] = cnt
                 inmap[depth] = container == 2
                 depth += 1
@@ -336,9 +338,33 @@ def pack_meta(meta):
     return raw
 
 
-cdef int msg_from_args(rs_msg *m, int kind, unsigned long long id, unsigned long long job,
-                       int priority, int flags, unsigned long long arg0,
-                       unsigned long long arg1, unsigned int arg2, int hops) except -1:
+cdef inline object _int(str name, object v):
+    """`v` if it is an int (an int subclass or integer type: its value), else MessageError:
+    never a float (it would be truncated) nor a bool."""
+    if type(v) is int:
+        return v
+    if not isinstance(v, (bool, float)) and type(v).__name__ != "bool_":
+        try:
+            return PyNumber_Index(v)
+        except TypeError:
+            pass
+    raise MessageError(f"{name} must be an integer, not {type(v).__name__} {v!r}")
+
+
+cdef int msg_from_args(rs_msg *m, object kind, object id, object job, object priority,
+                       object flags, object arg0, object arg1, object arg2,
+                       object hops) except -1:
+    """The header fields of a message to send, each checked (an integer, in its field's
+    range): the one check of every encoder (`TxLane.send`, `Batch.append`, `encode`)."""
+    kind = _int("kind", kind)
+    id = _int("id", id)
+    job = _int("job", job)
+    priority = _int("priority", priority)
+    flags = _int("flags", flags)
+    arg0 = _int("arg0", arg0)
+    arg1 = _int("arg1", arg1)
+    arg2 = _int("arg2", arg2)
+    hops = _int("hops", hops)
     if kind < 1 or kind > KIND_MAX:
         raise MessageError(f"unknown message kind {kind}; known: {sorted(KIND_NAMES)}")
     if priority < 0 or priority > 255:
@@ -347,29 +373,32 @@ cdef int msg_from_args(rs_msg *m, int kind, unsigned long long id, unsigned long
         raise MessageError(f"flags must be 0..255, not {flags}")
     if hops < 0 or hops > 255:
         raise MessageError(f"hops must be 0..255, not {hops}")
-    if job > 0xFFFFFFFFu:
+    if job < 0 or job > 0xFFFFFFFF:
         raise MessageError(f"job must be 0..2**32-1 (a u32 since wire version 2), not {job}")
-    m.kind = <uint8_t>kind
-    m.flags = <uint8_t>flags
-    m.priority = <uint8_t>priority
-    m.hops = <uint8_t>hops
+    m.kind = <uint8_t><int>kind
+    m.flags = <uint8_t><int>flags
+    m.priority = <uint8_t><int>priority
+    m.hops = <uint8_t><int>hops
     m.relays = 0
     m.src = SRC_LANE
     m.dst = 0
-    m.id = id
-    m.job = <uint32_t>job
-    m.arg0 = arg0
-    m.arg1 = arg1
-    m.arg2 = arg2
+    m.id = <unsigned long long>id
+    m.job = <uint32_t><unsigned long long>job
+    m.arg0 = <unsigned long long>arg0
+    m.arg1 = <unsigned long long>arg1
+    m.arg2 = <unsigned int>arg2
     m.meta_len = 0
     m.meta_off = 0
     m.lane = 0
     return 0
 
 
-cdef int msg_route(rs_msg *m, long long dst, long long src, int relays) except -1:
+cdef int msg_route(rs_msg *m, object dst, object src, object relays) except -1:
     """The routing fields: final destination `dst`, origin `src` (< 0: the sending lane's
     own node id) and `relays` so far. Node ids are 0..NODE_MAX."""
+    dst = _int("dst", dst)
+    src = _int("src", src)
+    relays = _int("relays", relays)
     if dst < 0 or dst >= NODE_NONE:
         raise MessageError(f"dst must be a node id 0..{NODE_NONE - 1}, not {dst}")
     if src >= NODE_NONE:
@@ -399,11 +428,9 @@ def crc32c(data) -> int:
     return rs_crc32c(&view[0], view.shape[0])
 
 
-def encode(int kind, unsigned long long id=0, unsigned long long job=0, int priority=0,
-           int flags=0, unsigned long long arg0=0, unsigned long long arg1=0,
-           unsigned int arg2=0, int hops=0, long long src=0, int load=0, unsigned int seq=0,
-           meta=None, unsigned int epoch=1, unsigned long long pos=0,
-           unsigned int nslots=256, long long dst=0, int relays=0) -> bytes:
+def encode(kind, id=0, job=0, priority=0, flags=0, arg0=0, arg1=0, arg2=0, hops=0, src=0,
+           int load=0, unsigned int seq=0, meta=None, unsigned int epoch=1,
+           unsigned long long pos=0, unsigned int nslots=256, dst=0, relays=0) -> bytes:
     """The bytes of one message as it sits in a lane of `nslots` at position `pos`.
 
     `meta` is a dict (msgpack-encoded here) or, for tests, bytes used as they are. `src` is
@@ -418,14 +445,14 @@ def encode(int kind, unsigned long long id=0, unsigned long long job=0, int prio
     cdef uint32_t shift = _shift_of(nslots)
     cdef uint32_t ncont, i
     cdef bytes raw = b""
-    if src < 0 or src >= NODE_NONE:
+    msg_from_args(&m, kind, id, job, priority, flags, arg0, arg1, arg2, hops)
+    msg_route(&m, dst, src, relays)
+    if src < 0:  # a written message names its node (a lane's sender fills it in)
         raise MessageError(f"src must be a node id 0..{NODE_NONE - 1}, not {src}")
     if load < 0 or load > 0xFFFF:
         raise MessageError(f"load must be 0..65535, not {load}")
     if epoch == 0:
         raise MessageError("epoch 0 is never valid (fresh memory is zero)")
-    msg_from_args(&m, kind, id, job, priority, flags, arg0, arg1, arg2, hops)
-    msg_route(&m, dst, src, relays)
     m.load = <uint16_t>load
     if meta is not None:
         raw = bytes(meta) if isinstance(meta, (bytes, bytearray)) else pack_meta(meta)

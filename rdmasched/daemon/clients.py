@@ -208,8 +208,8 @@ class ClientHub:
     def close(self) -> None:
         """Stop reading, close every lane (clients waiting on this daemon find it gone)."""
         self._stop.set()
-        if self._bell is not None:
-            self._bell.ring()
+        if self._set is not None:
+            self._set.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5)
         self._thread = None
@@ -219,6 +219,8 @@ class ClientHub:
         for rx in self._rx:
             rx.close()
         self._rx.clear()
+        if self._set is not None:
+            self._set.set_doorbell(None, 0)  # a later `wake` (close again) rings nothing
         if self._bell is not None:
             self._bell.close()
             self._bell = None

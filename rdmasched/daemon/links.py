@@ -42,7 +42,8 @@ class Links(Protocol):
     outbound: dict[int, TxLane]
 
     def wake(self) -> None:
-        """Wake this node's loop if it sleeps (from another thread)."""
+        """End this node's loop's wait, spinning or asleep, or else its next one (from
+        another thread, after handing it work: `Loop.post`)."""
 
     def close(self) -> None: ...
 
@@ -114,7 +115,7 @@ class ShmLinks:
                 time.sleep(0.002)
 
     def wake(self) -> None:
-        self.doorbell.ring()
+        self.inbound.wake()
 
     def ring_bytes(self) -> int:
         """The memory of this node's inbound lanes: their shm segments, headers included."""
@@ -169,6 +170,7 @@ class ShmLinks:
             tx.close()
         for rx in self._rx:
             rx.close()
+        self.inbound.set_doorbell(None, 0)  # `wake` after this finds no doorbell to ring
         self.doorbell.close()
 
 

@@ -1,14 +1,18 @@
 """The messaging loop every node runs: inbound lanes, outbound lanes, timers, an inbox.
 
 One thread runs `Loop.run`; everything the loop owns (the scheduler, the handlers' calls)
-happens on that thread. Other threads hand work over with `post`, which rings the node's
-doorbell; a `post` from the loop's own thread (a handler calling the API) is queued too and
-runs as soon as the current message or timer is done, so handlers never recurse.
+happens on that thread. Other threads hand work over with `post`, which appends to the inbox
+and then wakes the loop (`Links.wake`, on shm `LaneSet.wake`: it ends the loop's wait whether
+the loop spins, is about to sleep or sleeps, or else its next wait, so a call is seen within
+microseconds); a `post` from the loop's own thread (a handler calling the API) is queued too
+and runs as soon as the current message or timer is done, so handlers never recurse.
 
 Polling is adaptive: after a message the loop spins for `spin_us` (busy, GIL released in
-`LaneSet.wait`), then sleeps on the node's doorbell futex until a sender rings it, a timer is
-due, or `idle_wake_ms` passes. A sender rings only when it sees the receiver asleep (one
-fenced load per send on a lane with a doorbell; docs/PROTOCOL.md section 9).
+`LaneSet.wait`), then sleeps on the node's doorbell futex until a sender rings it, `wake` is
+called, a timer is due, or `idle_wake_ms` passes. A sender rings only when it sees the
+receiver asleep (one fenced load per send on a lane with a doorbell); the receiver announces
+its sleep and then looks at its lanes and at `wake`'s flag once more (docs/PROTOCOL.md
+section 9). Links that cannot wake (verbs: `can_wake` False) make the loop nap at most 1 ms.
 
 A send never blocks the loop: a message that finds its lane full waits in that peer's
 outbox, and every later message to that peer queues behind it, so order is kept. Outboxes

@@ -561,6 +561,11 @@ class Node:
             "stale_msgs": self.stale_msgs,
             "stalls": loop.stalls if loop else 0,
             "held_by_peers": self.peers.held_count(),
+            # relaying (docs/PROTOCOL.md section 10): relayed on, gone around a dead hop,
+            # dropped (reason -> count)
+            "relayed": self.core.relayed,
+            "rerouted": self.core.rerouted,
+            "relay_dropped": dict(self.core.relay_dropped),
             "dead_detected_s": dict(loop.dead_at) if loop else {},
             "preempt_reactions": self.reactions.count,
             "preempt_reaction_p50_us": self.reactions.percentile_us(0.5),

@@ -435,6 +435,23 @@ def test_restarted_sender_waits_for_the_receiver_to_accept_its_epoch(lane_name: 
             assert rx.epoch == 2
 
 
+def test_a_sender_whose_epoch_was_skipped_is_told_so(lane_name: Names) -> None:
+    """Issue 20 item 3: the receiver took a newer sender's epoch (the newest request wins):
+    the error says so, instead of asking whether the receiver polls."""
+    with shm.create_lane(lane_name(), 16) as rx:
+        shm.attach_lane(lane_name()).close()
+        with shm.attach_lane(lane_name()) as second:
+            assert second.epoch == 2 and not second.acked
+            # a third sender (another process) claims epoch 3 before the receiver looks
+            ctypes.memmove(rx.segment.address + 64, struct.pack("<I", 3), 4)
+            drain_ids(rx, polls=200)  # accepts epoch 3, skipping 2
+            assert rx.epoch == 3
+            with pytest.raises(EpochError, match="took a newer sender epoch, 3") as err:
+                second.send(Kind.DISPATCH, 1, timeout_us=1000)
+            assert "is it polling" not in str(err.value)
+            assert "not consuming" not in str(err.value)
+
+
 def test_attach_during_creation_is_retryable_not_fatal(lane_name: Names) -> None:
     # The receiver has created and sized the segment but not yet written the header.
     seg = shm.ShmSegment.create(shm.lane_segment_name(lane_name()), shm.segment_size(16))

@@ -321,3 +321,21 @@ def test_nodes_relay_a_dispatch_and_its_complete_over_shm_lanes() -> None:
         for i, lk in links.items():
             if i not in nodes:
                 lk.close()
+
+
+def test_node_stats_count_the_relays() -> None:
+    """Issue 20 item 3: PROTOCOL.md section 10 and DAEMON.md say relays are counted; the
+    counters the core keeps are in `Node.stats()`."""
+    import os
+    import uuid
+
+    from rdmasched.cluster import local_cluster
+    from rdmasched.daemon.node import Node
+
+    n = Node(local_cluster(2, 1, name=f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"), 0)
+    n.core.relayed, n.core.rerouted = 5, 2
+    n.core.relay_dropped["hop-bound"] = 1
+    s = n.stats()
+    assert (s["relayed"], s["rerouted"], s["relay_dropped"]) == (5, 2, {"hop-bound": 1})
+    n.core.relay_dropped["no-route"] = 1
+    assert s["relay_dropped"] == {"hop-bound": 1}  # a copy, not the core's own dict

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import struct
+import uuid
 
 import msgpack
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from rdmasched import _wire, wire
+from rdmasched import _ring, _wire, wire
 from rdmasched.errors import CorruptSlotError, MessageError, MessageTooLargeError
+from rdmasched.transport import shm
 from rdmasched.wire import Fields, Kind, Reject
 
 u64 = st.integers(0, 2**64 - 1)
@@ -328,6 +331,7 @@ BAD_METAS = {
     "surrogate": b"\x81\xa3\xed\xa0\x80\x01",
     "0xc1": b"\x81\xc1\x01",
     "too deep": b"\x81\x01" + b"\x91" * 32 + b"\x01",
+    "too deep, empty innermost": b"\x81\x00" * 32 + b"\x80",  # issue 20 item 2
 }
 
 
@@ -361,6 +365,38 @@ def test_valid_metadata_at_the_limits() -> None:
         for _ in range(32):
             nested = [nested]
         _wire.pack_meta({"d": nested})
+
+
+@pytest.mark.parametrize("innermost", [b"", b"\x01", b"\x80", b"\x90"])
+@settings(max_examples=20)
+@given(st.integers(0, 2**40 - 1))
+def test_nesting_is_counted_the_same_whether_the_innermost_container_is_empty(
+    innermost: bytes, pattern: int
+) -> None:
+    """The rule (docs/PROTOCOL.md section 5): at most META_DEPTH containers deep, the top map
+    counting as 1, every container counted, empty or not; the C check and the mirror agree.
+
+    At every depth up to 40: a top map, then containers (bit i of `pattern`: a map, else an
+    array), each holding the next; the last holds `innermost`: nothing, a scalar, an empty
+    map or an empty array."""
+    for levels in range(41):
+        kinds = [True] + [bool(pattern >> i & 1) for i in range(levels)]
+        raw = b""
+        for i, is_map in enumerate(kinds):
+            n = 1 if i < len(kinds) - 1 or innermost else 0
+            raw += bytes([(0x80 if is_map else 0x90) | n]) + (b"\x00" if is_map and n else b"")
+        raw += innermost
+        depth = len(kinds) + (1 if innermost in (b"\x80", b"\x90") else 0)
+        ok = depth <= wire.META_DEPTH
+        assert (_wire.check_meta(raw) is None) == ok, (depth, raw)
+        assert _mirror_accepts(raw) == ok, (depth, raw)
+
+
+def test_an_empty_container_one_level_too_deep_is_refused() -> None:
+    assert _wire.check_meta(b"\x81\x00" * 31 + b"\x80") is None  # 32 deep
+    assert _wire.check_meta(b"\x81\x00" * 32 + b"\x80") is not None  # 33 deep
+    assert _wire.check_meta(b"\x81\x00" * 31 + b"\x90") is None
+    assert _wire.check_meta(b"\x81\x00" * 32 + b"\x90") is not None
 
 
 @given(st.binary(max_size=300))
@@ -449,3 +485,30 @@ def test_a_v1_slot_is_not_a_v2_slot() -> None:
     slot = wire.seal(body, wire.stamp(1, 0, 64))
     m = _wire.decode(slot, 1, 0, 64)
     assert (m.src, m.id, m.job) != (3, 42, 9)
+
+
+# ---- the one argument check of every encoder takes integers only (issue 20 item 3) ----------
+_FIELDS = ["kind", "id", "job", "priority", "flags", "arg0", "arg1", "arg2", "hops"]
+
+
+@pytest.mark.parametrize("bad", [1.5, 1.0, True], ids=["float", "whole-float", "bool"])
+@pytest.mark.parametrize("field", [*_FIELDS, "dst", "src", "relays"])
+def test_every_encoder_refuses_a_field_that_is_not_an_integer(field: str, bad: object) -> None:
+    args: dict[str, object] = {f: 0 for f in _FIELDS} | {"kind": Kind.DISPATCH, "src": 1}
+    args[field] = bad
+    pos = [args.pop(f) for f in _FIELDS]
+    with pytest.raises(MessageError, match=f"{field} must be an integer"):
+        _wire.encode(*pos, **args)
+    with pytest.raises(MessageError, match=f"{field} must be an integer"):
+        _ring.Batch(1).append(*pos, **args)
+    name = f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    with shm.create_lane(name, 16) as rx, shm.attach_lane(name) as tx:
+        with pytest.raises(MessageError, match=f"{field} must be an integer"):
+            tx.send(*pos, timeout_us=0, **args)
+        assert tx.stats()["sent"] == 0 and rx.poll() is None  # nothing was written
+
+
+def test_an_int_enum_is_an_integer() -> None:
+    b = _ring.Batch(1)
+    b.append(Kind.DISPATCH, 7, flags=Kind.PREEMPT)
+    assert (b[0].kind, b[0].id, b[0].flags) == (Kind.DISPATCH, 7, int(Kind.PREEMPT))
