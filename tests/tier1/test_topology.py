@@ -13,7 +13,8 @@ import pytest
 from rdmasched import topology as tp
 from rdmasched.cli import main
 from rdmasched.errors import ConfigError
-from rdmasched.topology import Switch, Topology, expand_hostlist, parse_slurm, verify
+from rdmasched.slurm import Switch, expand_hostlist, parse_slurm
+from rdmasched.topology import Topology, verify
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "topology"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "SCALE.md"
