@@ -10,7 +10,6 @@ seconds, not hours).
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
 
 from rdmasched.errors import ConfigError
@@ -104,6 +103,55 @@ def _expand_range(body: str, expr: str) -> list[str]:
     return values
 
 
+# ---- topology.conf ---------------------------------------------------------------------------
+# one piece of a line: an unquoted run, a '...' or "..." string (a backslash pairs with the
+# character after it), a backslash and the character it escapes, or a run of blanks
+_PIECE = re.compile(r"""[^ \t\r\n'"\\]+|'[^']*'|"(?:[^"\\]|\\.)*"|\\.|[ \t\r\n]+""", re.S)
+_OPEN_DQ = re.compile(r'"(?:[^"\\]|\\.)*', re.S)
+_DQ_ESCAPE = re.compile(r'\\(["\\])')
+
+
+def split_words(line: str) -> list[str]:
+    """`line` split into words as ``shlex.split(line)`` (POSIX mode) splits it, in time
+    linear in its length (shlex grows each word a character at a time: quadratic, minutes for
+    a line of a million host names). Words are separated by blanks; '...' keeps its text as
+    is; inside "..." a backslash escapes only ``"`` and ``\\``; outside quotes it escapes any
+    character. ValueError "No closing quotation" or "No escaped character", as shlex's."""
+    words: list[str] = []
+    word: list[str] = []
+    quoted = False  # the word has a quoted part (so '' is a word)
+    pos, end = 0, len(line)
+    while pos < end:
+        m = _PIECE.match(line, pos)
+        if m is None:  # an open quote, or a backslash at the end (inside "..." or not)
+            if line[pos] == '"':
+                inner = _OPEN_DQ.match(line, pos)
+                if inner is not None and inner.end() < end:
+                    raise ValueError("No escaped character")
+                raise ValueError("No closing quotation")
+            raise ValueError("No closing quotation" if line[pos] == "'" else "No escaped character")
+        piece = m.group()
+        pos = m.end()
+        c = piece[0]
+        if c in " \t\r\n":
+            if word or quoted:
+                words.append("".join(word))
+                word, quoted = [], False
+        elif c == "'":
+            word.append(piece[1:-1])
+            quoted = True
+        elif c == '"':
+            word.append(_DQ_ESCAPE.sub(r"\1", piece[1:-1]))
+            quoted = True
+        elif c == "\\":
+            word.append(piece[1])
+        else:
+            word.append(piece)
+    if word or quoted:
+        words.append("".join(word))
+    return words
+
+
 # ---- the switch tree (Slurm's and the TOML explicit form) ------------------------------------
 @dataclass(frozen=True)
 class Switch:
@@ -122,16 +170,18 @@ def parse_slurm(text: str, source: str = "topology.conf") -> list[Switch]:
     i = 0
     while i < len(lines):
         lineno = i + 1
-        line = lines[i].split("#", 1)[0].rstrip()
+        parts = [lines[i].split("#", 1)[0].rstrip()]
         i += 1
-        while line.endswith("\\") and i < len(lines):
-            line = line[:-1] + " " + lines[i].split("#", 1)[0].rstrip()
+        while parts[-1].endswith("\\") and i < len(lines):  # joined once: linear
+            parts[-1] = parts[-1][:-1]
+            parts.append(lines[i].split("#", 1)[0].rstrip())
             i += 1
+        line = " ".join(parts)
         if not line.strip():
             continue
         where = f"{source}:{lineno}"
         try:
-            tokens = shlex.split(line, posix=True)
+            tokens = split_words(line)
         except ValueError as exc:
             raise ConfigError(f"{where}: {exc}") from None
         fields: dict[str, str] = {}
