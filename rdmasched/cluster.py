@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from rdmasched.errors import ConfigError
 from rdmasched.files import read_text, read_toml
-from rdmasched.limits import EXEC_SLOTS_MAX, LANE_SLOTS_DEFAULT
+from rdmasched.limits import EXEC_SLOTS_MAX, LANE_SLOTS_DEFAULT, check_lane_slots
 from rdmasched.limits import MAX_NODES as MAX_NODES  # (named here too: older callers)
 
 if TYPE_CHECKING:
@@ -145,11 +145,10 @@ class ClusterConfig:
         lane = _int(
             c, "slots_per_lane", source, "cluster.slots_per_lane", default=LANE_SLOTS_DEFAULT
         )
-        if lane < 16 or lane > (1 << 20) or lane & (lane - 1):
-            raise ConfigError(
-                f"{source}: cluster.slots_per_lane must be a power of two in "
-                f"16..{1 << 20}, not {lane}"
-            )
+        try:
+            check_lane_slots(lane)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: cluster.slots_per_lane {exc}") from None
         token = _str(c, "token", source, "cluster.token", default="")
         if "token_file" in c:
             if token:
