@@ -17,7 +17,8 @@ Effects (docs/DAEMON.md, "The node core", is the contract):
   must learn that it was).
 * `Relay(peer, message)`: a received message for another node: write it to `peer` (the next
   hop) unchanged but for `relays` + 1 and this node's load hint.
-* `StartTask(task, slot)` (the scheduler's `Start`): call the dispatch handler.
+* `Start(task, slot)` (the scheduler's own action, passed on as is): call the dispatch
+  handler.
 * `PreemptTask(victim, slot, cancel, trigger_ns)`: call the preempt handler, then give its
   result back with `preempted(...)`; its effects come next, before the rest.
 * `RunSync(task, slot)`: call the sync handler; unless it keeps the slot (`LATER`), give
@@ -136,10 +137,6 @@ class Relay(NamedTuple):
 
     peer: int
     message: Message
-
-
-#: Call the dispatch handler: run `task` on `slot` (the scheduler's own action, passed on).
-StartTask = Start
 
 
 class PreemptTask(NamedTuple):
@@ -1114,6 +1111,6 @@ __all__ = [
     "Send",
     "SetLoad",
     "SetTimer",
-    "StartTask",
+    "Start",
     "sync_task_id",
 ]

@@ -30,7 +30,7 @@ from rdmasched.daemon.core import (
     Send,
     SetLoad,
     SetTimer,
-    StartTask,
+    Start,
 )
 from rdmasched.demo.workload import GROUP, KIND_BACKGROUND, Trainer, WorkloadConfig, task_kind
 from rdmasched.messages import Heartbeat
@@ -267,7 +267,7 @@ class CoreNode:
                     self.net.relay(
                         self.me, e.peer, e.message, self.load, busy if busy > now else now
                     )
-            elif t is StartTask:
+            elif t is Start:
                 ledger.decisions += 1
                 trainer.on_start(e.task, e.slot)
             elif t is PreemptTask:
