@@ -426,9 +426,10 @@ class Topology:
             return x
         return (x + y) * ((m + 1) // 2) % m
 
-    # ---- links ---------------------------------------------------------------------------
-    def links(self, node: int) -> list[int]:
-        """The peers this node holds a lane and an RC QP to, sorted (symmetric)."""
+    # ---- a node's neighbours: the peers it is linked to ---------------------------------
+    def neighbours(self, node: int) -> list[int]:
+        """The peers this node holds a lane and an RC QP to (its links' other ends), sorted;
+        symmetric: v is u's neighbour iff u is v's."""
         x = self.node_leaf[node]
         start, n = self.leaf_start[x], self.leaf_size[x]
         p = node - start
@@ -676,7 +677,7 @@ def verify(
     bfs_sources: int = 2,
     seed: int = 1,
 ) -> Report:
-    """Lanes, QPs and ring memory per node from `links()`; the hop bound checked on routes.
+    """Lanes, QPs and ring memory per node from `neighbours()`; the hop bound checked on routes.
 
     Up to `exhaustive_limit` nodes every (src, dst) path is followed and every one of its hops
     checked to be a link; above it, every destination from `sources` sampled sources. BFS over
@@ -687,7 +688,7 @@ def verify(
     total = 0
     lo, hi = n, 0
     for u in range(n):
-        row = array("i", topo.links(u))
+        row = array("i", topo.neighbours(u))
         adj.append(row)
         total += len(row)
         lo, hi = min(lo, len(row)), max(hi, len(row))

@@ -252,7 +252,7 @@ class NodeCore:
         self.links: frozenset[int] = (
             frozenset(n for n in nodes if n != me)
             if topology is None
-            else frozenset(topology.links(me))
+            else frozenset(topology.neighbours(me))
         )
         self.now = now
         self.heartbeat_ns = heartbeat_ns
@@ -949,7 +949,7 @@ class NodeCore:
             inner: list[int] = []
             gateways: list[int] = []
             for q in range(topo.leaf_start[leaf], topo.leaf_start[leaf] + topo.leaf_size[leaf]):
-                out_of_leaf = any(topo.leaf(x) != leaf for x in topo.links(q))
+                out_of_leaf = any(topo.leaf(x) != leaf for x in topo.neighbours(q))
                 (gateways if out_of_leaf else inner).append(q)
             got = self._leaf_gw[leaf] = (inner, gateways)
         return got
