@@ -14,6 +14,9 @@ from rdmasched.limits import PRIORITY_MAX as PRIORITY_MAX
 from rdmasched.limits import SYNC_PRIORITY as SYNC_PRIORITY
 from rdmasched.limits import U64_MAX as U64_MAX
 
+#: "compiled" when this module was built by Cython, else "python"
+IMPLEMENTATION = "python" if __file__.endswith(".py") else "compiled"
+
 
 def task_key(origin: int, task_id: int) -> int:
     """A task's identity on every node: its id is unique only on its origin node, so two
