@@ -34,15 +34,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rdmasched.errors import ConfigError
 from rdmasched.files import read_text, read_toml
 from rdmasched.limits import EXEC_SLOTS_MAX, LANE_SLOTS_DEFAULT, check_lane_slots
 from rdmasched.limits import MAX_NODES as MAX_NODES  # (named here too: older callers)
-
-if TYPE_CHECKING:
-    from rdmasched.topology import Topology  # (it imports none of this module)
+from rdmasched.topology import Topology
 
 TRANSPORTS = ("shm", "verbs")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
@@ -175,8 +173,6 @@ class ClusterConfig:
 
         topology = None
         if "topology" in data:
-            from rdmasched.topology import Topology
-
             if not isinstance(data["topology"], Mapping):
                 raise ConfigError(f"{source}: [topology] must be a table")
             topology = Topology.from_toml(data, source=source, base=base)
