@@ -31,23 +31,19 @@ from __future__ import annotations
 import functools
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rdmasched.errors import ConfigError
-
-if TYPE_CHECKING:
-    from rdmasched.topology import Topology
+from rdmasched.files import read_text, read_toml
+from rdmasched.limits import EXEC_SLOTS_MAX, LANE_SLOTS_DEFAULT, check_lane_slots
+from rdmasched.limits import MAX_NODES as MAX_NODES  # (named here too: older callers)
+from rdmasched.topology import Topology
 
 TRANSPORTS = ("shm", "verbs")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
-#: the most nodes a cluster (and a topology) holds: 2**20, below the wire's u24 node ids
-#: (0xFFFFFF is reserved). Past a few dozen nodes give a [topology]: without one every node
-#: holds a lane to every other.
-MAX_NODES = 1 << 20
 MIN_TOKEN_BYTES = 8
 #: the keys a config may have (docs/CONFIG.md describes each)
 CLUSTER_KEYS = frozenset(
@@ -65,26 +61,6 @@ CLUSTER_KEYS = frozenset(
 NODE_KEYS = frozenset(("name", "address", "slots", "domain"))
 
 
-def read_toml(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
-    """The TOML file at `path` as a dict; every way it can fail is a ConfigError that names
-    `what` and the path (missing, a directory, not UTF-8, unreadable, not TOML)."""
-    p = Path(path)
-    try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{what} {p} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{what} {p} is a directory, not a TOML file") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"{what} {p} is not UTF-8 text (byte {exc.start}); TOML is UTF-8"
-        ) from None
-    except OSError as exc:
-        raise ConfigError(f"{what} {p}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{what} {p} is not valid TOML: {exc}") from None
-
-
 @dataclass(frozen=True)
 class NodeSpec:
     id: int
@@ -99,7 +75,7 @@ class ClusterConfig:
     name: str
     nodes: tuple[NodeSpec, ...]
     transport: str = "shm"
-    slots_per_lane: int = 256
+    slots_per_lane: int = LANE_SLOTS_DEFAULT
     token: str = ""
     heartbeat_ms: int = 50
     dead_after_ms: int = 500
@@ -164,23 +140,19 @@ class ClusterConfig:
             raise ConfigError(
                 f"{source}: cluster.transport must be one of {TRANSPORTS}, not {transport!r}"
             )
-        lane = _int(c, "slots_per_lane", source, "cluster.slots_per_lane", default=256)
-        if lane < 16 or lane > (1 << 20) or lane & (lane - 1):
-            raise ConfigError(
-                f"{source}: cluster.slots_per_lane must be a power of two in "
-                f"16..{1 << 20}, not {lane}"
-            )
+        lane = _int(
+            c, "slots_per_lane", source, "cluster.slots_per_lane", default=LANE_SLOTS_DEFAULT
+        )
+        try:
+            check_lane_slots(lane)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: cluster.slots_per_lane {exc}") from None
         token = _str(c, "token", source, "cluster.token", default="")
         if "token_file" in c:
             if token:
                 raise ConfigError(f"{source}: give cluster.token or cluster.token_file, not both")
             tf = Path(_str(c, "token_file", source, "cluster.token_file"))
-            try:
-                token = tf.read_text(encoding="utf-8").strip()
-            except UnicodeDecodeError:
-                raise ConfigError(f"{source}: cluster.token_file {tf} is not UTF-8 text") from None
-            except OSError as exc:
-                raise ConfigError(f"{source}: cluster.token_file {tf}: {exc.strerror}") from None
+            token = read_text(tf, f"{source}: cluster.token_file", "a token file").strip()
         if token and len(token.encode()) < MIN_TOKEN_BYTES:
             raise ConfigError(
                 f"{source}: the cluster token must be at least {MIN_TOKEN_BYTES} bytes, not "
@@ -201,16 +173,16 @@ class ClusterConfig:
 
         topology = None
         if "topology" in data:
-            from rdmasched.topology import Topology
-
             if not isinstance(data["topology"], Mapping):
                 raise ConfigError(f"{source}: [topology] must be a table")
             topology = Topology.from_toml(data, source=source, base=base)
         node_slots: int | None = None
         if "slots" in c:
             node_slots = _int(c, "slots", source, "cluster.slots")
-            if not 1 <= node_slots <= 255:
-                raise ConfigError(f"{source}: cluster.slots must be 1..255, not {node_slots}")
+            if not 1 <= node_slots <= EXEC_SLOTS_MAX:
+                raise ConfigError(
+                    f"{source}: cluster.slots must be 1..{EXEC_SLOTS_MAX}, not {node_slots}"
+                )
         raw_nodes = data.get("node")
         if raw_nodes is None and topology is not None:
             if transport == "verbs":
@@ -245,8 +217,10 @@ class ClusterConfig:
                 raise ConfigError(f"{source}: node name {nname!r} appears twice")
             seen.add(nname)
             slots = _int(n, "slots", source, f"{where}.slots", default=node_slots)
-            if not 1 <= slots <= 255:
-                raise ConfigError(f"{source}: {where}.slots must be 1..255, not {slots}")
+            if not 1 <= slots <= EXEC_SLOTS_MAX:
+                raise ConfigError(
+                    f"{source}: {where}.slots must be 1..{EXEC_SLOTS_MAX}, not {slots}"
+                )
             address = _str(n, "address", source, f"{where}.address", default="")
             if transport == "verbs":
                 host, port = parse_address(address, f"{source}: {where}.address")

@@ -4,7 +4,7 @@ A node is a host (docs/CLIENT.md). Its daemon learns the cluster (every host, it
 bootstrap address) and its own node id from the launcher, with no registry of our own:
 
 - **Slurm** (SLURM_JOB_NODELIST and SLURM_NODEID set): the hosts are the job's node list,
-  expanded (`rdmasched.topology.expand_hostlist`), in order; this host is node SLURM_NODEID.
+  expanded (`rdmasched.slurm.expand_hostlist`), in order; this host is node SLURM_NODEID.
   Each host's bootstrap address is `<host>:<RDMASCHED_PORT>` (default 29650).
 - **torchrun** (MASTER_ADDR, MASTER_PORT and GROUP_RANK, or NODE_RANK, set; torch present):
   each host's daemon writes its name, address and slots into the launcher's own rendezvous
@@ -101,7 +101,7 @@ def cluster_name(env: Mapping[str, str] | None = None) -> str:
 def slurm_hosts(env: Mapping[str, str] | None = None) -> tuple[list[str], int] | None:
     """(the job's hosts, this host's index) from SLURM_JOB_NODELIST and SLURM_NODEID; None
     when Slurm did not launch this process."""
-    from rdmasched.topology import expand_hostlist
+    from rdmasched.slurm import expand_hostlist
 
     env = _env(env)
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
@@ -171,7 +171,7 @@ def job_topology(env: Mapping[str, str], names: list[str]) -> dict[str, Any] | N
     topology.conf; default /etc/slurm/topology.conf when it exists) cut down to the job's
     hosts `names`, as `[[topology.switch]]` tables. None without a topology.conf (a full
     mesh: docs/SCALE.md). A job host that no leaf switch lists is an error."""
-    from rdmasched.topology import parse_slurm
+    from rdmasched.slurm import parse_slurm
 
     path = env.get("RDMASCHED_TOPOLOGY", "")
     if not path:

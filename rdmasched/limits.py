@@ -35,10 +35,13 @@ GROUP_MAX = (1 << 31) - 1
 #: steps are 0..2**32-1 (a sync task's id holds the step in its low 32 bits)
 STEP_MAX = (1 << 32) - 1
 
-# ---- lanes ----------------------------------------------------------------------------------------
+# ---- lanes ---------------------------------------------------------------------------------------
 #: a lane holds a power of two of 64-byte slots in this range
 LANE_SLOTS_MIN = 16
 LANE_SLOTS_MAX = 1 << 20
+#: the lane size when the cluster config gives none (`cluster.slots_per_lane`): 256 slots of
+#: 64 bytes, 16 KiB a lane (docs/SCALE.md sizes the ring memory with it)
+LANE_SLOTS_DEFAULT = 256
 
 
 def check_lane_slots(nslots: object) -> int:
@@ -55,3 +58,10 @@ def check_lane_slots(nslots: object) -> int:
             f"must be a power of two in {LANE_SLOTS_MIN}..{LANE_SLOTS_MAX}, not {nslots!r}"
         )
     return nslots
+
+
+# ---- files ---------------------------------------------------------------------------------------
+#: the largest file read as a config, a topology or a token (rdmasched/files.py): a cluster
+#: config of MAX_NODES [[node]] tables is about 100 MiB; the bound keeps a wrong path (a
+#: device, a log) from being read into memory whole
+FILE_BYTES_MAX = 256 << 20

@@ -4,7 +4,8 @@ One in-memory model, `Topology`, built three ways:
 
 - generated: ``Topology.generate(nodes=100_000, leaf=32, pod=1024)``;
 - from TOML: a ``[topology]`` table (generated keys, or ``[[topology.switch]]`` entries);
-- from Slurm's ``topology.conf`` (tree plugin): ``SwitchName=... Switches=... Nodes=...``.
+- from Slurm's ``topology.conf`` (tree plugin): ``SwitchName=... Switches=... Nodes=...``,
+  parsed into `Switch` entries by rdmasched/slurm.py.
 
 Node ids are dense, ``0 .. N-1``, ordered by pod, then leaf, then position in the leaf, so the
 nodes of a leaf are contiguous and a node's *rail* is its position in its leaf.
@@ -30,7 +31,6 @@ import itertools
 import os
 import random
 import re
-import shlex
 from array import array
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
@@ -38,8 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from rdmasched.cluster import MAX_NODES, ClusterConfig, read_toml
 from rdmasched.errors import ConfigError
+from rdmasched.files import read_text, read_toml
+from rdmasched.limits import LANE_SLOTS_DEFAULT, MAX_NODES
+from rdmasched.slurm import Switch, make_switch, parse_slurm
 
 _T = TypeVar("_T")
 
@@ -54,167 +56,8 @@ SLOT_BYTES = 64
 #: verbs the lane's control block is 64 bytes, so this is the larger of the two.
 LANE_HEADER_BYTES = 256
 #: Slots per lane: the cluster config's default (`cluster.slots_per_lane`).
-DEFAULT_SLOTS_PER_LANE: int = ClusterConfig.slots_per_lane
+DEFAULT_SLOTS_PER_LANE: int = LANE_SLOTS_DEFAULT
 DEFAULT_BUDGET = TARGET_LANES
-MAX_HOSTLIST = 1 << 20
-
-_SWITCH_NAME = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
-_HOST_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-
-
-# ---- Slurm hostlist expressions -------------------------------------------------------------
-def expand_hostlist(expr: str) -> list[str]:
-    """``"node[001-003,7],gpu1"`` -> ``["node001", "node002", "node003", "node007", "gpu1"]``.
-
-    Slurm's syntax: names separated by commas outside brackets; each bracket holds a comma
-    list of numbers and ranges ``lo-hi``, zero-padded to the width of ``lo`` when ``lo`` has a
-    leading zero; several brackets in one name expand as a product (``r[1-2]n[1-2]``).
-    """
-    names: list[str] = []
-    for item in _split_top(expr):
-        names.extend(_expand_one(item, expr))
-        if len(names) > MAX_HOSTLIST:
-            raise ConfigError(f"hostlist {expr!r} names more than {MAX_HOSTLIST} hosts")
-    return names
-
-
-def _split_top(expr: str) -> list[str]:
-    parts: list[str] = []
-    depth = 0
-    cur: list[str] = []
-    for ch in expr.strip():
-        if ch == "[":
-            if depth:
-                raise ConfigError(f"hostlist {expr!r}: nested '['")
-            depth = 1
-        elif ch == "]":
-            if not depth:
-                raise ConfigError(f"hostlist {expr!r}: ']' without '['")
-            depth = 0
-        elif ch == "," and not depth:
-            parts.append("".join(cur))
-            cur = []
-            continue
-        cur.append(ch)
-    if depth:
-        raise ConfigError(f"hostlist {expr!r}: '[' is never closed")
-    parts.append("".join(cur))
-    for p in parts:
-        if not p.strip():
-            raise ConfigError(f"hostlist {expr!r} has an empty name")
-    return [p.strip() for p in parts]
-
-
-def _expand_one(item: str, expr: str) -> list[str]:
-    out = [""]
-    pos = 0
-    while pos < len(item):
-        lb = item.find("[", pos)
-        if lb < 0:
-            text, pos = item[pos:], len(item)
-            out = [o + text for o in out]
-            continue
-        rb = item.index("]", lb)
-        text = item[pos:lb]
-        values = _expand_range(item[lb + 1 : rb], expr)
-        out = [o + text + v for o in out for v in values]
-        if len(out) > MAX_HOSTLIST:
-            raise ConfigError(f"hostlist {expr!r} names more than {MAX_HOSTLIST} hosts")
-        pos = rb + 1
-    for name in out:
-        if not _HOST_NAME.match(name):
-            raise ConfigError(f"hostlist {expr!r}: {name!r} is not a valid host name")
-    return out
-
-
-def _expand_range(body: str, expr: str) -> list[str]:
-    values: list[str] = []
-    for part in body.split(","):
-        part = part.strip()
-        lo_s, dash, hi_s = part.partition("-")
-        if not lo_s.isdigit() or (dash and not hi_s.isdigit()):
-            raise ConfigError(f"hostlist {expr!r}: bad range {part!r} in [{body}]")
-        lo = int(lo_s)
-        hi = int(hi_s) if dash else lo
-        if hi < lo:
-            raise ConfigError(f"hostlist {expr!r}: range {part!r} runs backwards")
-        if hi - lo >= MAX_HOSTLIST:
-            raise ConfigError(f"hostlist {expr!r}: range {part!r} is too long")
-        width = len(lo_s) if lo_s.startswith("0") and len(lo_s) > 1 else 0
-        values.extend(f"{i:0{width}d}" for i in range(lo, hi + 1))
-    return values
-
-
-# ---- the switch tree (Slurm's and the TOML explicit form) ------------------------------------
-@dataclass(frozen=True)
-class Switch:
-    """One ``SwitchName`` line: a leaf (``nodes``) or an inner switch (``switches``)."""
-
-    name: str
-    nodes: tuple[str, ...] = ()
-    switches: tuple[str, ...] = ()
-    where: str = ""
-
-
-def parse_slurm(text: str, source: str = "topology.conf") -> list[Switch]:
-    """The switches of a Slurm ``topology.conf`` (tree plugin)."""
-    switches: list[Switch] = []
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        lineno = i + 1
-        line = lines[i].split("#", 1)[0].rstrip()
-        i += 1
-        while line.endswith("\\") and i < len(lines):
-            line = line[:-1] + " " + lines[i].split("#", 1)[0].rstrip()
-            i += 1
-        if not line.strip():
-            continue
-        where = f"{source}:{lineno}"
-        try:
-            tokens = shlex.split(line, posix=True)
-        except ValueError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
-        fields: dict[str, str] = {}
-        for tok in tokens:
-            key, eq, value = tok.partition("=")
-            k = key.lower()
-            if not eq:
-                raise ConfigError(f"{where}: expected key=value, not {tok!r}")
-            if k not in ("switchname", "switches", "nodes", "linkspeed"):
-                raise ConfigError(
-                    f"{where}: unknown key {key!r}; the tree plugin's lines have "
-                    "SwitchName, Switches, Nodes, LinkSpeed"
-                )
-            if k in fields:
-                raise ConfigError(f"{where}: {key} given twice")
-            fields[k] = value
-        if "switchname" not in fields or next(iter(fields)) != "switchname":
-            raise ConfigError(f"{where}: a line must start with SwitchName=")
-        if "linkspeed" in fields and not fields["linkspeed"].isdigit():
-            raise ConfigError(f"{where}: LinkSpeed must be an integer")
-        switches.append(
-            _switch(
-                fields["switchname"],
-                fields.get("nodes"),
-                fields.get("switches"),
-                where,
-            )
-        )
-    return switches
-
-
-def _switch(name: str, nodes: str | None, children: str | None, where: str) -> Switch:
-    if not _SWITCH_NAME.match(name):
-        raise ConfigError(f"{where}: switch name {name!r} is not valid")
-    if nodes is not None and children is not None:
-        raise ConfigError(f"{where}: switch {name} has both child switches and nodes")
-    return Switch(
-        name,
-        tuple(expand_hostlist(nodes)) if nodes else (),
-        tuple(expand_hostlist(children)) if children else (),
-        where,
-    )
 
 
 # ---- the model -------------------------------------------------------------------------------
@@ -463,7 +306,7 @@ class Topology:
                         raise ConfigError(
                             f"{where}.{key} must be a hostlist string or a list of strings"
                         )
-                switches.append(_switch(name, lists[0], lists[1], where))
+                switches.append(make_switch(name, lists[0], lists[1], where))
             return cls.from_switches(switches, budget=b, source=source)
         for key in ("nodes", "leaf", "pod"):
             if key not in t:
@@ -492,16 +335,7 @@ class Topology:
     @classmethod
     def load_slurm(cls, path: str | Path, *, budget: int = DEFAULT_BUDGET) -> Topology:
         p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"topology file {p} does not exist") from None
-        except IsADirectoryError:
-            raise ConfigError(f"topology file {p} is a directory, not a topology.conf") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"topology file {p} is not UTF-8 text (byte {exc.start})") from None
-        except OSError as exc:
-            raise ConfigError(f"topology file {p}: {exc.strerror or exc}") from None
+        text = read_text(p, "topology file", "a topology.conf")
         return cls.from_slurm(text, budget=budget, source=str(p))
 
     # ---- shape -------------------------------------------------------------------------
@@ -592,9 +426,10 @@ class Topology:
             return x
         return (x + y) * ((m + 1) // 2) % m
 
-    # ---- links ---------------------------------------------------------------------------
-    def links(self, node: int) -> list[int]:
-        """The peers this node holds a lane and an RC QP to, sorted (symmetric)."""
+    # ---- a node's neighbours: the peers it is linked to ---------------------------------
+    def neighbours(self, node: int) -> list[int]:
+        """The peers this node holds a lane and an RC QP to (its links' other ends), sorted;
+        symmetric: v is u's neighbour iff u is v's."""
         x = self.node_leaf[node]
         start, n = self.leaf_start[x], self.leaf_size[x]
         p = node - start
@@ -842,7 +677,7 @@ def verify(
     bfs_sources: int = 2,
     seed: int = 1,
 ) -> Report:
-    """Lanes, QPs and ring memory per node from `links()`; the hop bound checked on routes.
+    """Lanes, QPs and ring memory per node from `neighbours()`; the hop bound checked on routes.
 
     Up to `exhaustive_limit` nodes every (src, dst) path is followed and every one of its hops
     checked to be a link; above it, every destination from `sources` sampled sources. BFS over
@@ -853,7 +688,7 @@ def verify(
     total = 0
     lo, hi = n, 0
     for u in range(n):
-        row = array("i", topo.links(u))
+        row = array("i", topo.neighbours(u))
         adj.append(row)
         total += len(row)
         lo, hi = min(lo, len(row)), max(hi, len(row))

@@ -15,6 +15,11 @@ from typing import Any
 
 import msgpack
 
+# node ids are 24-bit, 0xFFFFFF reserved (a head naming it as src or dst is malformed); `job`
+# is a u32 in version 2: limits.py's bounds, named here too
+from rdmasched.limits import JOB_MAX as JOB_MAX
+from rdmasched.limits import NODE_MAX as NODE_MAX
+
 #: The wire protocol version (docs/PROTOCOL.md): the lane carries it (the shm lane header,
 #: the verbs lane descriptor), never the slot.
 VERSION = 2
@@ -22,10 +27,6 @@ SLOT_SIZE = 64
 CONT_PAYLOAD = 51
 MAX_META = 4096
 MAX_CONT = -(-MAX_META // CONT_PAYLOAD)
-#: Node ids are 24-bit; 0xFFFFFF is reserved (a head naming it as src or dst is malformed).
-NODE_MAX = 0xFFFFFF - 1
-#: `job` is a u32 in version 2.
-JOB_MAX = 0xFFFFFFFF
 
 #: Head slot: kind flags priority ncont src(u24 as 3 bytes) relays dst(u24 as 3 bytes) hops
 #: seq load meta_len job id arg0 arg1 arg2 crc stamp, little-endian, no padding (offsets in

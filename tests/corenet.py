@@ -22,7 +22,7 @@ from rdmasched.daemon.core import (
     MAX_RELAYS,
     Effect,
     NodeCore,
-    StartTask,
+    Start,
 )
 from rdmasched.scheduler import Task
 from rdmasched.topology import Topology
@@ -115,7 +115,7 @@ class Cluster:
                         self.unlinked.append((node, e.dst, e.message))
                 else:
                     self.wire.append((node, e.peer, e.message))
-            elif type(e) is StartTask:
+            elif type(e) is Start:
                 seen.append(("start", e.task.origin, e.task.id, e.slot))
             elif isinstance(e, m.PreemptTask):
                 seen.append(("preempt", e.victim.origin, e.victim.id, e.cancel, e.trigger_ns))

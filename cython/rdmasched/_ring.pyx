@@ -38,6 +38,7 @@ from rdmasched.errors import (
     CorruptSlotError, EpochError, LaneClosedError, LaneFullError, MessageTooLargeError,
     PeerDeadError,
 )
+from rdmasched.limits import check_lane_slots
 
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
@@ -66,10 +67,12 @@ cdef uint32_t _log2(uint32_t n) noexcept nogil:
 
 
 def check_nslots(nslots: int) -> int:
-    """Lane sizes are powers of two from 16 to 2**20 slots."""
-    if not isinstance(nslots, int) or nslots < 16 or nslots > (1 << 20) or nslots & (nslots - 1):
-        raise ValueError(f"nslots must be a power of two in 16..{1 << 20}, not {nslots!r}")
-    return nslots
+    """Lane sizes are powers of two from 16 to 2**20 slots (limits.check_lane_slots: the one
+    rule, called when a lane is made, never per message)."""
+    try:
+        return check_lane_slots(nslots)
+    except ValueError as exc:
+        raise ValueError(f"nslots {exc}") from None
 
 
 # ---- receiver ---------------------------------------------------------------------------------

@@ -17,8 +17,7 @@ from typing import Any
 from rdmasched._wire import pack_meta
 from rdmasched.cluster import ClusterConfig
 from rdmasched.errors import ArgumentError, ArgumentTypeError, MessageError
-
-U64_MAX = (1 << 64) - 1
+from rdmasched.limits import U64_MAX as U64_MAX  # (node.py and client.py import it from here)
 
 
 def check_int(name: str, value: object, lo: int = 0, hi: int = U64_MAX) -> int:

@@ -25,7 +25,7 @@ client k at once. A client says HELLO on its up lane; the daemon attaches to the
 down lane and answers WELCOME. From then on:
 
 - a task a client submits (or dispatches) is **owned** by that client: the daemon routes its
-  StartTask, PreemptTask and CompleteNotice effects to it alone. Tasks of other nodes placed
+  Start, PreemptTask and CompleteNotice effects to it alone. Tasks of other nodes placed
   here go to the client whose index is the slot they start on, else to the lowest connected
   client, else to the daemon's own handlers. A task that starts while none of these exists
   (the host's ranks have not connected yet, or all of them left) **waits** in its slot and is

@@ -17,7 +17,8 @@ Effects (docs/DAEMON.md, "The node core", is the contract):
   must learn that it was).
 * `Relay(peer, message)`: a received message for another node: write it to `peer` (the next
   hop) unchanged but for `relays` + 1 and this node's load hint.
-* `StartTask(task, slot)` (the scheduler's `Start`): call the dispatch handler.
+* `Start(task, slot)` (the scheduler's own action, passed on as is): call the dispatch
+  handler.
 * `PreemptTask(victim, slot, cancel, trigger_ns)`: call the preempt handler, then give its
   result back with `preempted(...)`; its effects come next, before the rest.
 * `RunSync(task, slot)`: call the sync handler; unless it keeps the slot (`LATER`), give
@@ -138,10 +139,6 @@ class Relay(NamedTuple):
     message: Message
 
 
-#: Call the dispatch handler: run `task` on `slot` (the scheduler's own action, passed on).
-StartTask = Start
-
-
 class PreemptTask(NamedTuple):
     """Call the preempt handler for `victim` on `slot`, then `preempted(...)`."""
 
@@ -255,7 +252,7 @@ class NodeCore:
         self.links: frozenset[int] = (
             frozenset(n for n in nodes if n != me)
             if topology is None
-            else frozenset(topology.links(me))
+            else frozenset(topology.neighbours(me))
         )
         self.now = now
         self.heartbeat_ns = heartbeat_ns
@@ -952,7 +949,7 @@ class NodeCore:
             inner: list[int] = []
             gateways: list[int] = []
             for q in range(topo.leaf_start[leaf], topo.leaf_start[leaf] + topo.leaf_size[leaf]):
-                out_of_leaf = any(topo.leaf(x) != leaf for x in topo.links(q))
+                out_of_leaf = any(topo.leaf(x) != leaf for x in topo.neighbours(q))
                 (gateways if out_of_leaf else inner).append(q)
             got = self._leaf_gw[leaf] = (inner, gateways)
         return got
@@ -1114,6 +1111,6 @@ __all__ = [
     "Send",
     "SetLoad",
     "SetTimer",
-    "StartTask",
+    "Start",
     "sync_task_id",
 ]

@@ -10,8 +10,10 @@ cimport cython
 
 from rdmasched.scheduler.task cimport Task
 
-# the event layout's constants (core.py checks them against events.py at import)
+# the event layout's constants (events.py's, set at import): the record's size and words
 cdef Py_ssize_t _WORDS
+cdef Py_ssize_t _W_T, _W_META, _W_ID, _W_ORIGIN, _W_JOB, _W_STEP, _W_GROUP, _W_BEATEN
+cdef Py_ssize_t _W_BEATEN2, _W_PEER, _W_LOADS, _W_CAUSE, _W_CAUSE_NS, _W_WAIT, _W_DEPTH
 cdef unsigned int _F_TASK, _F_TASK_JOB, _F_BEATEN, _F_STEP, _F_CAUSE, _F_PEER, _SYNC_P
 # the cause and placement words' masks (cause(), _peer_note())
 cdef unsigned long long _LOW32, _WORD_MAX, _NO_PEER

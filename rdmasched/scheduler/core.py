@@ -65,6 +65,7 @@ from rdmasched.scheduler.events import (
     D_REQUEUE,
     D_START,
     DECISIONS,
+    F_BEATEN,
     F_CAUSE,
     F_ID,
     F_JOB,
@@ -74,6 +75,21 @@ from rdmasched.scheduler.events import (
     F_TEXT,
     NO_PEER,
     NO_TASK,
+    W_BEATEN,
+    W_BEATEN2,
+    W_CAUSE,
+    W_CAUSE_NS,
+    W_DEPTH,
+    W_GROUP,
+    W_ID,
+    W_JOB,
+    W_LOADS,
+    W_META,
+    W_ORIGIN,
+    W_PEER,
+    W_STEP,
+    W_T,
+    W_WAIT,
     WORDS,
     Event,
     Rule,
@@ -174,34 +190,40 @@ R_BACK_TO_ORIGIN = int(Rule.BACK_TO_ORIGIN)
 R_DONE_ON_PEER = int(Rule.DONE_ON_PEER)
 #: the ring's words are u64; a value that does not fit is recorded as absent
 _U64 = U64_MAX
-# the event layout's constants again, as C constants when compiled (core.pxd types them):
-# the hot path must not look a module global up per event
-_WORDS = 15
-_F_TASK = 1
-_F_TASK_JOB = 1 | 32
-_F_BEATEN = 2
-_F_STEP = 16
-_F_CAUSE = 128
-_F_PEER = 8
-_SYNC_P = 255
+# the event layout (events.py, its one definition) as C constants when compiled (core.pxd
+# types them, set once at import): the hot path must not look a module global up per event
+_WORDS = WORDS
+# a record's words (``self._ev[b + _W_ID]``: a C add, no Python lookup)
+_W_T = W_T
+_W_META = W_META
+_W_ID = W_ID
+_W_ORIGIN = W_ORIGIN
+_W_JOB = W_JOB
+_W_STEP = W_STEP
+_W_GROUP = W_GROUP
+_W_BEATEN = W_BEATEN
+_W_BEATEN2 = W_BEATEN2
+_W_PEER = W_PEER
+_W_LOADS = W_LOADS
+_W_CAUSE = W_CAUSE
+_W_CAUSE_NS = W_CAUSE_NS
+_W_WAIT = W_WAIT
+_W_DEPTH = W_DEPTH
+_F_TASK = F_TASK
+_F_TASK_JOB = F_TASK | F_JOB
+_F_BEATEN = F_BEATEN
+_F_STEP = F_STEP
+_F_CAUSE = F_CAUSE
+_F_PEER = F_PEER
+_SYNC_P = SYNC_PRIORITY
 # and the masks of the cause and placement words: compiled, C constants, so that ``cause()``
 # and ``_peer_note()`` compute their words in C and make no int per message (a literal
 # above 2**31 would be a Python int, and so would every expression it is in)
 _LOW32 = 0xFFFFFFFF
 _WORD_MAX = U64_MAX
-_NO_PEER = 0xFFFFFFFF
-if (_WORDS, _F_TASK, _F_TASK_JOB, _F_STEP, _F_CAUSE, _F_PEER, _SYNC_P, _NO_PEER, 0xFFFF) != (
-    WORDS,
-    F_TASK,
-    F_TASK | F_JOB,
-    F_STEP,
-    F_CAUSE,
-    F_PEER,
-    SYNC_PRIORITY,
-    NO_PEER,
-    LOAD_HINT_MAX,  # `_load` writes it as a literal
-):
-    raise ImportError("scheduler/core.py disagrees with events.py (event layout) or LOAD_HINT_MAX")
+_NO_PEER = NO_PEER
+if LOAD_HINT_MAX != 0xFFFF:
+    raise ImportError("scheduler/core.py: `_load` writes LOAD_HINT_MAX as the literal 0xFFFF")
 
 
 def _help(text: str) -> dict[str, str]:
@@ -1013,10 +1035,10 @@ class Scheduler:
         if meta == 0:
             self._tel(task)
             meta = task.tel_meta
-        self._ev[b] = now
-        self._ev[b + 2] = task.tel_id
-        self._ev[b + 3] = task.tel_origin
-        self._ev[b + 4] = task.tel_job
+        self._ev[b + _W_T] = now
+        self._ev[b + _W_ID] = task.tel_id
+        self._ev[b + _W_ORIGIN] = task.tel_origin
+        self._ev[b + _W_JOB] = task.tel_job
         p = meta & 0xFF
         flags = meta >> 8
         if p == _SYNC_P:
@@ -1024,26 +1046,26 @@ class Scheduler:
         if beaten is not None:
             if beaten.tel_meta == 0:
                 self._tel(beaten)
-            self._ev[b + 7] = beaten.tel_id
-            self._ev[b + 8] = beaten.tel_origin | (nbeaten << 32)
+            self._ev[b + _W_BEATEN] = beaten.tel_id
+            self._ev[b + _W_BEATEN2] = beaten.tel_origin | (nbeaten << 32)
             flags |= _F_BEATEN
         if self._cause_kind:
-            self._ev[b + 11] = self._cause_w
-            self._ev[b + 12] = self._cause_ns
+            self._ev[b + _W_CAUSE] = self._cause_w
+            self._ev[b + _W_CAUSE_NS] = self._cause_ns
             flags |= _F_CAUSE
         if queued:
             since = task.waiting_since_ns
-            self._ev[b + 13] = now - since
+            self._ev[b + _W_WAIT] = now - since
         else:
-            self._ev[b + 13] = 0
+            self._ev[b + _W_WAIT] = 0
         depth = self.nslots - len(self._free)
-        self._ev[b + 14] = self._nqueued | (depth << 32)
+        self._ev[b + _W_DEPTH] = self._nqueued | (depth << 32)
         self._by_rule[decision * 32 + rule] += 1
         m = slot + 1
         m = (m << 8) | p
         m = (m << 16) | flags
         m = (m << 8) | rule
-        self._ev[b + 1] = (m << 8) | decision
+        self._ev[b + _W_META] = (m << 8) | decision
         return 0
 
     def _rec_step(self, task: Task, b: int) -> int:
@@ -1053,8 +1075,8 @@ class Scheduler:
         if step is None or group is None:
             return 0
         try:
-            self._ev[b + 5] = step
-            self._ev[b + 6] = group
+            self._ev[b + _W_STEP] = step
+            self._ev[b + _W_GROUP] = group
         except OverflowError:
             return 0
         return _F_STEP
@@ -1112,19 +1134,19 @@ class Scheduler:
             b = self._next_rec()
             flags = 0
             if 0 <= task_id <= _U64:
-                self._ev[b + 2] = task_id
+                self._ev[b + _W_ID] = task_id
                 flags = F_ID
             if self._cause_kind:
-                self._ev[b + 11] = self._cause_w
-                self._ev[b + 12] = self._cause_ns
+                self._ev[b + _W_CAUSE] = self._cause_w
+                self._ev[b + _W_CAUSE_NS] = self._cause_ns
                 flags |= F_CAUSE
-            self._ev[b] = now
-            self._ev[b + 14] = self._nqueued | ((self.nslots - len(self._free)) << 32)
-            self._ev[b + 1] = decision | (rule << 8) | (flags << 16)
+            self._ev[b + _W_T] = now
+            self._ev[b + _W_DEPTH] = self._nqueued | ((self.nslots - len(self._free)) << 32)
+            self._ev[b + _W_META] = decision | (rule << 8) | (flags << 16)
             self._by_rule[decision * 32 + rule] += 1
         if text is not None:
             n = self._ev_n - 1
-            self._ev[self._last_rec() + 1] |= F_TEXT << 16
+            self._ev[self._last_rec() + _W_META] |= F_TEXT << 16
             texts = self._ev_text
             texts[n] = text
             if len(texts) > cap:  # keep the texts of events still in the ring
@@ -1137,11 +1159,11 @@ class Scheduler:
         if self._ev_cap == 0:
             return
         b = self._last_rec()
-        self._ev[b + 9] = (peer & _NO_PEER) | ((lost & _NO_PEER) << 32)
-        self._ev[b + 10] = (
+        self._ev[b + _W_PEER] = (peer & _NO_PEER) | ((lost & _NO_PEER) << 32)
+        self._ev[b + _W_LOADS] = (
             (peer_load & 0xFFFF) | ((lost_load & 0xFFFF) << 16) | ((mine & 0xFFFF) << 32)
         )
-        self._ev[b + 1] |= _F_PEER << 16
+        self._ev[b + _W_META] |= _F_PEER << 16
 
     def _read(self) -> Iterator[Event]:
         """The events in the ring, oldest first, decoded."""

@@ -6,12 +6,16 @@ import enum
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-#: priorities are 0..255, higher is more urgent; 255 is reserved for group sync tasks
-PRIORITY_MAX = 255
-SYNC_PRIORITY = 255
-#: the highest priority an ordinary (compute) task may carry
-COMPUTE_PRIORITY_MAX = 254
-U64_MAX = (1 << 64) - 1
+# priorities are 0..255, higher is more urgent, 255 reserved for group sync tasks (254: the
+# highest a compute task may carry); ids are u64. limits.py's bounds, named here too: the
+# scheduler, its core and the telemetry import them from here
+from rdmasched.limits import COMPUTE_PRIORITY_MAX as COMPUTE_PRIORITY_MAX
+from rdmasched.limits import PRIORITY_MAX as PRIORITY_MAX
+from rdmasched.limits import SYNC_PRIORITY as SYNC_PRIORITY
+from rdmasched.limits import U64_MAX as U64_MAX
+
+#: "compiled" when this module was built by Cython, else "python"
+IMPLEMENTATION = "python" if __file__.endswith(".py") else "compiled"
 
 
 def task_key(origin: int, task_id: int) -> int:

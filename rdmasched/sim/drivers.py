@@ -30,7 +30,7 @@ from rdmasched.daemon.core import (
     Send,
     SetLoad,
     SetTimer,
-    StartTask,
+    Start,
 )
 from rdmasched.demo.job import GROUP, Trainer, WorkloadConfig
 from rdmasched.demo.taskid import KIND_BACKGROUND, task_kind
@@ -268,7 +268,7 @@ class CoreNode:
                     self.net.relay(
                         self.me, e.peer, e.message, self.load, busy if busy > now else now
                     )
-            elif t is StartTask:
+            elif t is Start:
                 ledger.decisions += 1
                 trainer.on_start(e.task, e.slot)
             elif t is PreemptTask:

@@ -199,7 +199,7 @@ def lanes_per_node(
             "coordinator_lanes": n,
             "coordinator_ring_bytes": n * lane_bytes,
         }
-    counts = [len(topo) - 1 if full_mesh else len(topo.links(u)) for u in sample]
+    counts = [len(topo) - 1 if full_mesh else len(topo.neighbours(u)) for u in sample]
     return {
         "lanes_per_node": max(counts),
         "lanes_per_node_mean": sum(counts) / len(counts),
@@ -289,7 +289,7 @@ class Run:
         mesh = {j: topo.domain(j) for j in range(n)} if cfg.full_mesh else {}
         for i in range(n):
             # the core knows the nodes it holds lanes to (the whole cluster in one leaf)
-            known = mesh if cfg.full_mesh else {j: topo.domain(j) for j in (i, *topo.links(i))}
+            known = mesh if cfg.full_mesh else {j: topo.domain(j) for j in (i, *topo.neighbours(i))}
             core = make_core(
                 i,
                 known,

@@ -44,6 +44,7 @@ from typing import Any
 
 from rdmasched import bootstrap
 from rdmasched.errors import BootstrapError, ConfigError, DeviceError, RdmaschedError
+from rdmasched.limits import check_lane_slots
 from rdmasched.wire import VERSION as WIRE_VERSION
 
 __all__ = [
@@ -458,9 +459,12 @@ class Descriptor:
             raise BootstrapError(f"bootstrap peer {peer} sent a bad lane descriptor: gid")
         lane, ctl = d.get("lane"), d.get("ctl")
         u32, u64 = 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF
-        nslots = need(lane, "nslots", 16, 1 << 20)
-        if nslots & (nslots - 1):
-            raise BootstrapError(f"bootstrap peer {peer}: nslots={nslots} is not a power of 2")
+        try:
+            nslots = check_lane_slots(lane.get("nslots") if isinstance(lane, dict) else None)
+        except ValueError as exc:
+            raise BootstrapError(
+                f"bootstrap peer {peer} sent a bad lane descriptor: nslots {exc}"
+            ) from None
         return cls(
             node=need(d, "node", 0, 0xFFFF),
             gid=gid,

@@ -112,7 +112,7 @@ def test_local_cluster_with_a_leaf() -> None:
     t = c.topology
     assert t is not None and len(t.leaf_size) == 4 and len(t.pods) == 1
     assert [n.name for n in c.nodes] == list(t.names) and c.nodes[31].slots == 4
-    assert sorted(t.links(0)) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 24]
+    assert sorted(t.neighbours(0)) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 24]
     assert local_cluster(32, 4, leaf=8, pod=16).topology.pods == ("pod0", "pod1")  # type: ignore[union-attr]
 
 

@@ -20,7 +20,7 @@ T64 = Topology.generate(nodes=64, leaf=8, pod=32)
 
 def far_node(t: Topology, me: int) -> int:
     """A node of another leaf that `me` has no link to."""
-    links = set(t.links(me))
+    links = set(t.neighbours(me))
     return next(n for n in range(len(t)) if n != me and n not in links and t.leaf(n) != t.leaf(me))
 
 
@@ -34,7 +34,7 @@ def test_heartbeats_go_only_over_links() -> None:
     c.advance(DEAD_AFTER_NS + 2 * HEARTBEAT_NS)
     assert not [s for s in c.unlinked if isinstance(s[2], msg.Heartbeat)]
     for n, core in c.cores.items():
-        assert core.links == frozenset(T64.links(n))
+        assert core.links == frozenset(T64.neighbours(n))
         assert set(core.members.views) == set(core.links)  # no view of a far node
         assert core.members.dead() == []
 
@@ -122,7 +122,7 @@ def test_news_and_summaries_stay_bounded_at_1000_nodes() -> None:
     c.down.update(gone)
     c.wire.clear()
     for g in gone:  # killed: their links see the lanes closed (no dead_after to wait)
-        for n in t.links(g):
+        for n in t.neighbours(g):
             if n not in c.down:
                 c.do(n, c.cores[n].peer_lost(g, "lane closed", c.now))
     sizes: list[int] = []

@@ -17,7 +17,7 @@ from rdmasched.daemon.core import (
     Send,
     SetLoad,
     SetTimer,
-    StartTask,
+    Start,
 )
 from tests.codec import through_codec
 from tests.corenet import DEAD_AFTER_NS, HEARTBEAT_NS, MS, Cluster, task
@@ -195,7 +195,7 @@ def test_a_coordinator_decides_with_one_core_per_node() -> None:
     }
     for n, core in cores.items():
         core.define_group(2, frozenset(cores), 0)
-        assert core.dispatch(task(1, origin=n), 1)[0] == StartTask(core.scheduler.get(1, n), 0)
+        assert core.dispatch(task(1, origin=n), 1)[0] == Start(core.scheduler.get(1, n), 0)
     assert cores[0].member_ready(2, 0, 0, 5, 10) == []
     effects = cores[0].member_ready(2, 0, 1, 7, 11)
     kinds = [type(e) for e in effects]
@@ -282,9 +282,9 @@ def test_effects_follow_the_decisions_in_order_whether_or_not_each_is_one_effect
     c = Cluster(2, slots=1)
     core = c.cores[1]
     fx = core.dispatch(task(5, origin=1), c.now)
-    assert [type(e) for e in fx] == [StartTask, SetLoad] and fx[0].task.id == 5
+    assert [type(e) for e in fx] == [Start, SetLoad] and fx[0].task.id == 5
     fx = core.dispatch(task(6, origin=1, priority=20), c.now)  # preempts 5
-    assert [type(e) for e in fx] == [PreemptTask, StartTask]
+    assert [type(e) for e in fx] == [PreemptTask, Start]
     assert (fx[0].victim.id, fx[0].slot, fx[0].cancel, fx[0].trigger_ns) == (5, 0, False, 0)
     assert (fx[1].task.id, fx[1].slot) == (6, 0)
     assert core.dispatch(task(7, origin=1, priority=5), c.now) == [SetLoad(2000)]  # queued

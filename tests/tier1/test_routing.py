@@ -26,7 +26,7 @@ GROUP = 77  # a sync group no core defines: its SYNC_READYs are kept, nothing el
 def topo() -> Topology:
     # 24 nodes in leaves of 4, at most 5 lanes per node: leaf-dragonfly, routes of 3 hops
     t = Topology.generate(nodes=24, leaf=4, pod=8, budget=5)
-    assert max(len(t.links(n)) for n in range(24)) <= 5
+    assert max(len(t.neighbours(n)) for n in range(24)) <= 5
     return t
 
 
@@ -46,7 +46,7 @@ def test_send_to_an_unlinked_node_goes_to_the_next_hop_with_the_destination() ->
     e = c.cores[src]._send(dst, ready(1, src))
     assert e == Send(t.route(src, dst), ready(1, src), dst)
     assert e.peer in c.cores[src].links and dst not in c.cores[src].links
-    linked = t.links(src)[0]
+    linked = t.neighbours(src)[0]
     assert c.cores[src]._send(linked, ready(1, src)) == Send(linked, ready(1, src), linked)
 
 
@@ -261,13 +261,13 @@ def test_nodes_relay_a_dispatch_and_its_complete_over_shm_lanes() -> None:
     route = [s, a, b, d]
     # only these four run: each one's links are its neighbours on the route (the lanes it
     # has), so its heartbeats and gossip stay on them; routes are the topology's
-    full_links = t.links
+    full_links = t.neighbours
     near = {i: set(route[max(0, k - 1) : k + 2]) - {i} for k, i in enumerate(route)}
 
     def route_links(node: int) -> list[int]:
         return sorted(near[node]) if node in near else full_links(node)
 
-    t.links = route_links  # type: ignore[method-assign]
+    t.neighbours = route_links  # type: ignore[method-assign]
     name = f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"
     cluster = local_cluster(24, 1, name=name)
     links: dict[int, ShmLinks] = {}

@@ -283,7 +283,7 @@ def test_a_whole_leaf_with_the_root_stopping_mid_step_loses_nothing() -> None:
         if all(c.cores[i].lost(v) for i in live for v in gone):
             break
         c.advance(HEARTBEAT_NS)
-    inner = [v for v in gone if all(t.leaf(x) == t.leaf(v) for x in t.links(v))]
+    inner = [v for v in gone if all(t.leaf(x) == t.leaf(v) for x in t.neighbours(v))]
     assert inner and all(v in c.cores[i]._cut for i in live for v in inner)
     c.advance(5 * HEARTBEAT_NS)
     for i in live:

@@ -13,7 +13,8 @@ import pytest
 from rdmasched import topology as tp
 from rdmasched.cli import main
 from rdmasched.errors import ConfigError
-from rdmasched.topology import Switch, Topology, expand_hostlist, parse_slurm, verify
+from rdmasched.slurm import Switch, expand_hostlist, parse_slurm
+from rdmasched.topology import Topology, verify
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "topology"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "SCALE.md"
@@ -91,7 +92,7 @@ def test_toml_switches_and_slurm_build_the_same_model() -> None:
         b.pods,
     )
     assert a.plan == b.plan
-    assert [a.links(u) for u in range(len(a))] == [b.links(u) for u in range(len(b))]
+    assert [a.neighbours(u) for u in range(len(a))] == [b.neighbours(u) for u in range(len(b))]
     assert all(a.path(s, d) == b.path(s, d) for s in range(len(a)) for d in range(len(a)))
 
 
@@ -236,7 +237,7 @@ SHAPES = [
 @pytest.mark.parametrize("make", [s[1] for s in SHAPES], ids=[s[0] for s in SHAPES])
 def test_links_are_symmetric_within_budget_and_routes_hold_the_bound(make: Any) -> None:
     t = make()
-    links = [set(t.links(u)) for u in range(len(t))]
+    links = [set(t.neighbours(u)) for u in range(len(t))]
     for u, peers in enumerate(links):
         assert u not in peers
         assert (
@@ -257,8 +258,8 @@ def test_verify_catches_a_broken_plan() -> None:
     """verify() is not a rubber stamp: a link dropped on one side is found."""
 
     class OneSided(Topology):
-        def links(self, node: int) -> list[int]:
-            out = super().links(node)
+        def neighbours(self, node: int) -> list[int]:
+            out = super().neighbours(node)
             return [v for v in out if not (node == 0 and v == out[-1])]
 
     with pytest.raises(AssertionError, match="has no link"):
@@ -348,7 +349,7 @@ def test_a_dead_relay_is_avoided(n: int) -> None:
             assert dead not in alt and alt[0] == s and alt[-1] == d
             assert len(alt) - 1 <= t.plan.hops + 1
             for u, v in itertools.pairwise(alt):
-                assert v in t.links(u)
+                assert v in t.neighbours(u)
 
 
 # ---- the CLI ---------------------------------------------------------------------------------
@@ -488,10 +489,10 @@ def test_a_one_node_leaf_costs_no_extra_lanes() -> None:
     t = Topology.generate(33_825, leaf=32, pod=1024)
     last = len(t) - 1
     assert t.leaf_size[-1] == 1 and t.plan.scheme == "rail-mesh"
-    assert len(t.links(last)) <= 64
+    assert len(t.neighbours(last)) <= 64
     for s in range(0, len(t), 997):
         for a, b in ((s, last), (last, s)):
             p = t.path(a, b)
             assert len(p) - 1 <= 4
             for u, v in itertools.pairwise(p):
-                assert v in t.links(u) and u in t.links(v)
+                assert v in t.neighbours(u) and u in t.neighbours(v)

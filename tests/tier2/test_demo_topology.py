@@ -21,11 +21,11 @@ def _check_lanes(cfg: DemoConfig, res: dict[str, object]) -> None:
     nodes = res["nodes"]
     assert isinstance(nodes, list) and len(nodes) == cfg.nodes
     for n in nodes:
-        links = t.links(n["node"])
+        links = t.neighbours(n["node"])
         assert n["lanes_to"] == links and n["lanes"] == len(links)
         # ring memory: one inbound lane segment per link, as big as the lanes are
         assert n["ring_bytes"] == len(links) * shm.segment_size(256)
-    assert res["lanes_max"] == max(len(t.links(i)) for i in range(cfg.nodes))
+    assert res["lanes_max"] == max(len(t.neighbours(i)) for i in range(cfg.nodes))
 
 
 @pytest.mark.slow

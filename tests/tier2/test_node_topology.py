@@ -107,7 +107,7 @@ def test_nodes_from_a_slurm_topology_open_lanes_to_their_links(tmp_path: Path) -
                 p.kill()
     prefix = shm.lane_segment_name(c.name)
     for name, (_, nid, lanes, segs, _ran, _done) in got.items():
-        assert nid == c.node(name).id and lanes == t.links(nid)
-        assert segs == sorted(f"{prefix}.{nid}.from.{j}" for j in t.links(nid))
+        assert nid == c.node(name).id and lanes == t.neighbours(nid)
+        assert segs == sorted(f"{prefix}.{nid}.from.{j}" for j in t.neighbours(nid))
     assert got["h3"][4] == [100, 101, 102, 103, 104] and got["h1"][5] == got["h3"][4]
     assert got["h2"][4] == []
