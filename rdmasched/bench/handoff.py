@@ -144,7 +144,8 @@ def client_throughput(
 ) -> dict[str, Any]:
     """Tasks per second through one daemon, `ranks` client processes each running `tasks`
     tasks with `inflight` submitted at a time (each completed in its dispatch handler)."""
-    from rdmasched.daemon.clients import ClientHub, endpoint_name
+    from rdmasched.clientproto import endpoint_name
+    from rdmasched.daemon.clients import ClientHub
     from rdmasched.daemon.node import Node
 
     name = f"ht{uuid.uuid4().hex[:8]}"
@@ -216,26 +217,30 @@ def run(quick: bool = False) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    figures = run(quick="--quick" in args)
-    if "--json" in args:
-        print(json.dumps(figures, indent=2))
-        return 0
-    print(f"load average {figures['load_avg'][0]:.2f}")
+def report(figures: dict[str, Any]) -> str:
+    """The figures of `run`, a line each."""
+    lines = [f"load average {figures['load_avg'][0]:.2f}"]
     for key in ("submit_back_to_back", "submit_heartbeat_200ms", "submit_after_3ms_pause"):
         f = figures[key]
-        print(
+        lines.append(
             f"{key:<24} submit -> on_dispatch  p50 {f['p50_us']:8.1f} us  "
             f"p99 {f['p99_us']:8.1f} us  max {f['max_us']:8.1f} us  ({f['calls']} calls)"
         )
     for key in ("clients_1x1", "clients_4x32", "clients_4x32_128_slots"):
         f = figures[key]
-        print(
+        lines.append(
             f"{key:<24} {f['ranks']} rank(s) x {f['inflight']} in flight: "
             f"{f['tasks_per_s']:9.0f} tasks/s  ({f['tasks']} tasks on {f['slots']} slots; CPU: "
             f"daemon {f['daemon_cpu_pct']:.0f}%, ranks {f['ranks_cpu_pct']:.0f}%)"
         )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rdmasched.bench.handoff [--quick] [--json]` (`rdmasched bench handoff`)."""
+    args = sys.argv[1:] if argv is None else argv
+    figures = run(quick="--quick" in args)
+    print(json.dumps(figures, indent=2) if "--json" in args else report(figures))
     return 0
 
 

@@ -227,6 +227,17 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     )
     json_flag(idle)
 
+    hof = add_command(
+        bsub,
+        "handoff",
+        "a call from another thread to the node's handler (submit -> on_dispatch p50/p99) and "
+        "tasks/s through a daemon with client ranks running the tasks",
+    )
+    hof.add_argument(
+        "--quick", action="store_true", help="fewer calls and tasks (to check it runs)"
+    )
+    json_flag(hof)
+
     ball = add_command(
         bsub,
         "all",
@@ -298,6 +309,7 @@ def main(args: argparse.Namespace) -> int:
         "idle": _idle,
         "all": _all,
         "freeze": _freeze,
+        "handoff": _handoff,
     }
     return run[args.bench](args)
 
@@ -569,3 +581,15 @@ def _freeze(args: argparse.Namespace) -> int:
     from rdmasched.bench import freeze
 
     return freeze.cli(args, prog="rdmasched bench freeze")
+
+
+def _handoff(args: argparse.Namespace) -> int:
+    from rdmasched.bench import handoff
+    from rdmasched.bench.output import run_info
+
+    figures = handoff.run(quick=args.quick)
+    if args.json:
+        print(json.dumps({**run_info({"quick": args.quick}), **figures}, indent=2))
+    else:
+        print(handoff.report(figures))
+    return 0
