@@ -297,7 +297,9 @@ class RankScheduler:
             return colo._preempted(task)
         # the step's compute task yields its slot to the step's own bucket syncs in the
         # scheduler's books: nothing is stopped (the step's compute and its all-reduces
-        # overlap); it takes the slot back when they are done
+        # overlap); it takes the slot back when they are done, and if the step ends first,
+        # compute()'s COMPLETE ends the requeued task (docs/CLIENT.md, "Preemption and
+        # COMPLETE")
         return task.progress_ns
 
     # ---- the comm queue ------------------------------------------------------------------
