@@ -10,7 +10,8 @@ is used):
   is a sync task. The hook announces the bucket (`sync_ready(group_of_bucket, step)`); once
   every rank of every host has, each host's daemon releases the sync task and calls every
   local rank's sync handler, which hands the bucket to the comm queue. The queue starts
-  the released buckets' all-reduces (gloo, ``async_op=True``) in priority order, the
+  the released buckets' all-reduces (``async_op=True``, on a group of the job's own
+  backend: gloo on the CPU, NCCL on GPUs) in priority order, the
   bucket holding the first layers first (P3, ByteScheduler: priority = bucket index, since
   DDP's bucket 0 holds the last layers), at most `max_inflight` at a time, in one order on
   every rank (rank 0 chooses among the buckets released, as ByteScheduler's coordinator
@@ -144,13 +145,14 @@ class RankScheduler:
 
     Takes over the client's dispatch, preempt and sync handlers. Construct it on every rank
     after ``init_process_group``, in the same order as other process groups: it is a
-    collective call (it makes two gloo groups, and the ranks tell each other their host and
-    process). The buckets' sync groups are over the job's hosts (the daemons' node ids the
-    ranks report), each host waiting for its own ranks (`local`: how many ranks share this
-    rank's daemon). `priority(index)`: a bucket's priority (default its index: the bucket
-    holding the first layers first). `max_inflight`: collectives started at once.
-    `sync_timeout_s`: how long a bucket may wait for every rank. `job`: the training job's id
-    in the scheduler.
+    collective call (it makes two groups: one for the buckets' all-reduces on the default
+    group's own backend, `dist.get_backend()`, and one on gloo for its small CPU control
+    messages; and the ranks tell each other their host and process). The buckets' sync
+    groups are over the job's hosts (the daemons' node ids the ranks report), each host
+    waiting for its own ranks (`local`: how many ranks share this rank's daemon).
+    `priority(index)`: a bucket's priority (default its index: the bucket holding the first
+    layers first). `max_inflight`: collectives started at once. `sync_timeout_s`: how long a
+    bucket may wait for every rank. `job`: the training job's id in the scheduler.
     """
 
     def __init__(
@@ -193,9 +195,14 @@ class RankScheduler:
         self._lock = threading.Condition()
         self._defined: set[int] = set()  # bucket indexes whose sync group is declared
         # the buckets' all-reduces, and the leader's choices of their order (not the default
-        # group: DDP's own collectives run there, from the training thread)
+        # group: DDP's own collectives run there, from the training thread). The all-reduces
+        # run on the job's own backend (the gradients are where its backend wants them:
+        # NCCL's on the GPU); the choices and the ranks' exchange below are a few CPU
+        # integers, on gloo whatever the job's backend
         timeout = _timedelta(self.collective_timeout_s)
-        self._comm_pg: Any = dist.new_group(backend="gloo", timeout=timeout)
+        #: the backend of the buckets' all-reduces: the job's (its default group's)
+        self.backend = str(dist.get_backend())
+        self._comm_pg: Any = dist.new_group(backend=self.backend, timeout=timeout)
         self._ctrl: Any = dist.new_group(backend="gloo", timeout=timeout)
         # every rank's host (its daemon's node id) and process, so each host's daemon waits
         # for its own ranks and a rank watches the processes of the others on its machine
@@ -417,7 +424,7 @@ class RankScheduler:
             if err is None and len(self.members) > 1 and time.monotonic() >= next_host_check:
                 # another host's death is the daemons' to find: ask this host's daemon (a
                 # round trip, so once a second); a rank on another host that dies alone
-                # fails its all-reduce (gloo's connection closes)
+                # fails its all-reduce (the backend's connection closes)
                 next_host_check = time.monotonic() + 1.0
                 dead = self._dead_hosts()
                 if dead:
