@@ -22,7 +22,8 @@ is used):
   so low-priority work is preempted before the step starts and dispatched again after it.
 - `Colocated`: co-located low-priority work (data preparation, evaluation, a second job) as
   a task whose preempt handler freezes its processes (`rdmasched.integrations.freeze`:
-  cgroup v2 ``cgroup.freeze``, else SIGSTOP/SIGCONT) and whose dispatch thaws them.
+  cgroup v2 ``cgroup.freeze``, else SIGSTOP/SIGCONT) and whose dispatch thaws them; the
+  work is killed when the `Colocated` closes or its rank dies, however it dies.
 
 Every wait is bounded: a bucket not released within `sync_timeout_s`, a rank of this host
 whose process is gone, another host declared dead, the host's daemon gone, a collective
@@ -583,8 +584,15 @@ class Colocated:
 
     ``Colocated(sched).add(pid).start()``: `start` freezes the processes added, then
     dispatches the task; the scheduler's dispatch thaws them (at once if the slot is free).
-    `freezer`: a `Freezer` to use (default: a new one, `mechanism`). Freeze and thaw
-    latencies are kept in `freeze_ns` and `thaw_ns`; `mechanism` says which was used.
+    `freezer`: a `Freezer` to use (default: a new one, `mechanism`, with ``kill=True``).
+    Freeze and thaw latencies are kept in `freeze_ns` and `thaw_ns`; `mechanism` says which
+    was used.
+
+    The work lives as long as the run: `close()` kills its processes (their children too)
+    and removes its cgroup, and if this rank dies first (killed, a crash, the launcher's
+    SIGTERM) the freezer's reaper does (`Freezer(kill=True)`), so a failed run leaves none
+    of its co-located processes behind. (A `freezer` of your own without ``kill`` releases
+    them running instead, and only when it is closed.)
     """
 
     def __init__(
@@ -601,7 +609,7 @@ class Colocated:
         self.sched = sched
         self.priority = priority
         self.job = job
-        self.freezer = freezer if freezer is not None else Freezer(mechanism)
+        self.freezer = freezer if freezer is not None else Freezer(mechanism, kill=True)
         self.task_id = sched._new_id()
         self.freeze_ns: list[int] = []
         self.thaw_ns: list[int] = []
@@ -656,7 +664,8 @@ class Colocated:
         return self._ran_ns
 
     def close(self) -> None:
-        """Complete the task and release the processes (thawed, left running)."""
+        """Complete the task and end the work: its freezer's close (the default one kills
+        the processes and removes the cgroup)."""
         if self._started and self.sched.error is None:
             with contextlib.suppress(RdmaschedError):
                 self.sched.node.complete(self.task_id)
