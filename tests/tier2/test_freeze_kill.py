@@ -21,18 +21,18 @@ from tests.waiting import wait_for
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ["sh", "-c", "sleep 300 & exec sleep 300"]  # a session leader and its child
 
-OWNER = """
+OWNER = f"""
 import subprocess, sys
 from rdmasched.integrations.freeze import Freezer
 fz = Freezer(sys.argv[1], kill=True)
-work = subprocess.Popen({work!r}, start_new_session=True)
+work = subprocess.Popen({WORK!r}, start_new_session=True)
 import time; time.sleep(0.2)  # its child is forked
 fz.add(work.pid)
 if sys.argv[2] == "frozen":
     fz.freeze()
 print(work.pid, fz.path or "-", *fz.pids(), flush=True)
 time.sleep(300)
-""".format(work=WORK)
+"""
 
 
 def mechanism_or_skip(mechanism: str) -> None:
