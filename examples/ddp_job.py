@@ -180,7 +180,7 @@ class Job:
             "model": self.args.model,
             "torch": torch.__version__,
             "world_size": self.world,
-            "backend": "gloo",
+            "backend": dist.get_backend(),
             "bucket_cap_mb": self.args.bucket_cap_mb,
         }
 

@@ -144,11 +144,24 @@ def run_rank(args: argparse.Namespace) -> int:
             client = host_client().open()
             sched = RankScheduler(client)
             ddp.register_comm_hook(None, sched.hook)
+            assert colo_proc is not None
             colo = Colocated(sched)
-            colo.add(colo_proc.pid)  # type: ignore[union-attr]
+            colo.add(colo_proc.pid)
             colo.start()
+            where = colo.freezer.path or "signals"
+            print(
+                f"ddp_train: rank {rank}: co-located job {colo_proc.pid} held by {where}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        steps_done = 0
 
         def step() -> float:
+            nonlocal steps_done
+            if rank == world - 1 and steps_done == args.fail_at_step:
+                _fail(args.fail_how, rank, steps_done)
+            steps_done += 1
             tok = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g)
             if args.io_ms:
                 time.sleep(args.io_ms / 1000)  # waiting for the next batch (storage, network)
@@ -225,6 +238,14 @@ def run_rank(args: argparse.Namespace) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
         dist.destroy_process_group()
     return 0
+
+
+def _fail(how: str, rank: int, step: int) -> None:
+    """--fail-at-step: the last rank fails, as `how` says (to test what a failed run leaves)."""
+    print(f"ddp_train: rank {rank}: failing at step {step} ({how})", file=sys.stderr, flush=True)
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError(f"ddp_train: rank {rank} failed at step {step} (--fail-at-step)")
 
 
 def _trace(args: argparse.Namespace, step: Any, rank: int) -> None:
@@ -448,6 +469,18 @@ def main(argv: list[str] | None = None) -> int:
         help="per step, time waiting for the batch outside the compute task (default 0)",
     )
     p.add_argument("--seed", type=int, default=0, help="default 0")
+    p.add_argument(
+        "--fail-at-step",
+        type=int,
+        metavar="N",
+        help="(one run) the last rank fails at its step N, warm-up included (--fail-how)",
+    )
+    p.add_argument(
+        "--fail-how",
+        choices=("raise", "kill"),
+        default="raise",
+        help="an exception in the step (default), or SIGKILL of the rank",
+    )
     p.add_argument("--trace", help="OUT: a torch.profiler trace of a managed run -> OUT.json.gz")
     p.add_argument("--result", help="(one run) write rank 0's result JSON here")
     p.add_argument("--json-out", help="(--compare) every run and the summary as JSON")

@@ -288,12 +288,20 @@ class ClientHub:
 
     # ---- on the loop thread: messages from clients ------------------------------------------
     def _handle_all(self, msgs: list[tuple[Any, ...]]) -> None:
+        core = self.node.core
         for m in msgs:
             self.msgs_in += 1
+            seen = core.rejections
             try:
                 self._handle(*m)
             except RdmaschedError as exc:
                 self._refuse(m[0], exc)
+            else:
+                if core.rejections != seen and m[0] in self.clients:
+                    # the node refused what the request asked (counted in its `rejected`):
+                    # the client counts it too (docs/CLIENT.md)
+                    reason, _, detail = core.last_rejection.partition(": ")
+                    self._send(m[0], Kind.HEARTBEAT, hops=OP_ERROR, meta={"err": [reason, detail]})
 
     def _refuse(self, k: int, exc: BaseException) -> None:
         name = type(exc).__name__

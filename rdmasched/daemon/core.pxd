@@ -48,6 +48,8 @@ cdef class NodeCore:
     cdef set _unacked
     cdef unsigned long long[::1] _recv
     cdef public dict rejected
+    cdef public long long rejections
+    cdef public str last_rejection
     cdef public dict groups
     cdef public object sync
     cdef dict _early_sync

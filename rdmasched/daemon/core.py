@@ -315,6 +315,10 @@ class NodeCore:
         self._recv = array("Q", bytes(8 * 256))
         #: reason -> inputs refused
         self.rejected: dict[str, int] = {}
+        #: inputs refused in all (the sum of `rejected`), and the last one's "reason: detail":
+        #: a driver that wants to tell the caller compares the count before and after a call
+        self.rejections = 0
+        self.last_rejection = ""
         self.groups: dict[int, frozenset[int]] = {}
         #: the sync protocol (hierarchical with a topology): who is ready, when to release
         self.sync = SyncGroups(me, topology)
@@ -689,6 +693,8 @@ class NodeCore:
     # ---- internals ------------------------------------------------------------------------
     def _reject(self, reason: str, detail: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        self.rejections += 1
+        self.last_rejection = f"{reason}: {detail}"
         _log.warning("node %d: rejected (%s): %s", self.me, reason, detail)
 
     def _guard(self, fn: Callable[[], list[Action]]) -> list[Action]:

@@ -21,21 +21,33 @@ the new state. Two mechanisms (docs/PREEMPTION.md says which is chosen when, and
 ``mechanism="auto"`` (the default) takes the cgroup where one is writable, else signals; the
 choice and its reason are in `Freezer.mechanism`, `Freezer.reason` and a log line on the
 ``rdmasched.freeze`` logger. A process that exits while held is dropped, not an error.
+
+``Freezer(kill=True)``: the work dies with its freezer. `close()` (and the owner's normal
+exit) kills the group (SIGKILL; the cgroup's ``cgroup.kill`` where the kernel has it) and
+removes the cgroup; and a **reaper** process, started with the freezer in a session of its
+own, watches the owner through a pidfd: if the owner dies without `close()` (SIGKILL, a
+crash, a launcher's SIGTERM that ends it before any ``finally``), the reaper kills the
+group and removes the cgroup. The owner tells it what to reap on a pipe (the cgroup, or
+each process added under signals) and says ``done`` when it has closed the group itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import re
 import select
 import signal
+import subprocess
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from rdmasched.errors import ArgumentError, ArgumentTypeError, RdmaschedError
 
@@ -448,6 +460,14 @@ class _Cgroup:
                     raise FreezeError(f"cannot remove {exc.filename}: {exc.strerror}") from exc
                 time.sleep(0.001)
 
+    def kill(self, timeout: float) -> None:
+        """Kill every process of the group and of the groups below it; remove them."""
+        if self._events >= 0:
+            os.close(self._events)
+            self._events = -1
+        kill_cgroup(self.path, time.monotonic() + timeout)
+        self.frozen = False
+
     def describe(self) -> str:
         return (
             f"cgroup v2 group {self.path}, frozen through cgroup.freeze "
@@ -615,11 +635,165 @@ class _Signals:
             for pid in list(self.members):
                 self._drop(pid)
 
+    def kill(self, timeout: float) -> None:
+        """Kill every member, its descendants and, for a root that leads its session, that
+        session."""
+        self.sweep()
+        roots = {p.pid: p.start for p in self.members.values()}
+        for pid in list(self.members):
+            self._drop(pid)
+        self.frozen = False
+        kill_processes(roots, time.monotonic() + timeout)
+
     def describe(self) -> str:
         return (
             "SIGSTOP/SIGCONT to each process and its descendants (through pidfds), "
             "confirmed by 'T' in /proc/<pid>/task/*/stat"
         )
+
+
+# ---- killing a group: the freezer's close(kill=True) and its reaper --------------------------
+def _cgroup_pids(groups: list[str]) -> list[int]:
+    return [int(x) for g in groups for x in (_read(os.path.join(g, "cgroup.procs")) or "").split()]
+
+
+def kill_cgroup(path: str, deadline: float) -> None:
+    """SIGKILL every process of cgroup `path` and of the groups below it (``cgroup.kill``
+    where the kernel has it: frozen ones too), wait until none is left, then remove the
+    groups, deepest first. A group already gone is not an error."""
+    while True:
+        groups = [d for d, _, _ in os.walk(path, topdown=False)]
+        pids = _cgroup_pids(groups)
+        if not pids:
+            break
+        if os.path.isfile(os.path.join(path, "cgroup.kill")):
+            with contextlib.suppress(OSError):
+                Path(path, "cgroup.kill").write_text("1")
+        else:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            raise FreezeTimeoutError(f"{path}: processes {pids} still there after SIGKILL")
+        time.sleep(0.001)
+    while True:
+        try:
+            for g in [d for d, _, _ in os.walk(path, topdown=False)]:
+                os.rmdir(g)
+            return
+        except FileNotFoundError:
+            continue  # a group went away under us: walk again
+        except OSError as exc:  # EBUSY: the last exits are still being accounted
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise FreezeError(f"cannot remove {exc.filename}: {exc.strerror}") from exc
+            time.sleep(0.001)
+
+
+def kill_processes(roots: dict[int, int], deadline: float) -> None:
+    """SIGKILL processes `roots` (pid -> start time: a recycled pid is left alone), their
+    descendants and, for a root that leads its session, that session; until none lives."""
+    roots = dict(roots)
+    while True:
+        table = proc_table()
+        live = {p for p, start in roots.items() if (st := table.get(p)) and st.starttime == start}
+        leaders = {p for p in live if table[p].session == p}
+        found = live | descendants(live, table)
+        found |= {p for p, st in table.items() if st.session in leaders}
+        found -= _self_and_ancestors(table)
+        found = {p for p in found if table[p].state not in "ZX"}
+        if not found:
+            return
+        for p in found:
+            roots.setdefault(p, table[p].starttime)  # followed once its parent is gone
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            raise FreezeTimeoutError(f"processes {sorted(found)} still alive after SIGKILL")
+        time.sleep(0.001)
+
+
+class _Reaper:
+    """The process that kills a `Freezer(kill=True)`'s group if its owner dies first: told
+    what to reap on its stdin (``cgroup PATH``, ``proc PID START``), ``done`` ends it."""
+
+    def __init__(self, timeout: float) -> None:
+        root = str(Path(__file__).resolve().parents[2])
+        path = os.environ.get("PYTHONPATH")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rdmasched.integrations.freeze", "--reap",
+             str(os.getpid()), str(timeout)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a launcher that kills the owner's group spares it
+            env={**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")},
+        )  # fmt: skip
+
+    def tell(self, line: str) -> None:
+        stdin = self.proc.stdin
+        assert stdin is not None
+        try:
+            stdin.write(line.encode() + b"\n")
+            stdin.flush()
+        except (BrokenPipeError, ValueError) as exc:  # it died: the work is not watched
+            _log.warning("freezer: the reaper (pid %d) is gone: %s", self.proc.pid, exc)
+
+    def done(self) -> None:
+        self.tell("done")
+        with contextlib.suppress(OSError, ValueError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _reap_main(owner: int, timeout: float) -> int:
+    """The reaper: wait until `owner` dies or says ``done``; if it died, kill and remove what
+    it told us to."""
+    cgroups: list[str] = []
+    procs: dict[int, int] = {}
+    try:
+        pidfd = os.pidfd_open(owner)
+    except ProcessLookupError:
+        pidfd = -1
+    dead = pidfd < 0 or os.getppid() != owner  # (the owner started us: it was our parent)
+    poller = select.poll()
+    poller.register(0, select.POLLIN)
+    if pidfd >= 0:
+        poller.register(pidfd, select.POLLIN)
+    buf = b""
+    while True:
+        # once the owner is dead: what it wrote before, without waiting, then reap
+        data = b""
+        for fd, _ in poller.poll(0 if dead else None):
+            if fd == pidfd:
+                dead = True
+            else:
+                data = os.read(0, 65536)
+                if not data:  # closed without "done": the owner is gone
+                    poller.unregister(0)
+                    dead = True
+        *lines, buf = (buf + data).split(b"\n")
+        for line in lines:
+            word, _, rest = line.decode().partition(" ")
+            if word == "done":
+                return 0
+            if word == "cgroup":
+                cgroups.append(rest)
+            elif word == "proc":
+                pid, start = rest.split()
+                procs[int(pid)] = int(start)
+        if dead and not data:
+            break
+    deadline = time.monotonic() + timeout
+    for path in cgroups:
+        with contextlib.suppress(FreezeError):
+            kill_cgroup(path, deadline)
+    if procs:
+        with contextlib.suppress(FreezeError):
+            kill_processes(procs, deadline)
+    return 0
 
 
 # ---- the resource ----------------------------------------------------------------------------
@@ -631,10 +805,19 @@ def _timeout(value: object) -> float:
     return float(value)
 
 
-def _close(backend: _Cgroup | _Signals, owner: int, timeout: float) -> None:
-    """Release the group, in the process that owns it only (never in a forked child)."""
-    if os.getpid() == owner:
-        backend.close(timeout)
+def _close(backend: _Cgroup | _Signals, owner: int, timeout: float, reaper: _Reaper | None) -> None:
+    """Release the group (with a reaper: kill it), in the process that owns it only (never
+    in a forked child); then tell the reaper it is done."""
+    if os.getpid() != owner:
+        return
+    try:
+        if reaper is not None:
+            backend.kill(timeout)
+        else:
+            backend.close(timeout)
+    finally:
+        if reaper is not None:
+            reaper.done()
 
 
 class Freezer:
@@ -643,7 +826,9 @@ class Freezer:
     `mechanism`: ``"auto"`` (cgroup v2 where writable, else signals), ``"cgroup"`` or
     ``"signal"`` to force one. `parent`: the cgroup v2 directory to create the group in
     (default: this process's own v2 group; give a delegated subtree when not root). `name`:
-    the group's directory name. `timeout`: seconds each call waits for the kernel.
+    the group's directory name. `timeout`: seconds each call waits for the kernel. `kill`:
+    the work dies with the freezer: `close()` kills it instead of releasing it, and a reaper
+    process kills it if this process dies without closing (the module's docstring).
 
     One owner: the process that creates a freezer owns its group (the cgroup directory, the
     pidfds); a forked child that inherits the object cannot use it, and its close() (or
@@ -652,7 +837,8 @@ class Freezer:
     files, then the processes (moved back to the groups they came from, else the parent
     group), then any group created below ours, then ours; the processes are left running.
     `close()` is safe twice; every call after it raises `FreezerClosedError`. All methods
-    are thread-safe (one lock).
+    are thread-safe (one lock). With `kill`, `close()` (and the owner's exit or death)
+    kills every process of the group, their children included, and removes the group.
     """
 
     def __init__(
@@ -662,6 +848,7 @@ class Freezer:
         parent: str | None = None,
         name: str | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
+        kill: bool = False,
     ) -> None:
         if mechanism not in ("auto", *MECHANISMS):
             raise ArgumentError(
@@ -688,7 +875,19 @@ class Freezer:
             backend = _Signals()
         self._backend = backend
         self.reason = reason
-        self._finalize = weakref.finalize(self, _close, backend, self._owner, self.timeout)
+        #: with `kill`: the process that kills the group if this one dies first
+        self._reaper: _Reaper | None = None
+        if kill:
+            try:
+                self._reaper = _Reaper(self.timeout)
+            except BaseException:
+                backend.close(self.timeout)
+                raise
+            if backend.path is not None:
+                self._reaper.tell(f"cgroup {backend.path}")
+        self._finalize = weakref.finalize(
+            self, _close, backend, self._owner, self.timeout, self._reaper
+        )
         _log.info("freezer: %s (%s)", backend.describe(), reason)
 
     # ---- state -------------------------------------------------------------------------------
@@ -749,6 +948,10 @@ class Freezer:
             if children:
                 pids += sorted(descendants([pid], table) - _self_and_ancestors(table))
             gone = self._backend.add(pids, children)
+            if self._reaper is not None and isinstance(self._backend, _Signals):
+                for p in pids:
+                    if p not in gone and p in self._backend.members:
+                        self._reaper.tell(f"proc {p} {self._backend.members[p].start}")
             if pid in gone:
                 raise NoSuchProcessError(f"pid {pid} does not exist (it exited)")
             if self._backend.frozen:
@@ -769,7 +972,8 @@ class Freezer:
                 self._backend.thaw(time.monotonic() + _timeout(timeout or self.timeout))
 
     def close(self) -> None:
-        """Thaw, release every process (left running), remove the group. Safe twice."""
+        """Thaw, release every process (left running), remove the group; with `kill`, kill
+        every process of the group instead of releasing it. Safe twice."""
         with self._lock:
             if self._closed:
                 return
@@ -823,9 +1027,17 @@ __all__ = [
     "cgroup_available",
     "descendants",
     "find_cgroup2",
+    "kill_cgroup",
+    "kill_processes",
     "parse_events",
     "parse_stat",
     "proc_table",
     "read_stat",
     "thread_states",
 ]
+
+
+if __name__ == "__main__":  # the reaper of a Freezer(kill=True): _Reaper starts it
+    if sys.argv[1:2] != ["--reap"] or len(sys.argv) != 4:
+        sys.exit("usage: python -m rdmasched.integrations.freeze --reap OWNER_PID TIMEOUT_S")
+    sys.exit(_reap_main(int(sys.argv[2]), float(sys.argv[3])))

@@ -10,7 +10,8 @@ is used):
   is a sync task. The hook announces the bucket (`sync_ready(group_of_bucket, step)`); once
   every rank of every host has, each host's daemon releases the sync task and calls every
   local rank's sync handler, which hands the bucket to the comm queue. The queue starts
-  the released buckets' all-reduces (gloo, ``async_op=True``) in priority order, the
+  the released buckets' all-reduces (``async_op=True``, on a group of the job's own
+  backend: gloo on the CPU, NCCL on GPUs) in priority order, the
   bucket holding the first layers first (P3, ByteScheduler: priority = bucket index, since
   DDP's bucket 0 holds the last layers), at most `max_inflight` at a time, in one order on
   every rank (rank 0 chooses among the buckets released, as ByteScheduler's coordinator
@@ -21,7 +22,8 @@ is used):
   so low-priority work is preempted before the step starts and dispatched again after it.
 - `Colocated`: co-located low-priority work (data preparation, evaluation, a second job) as
   a task whose preempt handler freezes its processes (`rdmasched.integrations.freeze`:
-  cgroup v2 ``cgroup.freeze``, else SIGSTOP/SIGCONT) and whose dispatch thaws them.
+  cgroup v2 ``cgroup.freeze``, else SIGSTOP/SIGCONT) and whose dispatch thaws them; the
+  work is killed when the `Colocated` closes or its rank dies, however it dies.
 
 Every wait is bounded: a bucket not released within `sync_timeout_s`, a rank of this host
 whose process is gone, another host declared dead, the host's daemon gone, a collective
@@ -116,13 +118,14 @@ class RankScheduler:
 
     Takes over the client's dispatch, preempt and sync handlers. Construct it on every rank
     after ``init_process_group``, in the same order as other process groups: it is a
-    collective call (it makes two gloo groups, and the ranks tell each other their host and
-    process). The buckets' sync groups are over the job's hosts (the daemons' node ids the
-    ranks report), each host waiting for its own ranks (`local`: how many ranks share this
-    rank's daemon). `priority(index)`: a bucket's priority (default its index: the bucket
-    holding the first layers first). `max_inflight`: collectives started at once.
-    `sync_timeout_s`: how long a bucket may wait for every rank. `job`: the training job's id
-    in the scheduler.
+    collective call (it makes two groups: one for the buckets' all-reduces on the default
+    group's own backend, `dist.get_backend()`, and one on gloo for its small CPU control
+    messages; and the ranks tell each other their host and process). The buckets' sync
+    groups are over the job's hosts (the daemons' node ids the ranks report), each host
+    waiting for its own ranks (`local`: how many ranks share this rank's daemon).
+    `priority(index)`: a bucket's priority (default its index: the bucket holding the first
+    layers first). `max_inflight`: collectives started at once. `sync_timeout_s`: how long a
+    bucket may wait for every rank. `job`: the training job's id in the scheduler.
     """
 
     def __init__(
@@ -167,9 +170,14 @@ class RankScheduler:
         self._lock = threading.Condition()
         self._defined: set[int] = set()  # bucket indexes whose sync group is declared
         # the buckets' all-reduces, and the leader's choices of their order (not the default
-        # group: DDP's own collectives run there, from the training thread)
+        # group: DDP's own collectives run there, from the training thread). The all-reduces
+        # run on the job's own backend (the gradients are where its backend wants them:
+        # NCCL's on the GPU); the choices and the ranks' exchange below are a few CPU
+        # integers, on gloo whatever the job's backend
         timeout = _timedelta(self.collective_timeout_s)
-        self._comm_pg: Any = dist.new_group(backend="gloo", timeout=timeout)
+        #: the backend of the buckets' all-reduces: the job's (its default group's)
+        self.backend = str(dist.get_backend())
+        self._comm_pg: Any = dist.new_group(backend=self.backend, timeout=timeout)
         self._ctrl: Any = dist.new_group(backend="gloo", timeout=timeout)
         # every rank's host (its daemon's node id) and process, so each host's daemon waits
         # for its own ranks and a rank watches the processes of the others on its machine
@@ -271,7 +279,9 @@ class RankScheduler:
             return colo._preempted(task)
         # the step's compute task yields its slot to the step's own bucket syncs in the
         # scheduler's books: nothing is stopped (the step's compute and its all-reduces
-        # overlap); it takes the slot back when they are done
+        # overlap); it takes the slot back when they are done, and if the step ends first,
+        # compute()'s COMPLETE ends the requeued task (docs/CLIENT.md, "Preemption and
+        # COMPLETE")
         return task.progress_ns
 
     # ---- the comm queue ------------------------------------------------------------------
@@ -389,7 +399,7 @@ class RankScheduler:
             if err is None and len(self.members) > 1 and time.monotonic() >= next_host_check:
                 # another host's death is the daemons' to find: ask this host's daemon (a
                 # round trip, so once a second); a rank on another host that dies alone
-                # fails its all-reduce (gloo's connection closes)
+                # fails its all-reduce (the backend's connection closes)
                 next_host_check = time.monotonic() + 1.0
                 dead = self._dead_hosts()
                 if dead:
@@ -548,8 +558,15 @@ class Colocated:
 
     ``Colocated(sched).add(pid).start()``: `start` freezes the processes added, then
     dispatches the task; the scheduler's dispatch thaws them (at once if the slot is free).
-    `freezer`: a `Freezer` to use (default: a new one, `mechanism`). Freeze and thaw
-    latencies are kept in `freeze_ns` and `thaw_ns`; `mechanism` says which was used.
+    `freezer`: a `Freezer` to use (default: a new one, `mechanism`, with ``kill=True``).
+    Freeze and thaw latencies are kept in `freeze_ns` and `thaw_ns`; `mechanism` says which
+    was used.
+
+    The work lives as long as the run: `close()` kills its processes (their children too)
+    and removes its cgroup, and if this rank dies first (killed, a crash, the launcher's
+    SIGTERM) the freezer's reaper does (`Freezer(kill=True)`), so a failed run leaves none
+    of its co-located processes behind. (A `freezer` of your own without ``kill`` releases
+    them running instead, and only when it is closed.)
     """
 
     def __init__(
@@ -566,7 +583,7 @@ class Colocated:
         self.sched = sched
         self.priority = priority
         self.job = job
-        self.freezer = freezer if freezer is not None else Freezer(mechanism)
+        self.freezer = freezer if freezer is not None else Freezer(mechanism, kill=True)
         self.task_id = sched._new_id()
         self.freeze_ns: list[int] = []
         self.thaw_ns: list[int] = []
@@ -621,7 +638,8 @@ class Colocated:
         return self._ran_ns
 
     def close(self) -> None:
-        """Complete the task and release the processes (thawed, left running)."""
+        """Complete the task and end the work: its freezer's close (the default one kills
+        the processes and removes the cgroup)."""
         if self._started and self.sched.error is None:
             with contextlib.suppress(RdmaschedError):
                 self.sched.node.complete(self.task_id)

@@ -34,6 +34,7 @@ cdef class Scheduler:
     cdef list _run
     cdef dict _tasks
     cdef set _outranked
+    cdef set _requeued
     cdef Py_ssize_t _nqueued
     cdef long long _seq
     cdef unsigned long long[::1] _ev

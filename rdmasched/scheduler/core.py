@@ -13,7 +13,8 @@ Rules (docs/SCHEDULER.md states them with their reasons):
   priority is strictly higher and it would be the head of the queue; otherwise it queues.
 * A freed slot goes to the head of the queue.
 * A victim is off its slot as soon as the daemon has run the preempt handler; ``yielded()``
-  then requeues it with its progress (keeping its place), or drops it if cancelled.
+  then requeues it with its progress (keeping its place), or drops it if cancelled.  A
+  ``complete()`` of a task queued again after its yield ends it (its work went on).
 
 This file is also compiled by Cython (pure-Python mode: ``core.pxd`` beside it declares
 the attribute and internal-method types; the directives are on the first line).  The
@@ -188,6 +189,7 @@ R_LIGHTER_PEER = int(Rule.LIGHTER_PEER)
 R_PLACED_ON = int(Rule.PLACED_ON)
 R_BACK_TO_ORIGIN = int(Rule.BACK_TO_ORIGIN)
 R_DONE_ON_PEER = int(Rule.DONE_ON_PEER)
+R_DONE_QUEUED = int(Rule.DONE_QUEUED)
 #: the ring's words are u64; a value that does not fit is recorded as absent
 _U64 = U64_MAX
 # the event layout (events.py, its one definition) as C constants when compiled (core.pxd
@@ -355,6 +357,7 @@ class Scheduler:
         "_outranked",
         "_peers",
         "_rejected",
+        "_requeued",
         "_rng",
         "_run",
         "_run_cap",
@@ -411,6 +414,9 @@ class Scheduler:
         # keys of victims of a priority preemption that have not yielded yet: one that
         # outranks the task that took a slot meanwhile takes it back when it yields
         self._outranked: set[int] = set()
+        # keys of tasks queued again after they yielded (they have run): a COMPLETE of one
+        # that is still queued ends it (its work went on after the yield and finished)
+        self._requeued: set[int] = set()
         self._nqueued = 0
         self._seq = 0
         # the event ring: ``events`` records of WORDS u64 each (events.py has the layout)
@@ -474,6 +480,8 @@ class Scheduler:
         if task is None or task.state is not _RUNNING:
             return self._complete_other(task_id, key, task, now)
         del self._tasks[key]
+        if self._requeued:
+            self._requeued.discard(key)
         slot: int = task.slot  # type: ignore[assignment]  # a running task has a slot
         task.state = _DONE
         task.slot = None
@@ -494,9 +502,20 @@ class Scheduler:
             # it finished while the preempt handler ran; its slot is already reused
             del self._tasks[key]
             self._outranked.discard(key)
+            self._requeued.discard(key)
             task.state = _DONE
             self._n_completions += 1
             self._rec(now, D_COMPLETE, R_DONE_PREEMPTING, task, -1, None, 0, 0)
+            return []
+        if state is _QUEUED and key in self._requeued:
+            # it yielded (its handler returned its progress) but its work went on and has
+            # finished before it started again: done, out of the queue (no slot to free)
+            self._requeued.discard(key)
+            self._unqueue(task)
+            del self._tasks[key]
+            task.state = _DONE
+            self._n_completions += 1
+            self._rec(now, D_COMPLETE, R_DONE_QUEUED, task, -1, None, 0, 0)
             return []
         self._reject(
             TaskStateError(f"complete of task {task_id} that is {state.name.lower()}"),
@@ -524,6 +543,7 @@ class Scheduler:
         if state is _CANCELLING:
             task.progress_ns = progress_ns
             del self._tasks[key]
+            self._requeued.discard(key)
             task.state = TaskState.CANCELLED
             self._n_cancels += 1
             self._rec(now, D_CANCEL, R_PEER_CANCEL, task, -1, None, 0, 0)
@@ -553,6 +573,10 @@ class Scheduler:
                 self._rec(now, D_REQUEUE, R_YIELDED, task, -1, None, 0, 0)
                 return self._preempt_for(task, victim, now)
         self._enqueue(task, now, key)
+        requeued = self._requeued
+        requeued.add(key)
+        if len(requeued) > 2 * len(self._tasks) + 64:  # keys of tasks gone since
+            self._requeued = {k for k in requeued if k in self._tasks}
         self._n_requeues += 1
         self._rec(now, D_REQUEUE, R_YIELDED, task, -1, None, 0, 0)
         return out
@@ -619,6 +643,7 @@ class Scheduler:
                 if cancel:
                     self._unqueue(t)
                     del self._tasks[t.held_key]
+                    self._requeued.discard(t.held_key)
                     t.state = TaskState.CANCELLED
                     if drop:
                         self._n_drops += 1

@@ -62,6 +62,7 @@ class Rule(enum.IntEnum):
     PLACED_ON = 17  #: forward: this node sent its task to the peer it named
     BACK_TO_ORIGIN = 18  #: forward: refused here, sent back to its origin (text: why)
     DONE_ON_PEER = 19  #: complete: a task this node forwarded completed on the peer
+    DONE_QUEUED = 20  #: complete: finished after it yielded, before it started again
 
 
 RULE_TEXT: dict[Rule, str] = {
@@ -85,6 +86,7 @@ RULE_TEXT: dict[Rule, str] = {
     Rule.PLACED_ON: "dispatched to peer {peer}",
     Rule.BACK_TO_ORIGIN: "back to origin",
     Rule.DONE_ON_PEER: "completed on peer {peer}",
+    Rule.DONE_QUEUED: "completed after it yielded, before it started again",
 }
 
 #: ``task_id`` of events that are about no task (e.g. a SYNC_READY for an unknown group)

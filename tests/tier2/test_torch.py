@@ -282,3 +282,21 @@ def test_colocated_work_is_frozen_during_the_step_and_thawed_after(
     assert r["ticks_while_frozen"] == 0
     assert r["freezes"] >= 1 and r["thaws"] >= 2  # start(), the step's preemption; 2 dispatches
     assert r["errors"] == []
+
+
+def test_the_buckets_all_reduce_on_the_process_groups_own_backend(tmp_path: Path) -> None:
+    # Regression (issue 20 item 7): the integration made its all-reduce group with gloo
+    # whatever the job's backend was (a GPU job on NCCL would all-reduce over gloo). Here
+    # the job runs on a second backend, "counting" (gloo behind a Python group that counts
+    # its collectives): every bucket's all-reduce goes through a group of that backend.
+    r0, r1 = run_ranks(tmp_path, "backend", 2)
+    for r in (r0, r1):
+        assert r["backend"] == "counting" and r["comm_backend"] == "counting", r
+        starts = [(s, i) for ev, s, i, _ in r["log"] if ev == "start"]
+        assert len(starts) >= 3  # a few buckets a step, 3 steps
+        # the groups of that backend: the job's default group, then the integration's
+        # all-reduce group (its control group stays on gloo: CPU tensors)
+        job, comm = r["counts"]
+        assert comm.get("allreduce", 0) == len(starts), r["counts"]
+        assert job.get("allreduce", 0) == 0  # DDP's gradients all went through the hook
+    assert r0["params"] == r1["params"]

@@ -14,6 +14,8 @@ Writes what the rank saw to OUT (JSON); the test asserts on it. Scenarios:
 - ``rank_killed``: rank 1 kills itself (SIGKILL) before its third step.
 - ``freeze MECHANISM``: a real burning process as a `Colocated` job; CPU time while the
   training step's compute task holds the slot, and after.
+- ``backend``: the job's process group on a second backend (tests/tier2/counting_backend.py:
+  gloo behind a Python group that counts its collectives), a few steps under the hook.
 """
 
 from __future__ import annotations
@@ -80,7 +82,13 @@ def main() -> int:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     rank = int(os.environ["RANK"])
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    backend = "gloo"
+    if scenario == "backend":
+        from tests.tier2 import counting_backend
+
+        counting_backend.register()
+        backend = counting_backend.NAME
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=30))
     daemon_pid = int(os.environ.get("RDMASCHED_TEST_DAEMON_PID", "0"))
     node = host_client(start_daemon=not daemon_pid).open()
     result: dict[str, Any] = {"rank": rank, "endpoint": node.endpoint}
@@ -99,6 +107,17 @@ def main() -> int:
             result["log"] = list(sched.log)
             result["params"] = flat(a).tolist()[:64]
             result["max_diff_vs_plain_ddp"] = float((flat(a) - flat(b)).abs().max())
+        elif scenario == "backend":
+            from tests.tier2.counting_backend import Counting
+
+            ddp = DistributedDataParallel(model(64, 4), bucket_cap_mb=0.01)
+            ddp.register_comm_hook(None, sched.hook)
+            train(ddp, 3, sched, seed=rank, width=64)
+            result["log"] = list(sched.log)
+            result["backend"] = dist.get_backend()
+            result["comm_backend"] = dist.get_backend(sched._comm_pg)
+            result["counts"] = [dict(g.counts) for g in Counting.groups]
+            result["params"] = flat(ddp.module).tolist()[:64]
         elif scenario == "daemon_gone":
             ddp = DistributedDataParallel(model(64, 2))
             ddp.register_comm_hook(None, sched.hook)
