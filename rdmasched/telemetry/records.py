@@ -153,7 +153,10 @@ def parse_line(line: str | bytes) -> dict[str, Any]:
     """One JSON-lines record as a dict; ValueError if it is not one (not JSON, Infinity or
     NaN, nested too deep, not an object)."""
     try:
-        d = json.loads(line, parse_constant=_reject_constant)
+        d = json.loads(
+            line.decode("utf-8") if isinstance(line, bytes) else line,
+            parse_constant=_reject_constant,
+        )
     except RecursionError:
         raise ValueError("nested too deep") from None
     except json.JSONDecodeError as exc:
@@ -290,41 +293,51 @@ def _node_of(name: str, head: dict[str, Any], events: list[Event]) -> int:
     return int(digits) if digits else 0
 
 
-def read_file(path: str) -> NodeTrace:
-    """One trace file. TraceError if it is not one (a line that is not an event, a field
-    of the wrong type or out of its range, a line or a file too long, not a regular file)."""
+class _Lines(Protocol):
+    def readline(self, size: int = -1, /) -> bytes: ...
+
+
+def read_records(f: _Lines, where: str) -> tuple[dict[str, Any], list[Event]]:
+    """The header (``{}`` if none) and the events of the trace records ``f`` holds (a file,
+    an HTTP answer), every line and field checked; TraceError naming ``where`` and the line
+    (a line that is not an event, a field of the wrong type or out of its range, a line or
+    the whole longer than MAX_LINE_BYTES or MAX_FILE_BYTES)."""
     head: dict[str, Any] = {}
     events: list[Event] = []
+    size = 0
+    for lineno, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+        size += len(line)
+        if len(line) > MAX_LINE_BYTES:
+            raise TraceError(f"{where} line {lineno} is longer than {MAX_LINE_BYTES} bytes")
+        if size > MAX_FILE_BYTES:
+            raise TraceError(f"{where} holds more than {MAX_FILE_BYTES} bytes: not read")
+        if not line.strip():
+            continue
+        try:
+            d = parse_line(line)
+        except ValueError as exc:
+            raise TraceError(f"{where} line {lineno} is not a trace event: {exc}") from None
+        if lineno == 1 and "rdmasched_trace" in d:
+            try:
+                head = check_header(d)
+            except ValueError as exc:
+                raise TraceError(f"{where}: {exc}") from None
+            continue
+        try:
+            events.append(event(d))
+        except ValueError as exc:
+            raise TraceError(
+                f"{where} line {lineno} is not a trace event "
+                f"(needs t_ns, decision, task_id, reason and beaten): {exc}"
+            ) from None
+    return head, events
+
+
+def read_file(path: str) -> NodeTrace:
+    """One trace file (``read_records``); TraceError if it is not one, or not a regular file."""
     try:
         with open_regular(path) as f:
-            size = 0
-            for lineno, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
-                size += len(line)
-                if len(line) > MAX_LINE_BYTES:
-                    raise TraceError(
-                        f"{path} line {lineno} is longer than {MAX_LINE_BYTES} bytes: not a trace"
-                    )
-                if size > MAX_FILE_BYTES:
-                    raise TraceError(f"{path} is larger than {MAX_FILE_BYTES} bytes: not read")
-                if not line.strip():
-                    continue
-                try:
-                    d = parse_line(line)
-                except ValueError as exc:
-                    raise TraceError(f"{path} line {lineno} is not a trace event: {exc}") from None
-                if lineno == 1 and "rdmasched_trace" in d:
-                    try:
-                        head = check_header(d)
-                    except ValueError as exc:
-                        raise TraceError(f"{path}: {exc}") from None
-                    continue
-                try:
-                    events.append(event(d))
-                except ValueError as exc:
-                    raise TraceError(
-                        f"{path} line {lineno} is not a trace event "
-                        f"(needs t_ns, decision, task_id, reason and beaten): {exc}"
-                    ) from None
+            head, events = read_records(f, path)
     except FileRefused as exc:
         raise TraceError(f"{exc}: not a trace") from None
     except OSError as exc:
