@@ -37,10 +37,10 @@ def cluster() -> Iterator[str]:
 
 def stale_lane(name: str) -> None:
     """A lane whose receiver is gone: made by a child that exits without closing it."""
-    code = f"from rdmasched.transport import shm; shm.create_lane({name!r}, 16); import os; os._exit(0)"
-    subprocess.run(
-        [sys.executable, "-c", code], check=True, cwd=ROOT, env=os.environ | {"PYTHONPATH": ROOT}
-    )
+    code = f"from rdmasched.transport import shm; shm.create_lane({name!r}, 16)"
+    code += "; import os; os._exit(0)"
+    env = os.environ | {"PYTHONPATH": ROOT}
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=env)
 
 
 def squat(cluster: str, tmp_path: Any) -> dict[str, str]:
