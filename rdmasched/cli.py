@@ -8,6 +8,7 @@ argument, 1 for a problem found while running), never a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -646,6 +647,12 @@ def build_parser() -> argparse.ArgumentParser:
         "process is gone, e.g. after a node was killed with SIGKILL",
     )
     clean.add_argument("--json", action="store_true", help="print the removed names as JSON")
+    clean.add_argument(
+        "--cluster", metavar="NAME", help="only this cluster's segments (default all)"
+    )
+    clean.add_argument(
+        "--dry-run", action="store_true", help="say what would be removed; remove nothing"
+    )
 
     # values are checked in cmd_topology (one line on stderr), not by argparse types
     topo = add(
@@ -1292,13 +1299,19 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from rdmasched.transport import shm
 
-    removed = shm.remove_stale()
+    try:
+        rep = shm.cleanup(args.cluster, dry_run=args.dry_run)
+    except ValueError as exc:
+        raise _UserError(f"--cluster {args.cluster!r}: {exc}") from None
     if args.json:
-        print(json.dumps({"removed": removed}))
-    elif removed:
-        for name in removed:
-            print(f"removed {shm.SHM_DIR}{name}")
-    else:
+        print(json.dumps(dataclasses.asdict(rep)))
+        return 0
+    verb = "would remove" if rep.dry_run else "removed"
+    for name in rep.removed:
+        print(f"{verb} {shm.SHM_DIR}{name}")
+    for name, why in rep.skipped:
+        print(f"skipped {shm.SHM_DIR}{name}: {why}")
+    if not rep.removed:
         print("no stale rdmasched segments")
     return 0
 

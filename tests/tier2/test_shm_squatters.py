@@ -37,7 +37,7 @@ def cluster() -> Iterator[str]:
 
 def stale_lane(name: str) -> None:
     """A lane whose receiver is gone: made by a child that exits without closing it."""
-    code = f"from rdmasched.transport import shm; shm.create_lane({name!r}, 16)"
+    code = f"from rdmasched.transport import shm; rx = shm.create_lane({name!r}, 16)"
     code += "; import os; os._exit(0)"
     env = os.environ | {"PYTHONPATH": ROOT}
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=env)
@@ -132,7 +132,7 @@ def test_a_squatter_on_a_lane_name_is_refused_in_one_line(
     with pytest.raises(LaneBusyError) as exc:
         shm.create_lane(f"{cluster}.{kind}", 16)
     text = str(exc.value)
-    assert path in text and odd[path] in text and "owned by root" in text, text
+    assert path in text and odd[path] in text and "owned by user root" in text, text
     assert "\n" not in text
     assert os.path.lexists(path)
     assert (tmp_path / "target").read_bytes() == b"keep me"  # the link was not followed
