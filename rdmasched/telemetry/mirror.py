@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -32,7 +32,7 @@ from urllib.parse import parse_qs, urlparse
 from rdmasched.demo.workload import KIND_BACKGROUND, KIND_COMPUTE, task_kind, task_node, task_seq
 from rdmasched.errors import ConfigError
 from rdmasched.scheduler.events import NO_TASK, Decision, Event
-from rdmasched.telemetry import live
+from rdmasched.telemetry import http, live
 from rdmasched.telemetry.records import NodeTrace, TraceError, read_dir
 
 _log = logging.getLogger("rdmasched.mirror")
@@ -484,24 +484,13 @@ class MirrorServer:
         self.source = source
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(http.Handler):
             def do_GET(self) -> None:
                 server._get(self)
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        try:
-            self.httpd = ThreadingHTTPServer((addr, port), Handler)
-        except OSError as exc:
-            raise ConfigError(f"mirror port {port} on {addr}: {exc.strerror}") from None
-        self.httpd.daemon_threads = True
-        self.port: int = self.httpd.server_address[1]
-        self.url = f"http://{addr}:{self.port}/"
-        self._thread = threading.Thread(
-            target=self.httpd.serve_forever, name="rdmasched-mirror-http", daemon=True
-        )
-        self._thread.start()
+        self.httpd = http.Server(addr, port, Handler, "mirror")
+        self.port: int = self.httpd.port
+        self.url = f"http://{addr or '0.0.0.0'}:{self.port}/"
 
     def _get(self, h: BaseHTTPRequestHandler) -> None:
         url = urlparse(h.path)
@@ -547,9 +536,7 @@ class MirrorServer:
         h.wfile.write(body)
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self._thread.join(5)
+        self.httpd.close()
         self.source.close()
 
 
