@@ -90,9 +90,9 @@ def _gunzip(raw: bytes, limit: int, name: str) -> bytes:
                 if d.eof or not (buf or chunk):
                     break
         except zlib.error as exc:
-            raise FileRefused(f"{name}: damaged gzip ({exc})") from None
+            raise FileRefused(f"{name}: truncated or damaged gzip ({exc})") from None
         if not d.eof:
-            raise FileRefused(f"{name}: truncated gzip (it ends inside a member)")
+            raise FileRefused(f"{name}: truncated or damaged gzip (it ends inside a member)")
         data = d.unused_data.lstrip(b"\0")  # another member, or the padding some tools add
     return b"".join(out)
 
