@@ -137,3 +137,56 @@ def test_listening_on_every_interface_is_said(tmp_path: Any, caplog: Any) -> Non
         m = metrics.MetricsServer(FakeNode(), 0, "0.0.0.0")  # type: ignore[arg-type]
     m.close()
     assert any("every interface" in r.getMessage() for r in caplog.records), caplog.text
+
+
+SERVE_WITH_FEW_FDS = """
+import resource, sys, time
+from rdmasched.telemetry import metrics
+class N:
+    id = 0
+resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
+m = metrics.MetricsServer(N(), 0)
+print(m.port, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_out_of_file_descriptors_the_server_waits_instead_of_spinning() -> None:
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = subprocess.Popen(
+        [sys.executable, "-c", SERVE_WITH_FEW_FDS],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=root, env=os.environ | {"PYTHONPATH": root},
+    )  # fmt: skip
+    held: list[socket.socket] = []
+    try:
+        assert p.stdout is not None and p.stdin is not None
+        port = int(p.stdout.readline())
+        for _ in range(60):  # more than its descriptors: the rest wait in the backlog
+            try:
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+            except OSError:  # the backlog is full
+                break
+        assert len(held) > 40
+        time.sleep(1.0)
+
+        def cpu() -> float:
+            with open(f"/proc/{p.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        c0 = cpu()
+        time.sleep(2.0)
+        assert cpu() - c0 < 0.2  # a spinning accept loop: 0.4 s and more here
+    finally:
+        for s in held:
+            s.close()
+        if p.stdin is not None:
+            p.stdin.close()
+        p.wait(30)
+        err = p.stderr.read() if p.stderr is not None else ""
+        assert "Traceback" not in err, err
