@@ -84,3 +84,15 @@ def test_good_fields_still_read(tmp_path: Any) -> None:
     tr = records.read_file(str(p))
     assert tr.node == 0 and tr.head["slots"] == 2
     assert tr.events[0].slot == 1 and tr.events[0].beaten == (9,)
+
+
+def test_export_of_the_largest_times_an_anchor_moves_past_u64(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    anchor = {"monotonic_ns": 0, "realtime_ns": 18 * 10**18}
+    ev = EVENT | {"t_ns": 2**64 - 1, "slot": 0, "queued": 2**32 - 1, "running": 2**32 - 1}
+    (tmp_path / "rdmasched-node0.jsonl").write_text(
+        json.dumps(HEAD | {"anchor": anchor, "clock": "monotonic"}) + "\n" + json.dumps(ev)
+    )
+    out = str(tmp_path / "out.pftrace")
+    assert main(["trace", "export", str(tmp_path), "-o", out]) == 0, capsys.readouterr().err
