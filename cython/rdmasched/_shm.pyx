@@ -27,9 +27,9 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memset, strncpy
 from libc.errno cimport errno, EEXIST, ENOENT
 from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAILED
-from posix.fcntl cimport O_CREAT, O_EXCL, O_RDWR
+from posix.fcntl cimport O_CREAT, O_EXCL, O_NONBLOCK, O_RDWR
 from posix.unistd cimport ftruncate, close as c_close
-from posix.stat cimport struct_stat, fstat
+from posix.stat cimport struct_stat, fstat, S_ISREG
 from posix.types cimport mode_t
 
 from rdmasched._wire cimport (
@@ -44,6 +44,9 @@ import os
 import warnings
 
 from rdmasched.errors import LaneError
+
+cdef extern from "<fcntl.h>" nogil:
+    int O_NOFOLLOW
 
 cdef extern from "<sys/mman.h>" nogil:
     int shm_open(const char *name, int oflag, mode_t mode)
@@ -95,10 +98,11 @@ cdef class ShmSegment:
 
     @staticmethod
     def create(str name, size_t size):
-        """Create `name` (mode 0600); FileExistsError if it exists."""
+        """Create `name` (mode 0600); FileExistsError if anything holds the name (a file,
+        a directory, a symlink: O_EXCL with O_NOFOLLOW follows no link)."""
         cdef ShmSegment seg = ShmSegment.__new__(ShmSegment)
         cdef bytes bname = name.encode()
-        cdef int fd = shm_open(bname, O_CREAT | O_EXCL | O_RDWR, 0o600)
+        cdef int fd = shm_open(bname, O_CREAT | O_EXCL | O_NOFOLLOW | O_RDWR, 0o600)
         if fd < 0:
             raise OSError(errno, f"shm_open({name!r}): {os.strerror(errno)}", name)
         if ftruncate(fd, size) != 0:
@@ -112,17 +116,21 @@ cdef class ShmSegment:
 
     @staticmethod
     def open(str name):
-        """Map an existing segment; FileNotFoundError if there is none."""
+        """Map an existing segment; FileNotFoundError if there is none. It follows no
+        symlink (OSError ELOOP) and maps only a regular file (LaneError for a FIFO, ...)."""
         cdef ShmSegment seg = ShmSegment.__new__(ShmSegment)
         cdef bytes bname = name.encode()
         cdef struct_stat sb
-        cdef int fd = shm_open(bname, O_RDWR, 0)
+        cdef int fd = shm_open(bname, O_RDWR | O_NOFOLLOW | O_NONBLOCK, 0)
         if fd < 0:
             raise OSError(errno, f"shm_open({name!r}): {os.strerror(errno)}", name)
         if fstat(fd, &sb) != 0:
             err = errno
             c_close(fd)
             raise OSError(err, os.strerror(err))
+        if not S_ISREG(sb.st_mode):
+            c_close(fd)
+            raise LaneError(f"shared-memory segment {name!r} is not a regular file")
         seg._map(fd, sb.st_size, name)
         seg.owner = False
         return seg
@@ -194,7 +202,7 @@ def read_header(ShmSegment seg):
     return {
         "magic": rs_load_acquire_u64(&h.magic), "version": h.version, "nslots": h.nslots,
         "slot_size": h.slot_size, "receiver_pid": h.receiver_pid,
-        "receiver_start": h.receiver_start, "bell": h.bell[:31].split(b"\0", 1)[0].decode(),
+        "receiver_start": h.receiver_start, "bell": h.bell[:31].split(b"\0", 1)[0].decode(errors="replace"),
         "epoch_req": rs_load_acquire_u32(&h.epoch_req), "sender_pid": h.sender_pid,
         "sender_start": h.sender_start, "credit": rs_load_acquire_u64(&h.credit),
         "epoch_ack": rs_load_acquire_u32(&h.epoch_ack), "closed": h.closed,

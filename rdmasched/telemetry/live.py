@@ -3,16 +3,19 @@
 A live reader (``rdmasched trace export --live``, ``rdmasched mirror --live`` and ``rdmasched top``)
 polls ``/events?since=SEQ`` with the last ``seq`` it saw + 1: it gets every event after it
 still in the node's ring, and the header's ``missed`` counts what the ring overwrote first.
+
+An answer is trace records, read and checked as a trace file is (``records.read_records``):
+one that is cut short (the node died mid-answer), not JSON, or holds a field of the wrong
+type or range is one ``TraceError`` naming the node's address, like no answer at all.
 """
 
 from __future__ import annotations
 
-import json
+import http.client
 import urllib.error
 import urllib.request
 
-from rdmasched.scheduler.events import from_dict
-from rdmasched.telemetry.records import NodeTrace, TraceError
+from rdmasched.telemetry.records import NodeTrace, TraceError, read_records
 
 
 def fetch(addr: str, since: int = 0, timeout_s: float = 10.0) -> NodeTrace:
@@ -21,12 +24,18 @@ def fetch(addr: str, since: int = 0, timeout_s: float = 10.0) -> NodeTrace:
     url = url.rstrip("/") + f"/events?since={since}"
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            text = r.read().decode()
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+            head, events = read_records(r, addr)
+            if r.length:  # fewer bytes came than its Content-Length said
+                raise http.client.IncompleteRead(b"", r.length)
+    except TraceError:
+        raise
+    except http.client.IncompleteRead:
+        raise TraceError(f"{addr}: its /events answer was cut short (did the node stop?)") from None
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
         raise TraceError(f"{addr}: no node's events there ({exc})") from None
-    lines = [json.loads(x) for x in text.splitlines() if x.strip()]
-    if not lines or "rdmasched_trace" not in lines[0]:
+    if not head:
         raise TraceError(f"{addr}: not a node's /events (no trace header)")
-    head = lines[0]
-    events = [from_dict(d) for d in lines[1:]]
-    return NodeTrace(int(head["node"]), f"live-node{head['node']}", head, events)
+    if "node" not in head:
+        raise TraceError(f"{addr}: not a node's /events (its header names no node)")
+    node = int(head["node"])
+    return NodeTrace(node, f"live-node{node}", head, events)

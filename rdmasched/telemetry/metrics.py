@@ -20,14 +20,14 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
-from rdmasched.errors import ConfigError
 from rdmasched.limits import COMPUTE_PRIORITY_MAX
 from rdmasched.scheduler.events import Decision
 from rdmasched.scheduler.task import SYNC_PRIORITY
+from rdmasched.telemetry import http
 from rdmasched.telemetry.records import anchor, header
 from rdmasched.wire import Kind
 
@@ -296,7 +296,7 @@ class MetricsServer:
         self.registry = registry
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(http.Handler):
             def do_GET(self) -> None:
                 url = urlparse(self.path)
                 if url.path == "/metrics":
@@ -306,19 +306,8 @@ class MetricsServer:
                 else:
                     self.send_error(404, "try /metrics or /events?since=SEQ")
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # no line per scrape on stderr
-
-        try:
-            self.httpd = ThreadingHTTPServer((addr, port), Handler)
-        except OSError as exc:
-            raise ConfigError(f"metrics port {port} on {addr}: {exc.strerror}") from None
-        self.httpd.daemon_threads = True
-        self.port: int = self.httpd.server_address[1]
-        self._thread = threading.Thread(
-            target=self.httpd.serve_forever, name=f"rdmasched-metrics{node.id}", daemon=True
-        )
-        self._thread.start()
+        self.httpd = http.Server(addr, port, Handler, "metrics")
+        self.port: int = self.httpd.port
 
     def _metrics(self, h: BaseHTTPRequestHandler) -> None:
         if self.registry is None:
@@ -371,9 +360,7 @@ class MetricsServer:
         h.wfile.write(body)
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self._thread.join(5)
+        self.httpd.close()
 
 
 def serve(node: Node, port: int, addr: str = "127.0.0.1") -> MetricsServer:

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import bisect
 import json
+import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -31,8 +32,10 @@ from urllib.parse import parse_qs, urlparse
 from rdmasched.demo.taskid import KIND_BACKGROUND, KIND_COMPUTE, task_kind, task_node, task_seq
 from rdmasched.errors import ConfigError
 from rdmasched.scheduler.events import NO_TASK, Decision, Event
-from rdmasched.telemetry import live
+from rdmasched.telemetry import http, live
 from rdmasched.telemetry.records import NodeTrace, TraceError, read_dir
+
+_log = logging.getLogger("rdmasched.mirror")
 
 #: a task's identity: (origin node, task id)
 Key = tuple[int, int]
@@ -390,6 +393,8 @@ class LiveSource:
         self._since = dict.fromkeys(self.addrs, 0)
         self._node_of: dict[str, int] = {}
         self._shift: dict[str, int] = {}
+        #: the last error of each daemon not yet heard from (a known node's is on its view)
+        self.errors: dict[str, str] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         errors = self.poll()
@@ -408,15 +413,18 @@ class LiveSource:
             except TraceError as exc:
                 errors.append(str(exc))
                 n = self._node_of.get(addr)
-                if n is not None:
-                    with self._lock:
+                with self._lock:
+                    if n is not None:
                         self.model.nodes[n].error = str(exc)
+                    else:
+                        self.errors[addr] = str(exc)
                 continue
             if addr not in self._shift:  # one anchor per daemon, read once: its clock's offset
                 a = tr.head.get("anchor")
                 self._shift[addr] = int(a["realtime_ns"]) - int(a["monotonic_ns"]) if a else 0
             self._node_of[addr] = tr.node
             with self._lock:  # `missed` adds up over the polls
+                self.errors.pop(addr, None)
                 old = self.model.nodes.get(tr.node)
                 missed = int(old.head.get("missed") or 0) if old is not None else 0
                 v = self.model.add_node(tr)
@@ -434,13 +442,18 @@ class LiveSource:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.poll()
+            try:
+                self.poll()
+            except Exception as exc:  # a bug here must not freeze the page: say it, go on
+                _log.warning("rdmasched mirror: a poll failed: %s: %s", type(exc).__name__, exc)
 
     def state(self, at: float | None = None) -> dict[str, Any]:
         with self._lock:
             s = self.model.state()
         s["source"] = "live"
         s["addrs"] = self.addrs
+        with self._lock:
+            s["errors"] = dict(self.errors)
         return s
 
     def story(self, k: Key) -> list[dict[str, Any]]:
@@ -471,24 +484,13 @@ class MirrorServer:
         self.source = source
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(http.Handler):
             def do_GET(self) -> None:
                 server._get(self)
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        try:
-            self.httpd = ThreadingHTTPServer((addr, port), Handler)
-        except OSError as exc:
-            raise ConfigError(f"mirror port {port} on {addr}: {exc.strerror}") from None
-        self.httpd.daemon_threads = True
-        self.port: int = self.httpd.server_address[1]
-        self.url = f"http://{addr}:{self.port}/"
-        self._thread = threading.Thread(
-            target=self.httpd.serve_forever, name="rdmasched-mirror-http", daemon=True
-        )
-        self._thread.start()
+        self.httpd = http.Server(addr, port, Handler, "mirror")
+        self.port: int = self.httpd.port
+        self.url = f"http://{addr or '0.0.0.0'}:{self.port}/"
 
     def _get(self, h: BaseHTTPRequestHandler) -> None:
         url = urlparse(h.path)
@@ -534,9 +536,7 @@ class MirrorServer:
         h.wfile.write(body)
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self._thread.join(5)
+        self.httpd.close()
         self.source.close()
 
 

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rdmasched.limits import U64_MAX
 from rdmasched.scheduler.events import Decision, Event
 from rdmasched.telemetry.records import NodeTrace, TraceError
 
@@ -268,7 +269,7 @@ def export(traces: list[NodeTrace], path: str) -> dict[str, int]:
     for t_ns, _, ev in events:
         p = b.add_packet()
         p.trusted_packet_sequence_id = _SEQ
-        p.timestamp = max(0, t_ns)
+        p.timestamp = min(max(0, t_ns), U64_MAX)  # a trace's times moved by its anchor
         if anchor is not None:
             p.timestamp_clock_id = CLOCK_REALTIME
         te = p.track_event

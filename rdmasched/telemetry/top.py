@@ -60,7 +60,7 @@ def frame(s: dict[str, Any], width: int = 120, decisions: int = 12) -> str:
         for n in row:
             cell = [f"node {n['node']}  run {n['running']} q {n['queued']}"]
             if n["error"]:
-                cell.append("  unreachable")
+                cell.append("  no good answer (below)")
             cell += [f"  {k}: {_task(t)}" for k, t in enumerate(n["slots"])]
             cell.append(_queue(n["queue"], col - 1))
             lines.append(cell)
@@ -70,6 +70,11 @@ def frame(s: dict[str, Any], width: int = 120, decisions: int = 12) -> str:
             out.append(
                 "".join((c[j] if j < len(c) else "")[: col - 1].ljust(col) for c in lines).rstrip()
             )
+    errors = [f"node {n['node']}: {n['error']}" for n in nodes if n["error"]]
+    errors += [f"{addr}: {e.removeprefix(addr + ': ')}" for addr, e in s.get("errors", {}).items()]
+    if errors:
+        out.append("")
+        out += errors
     if s["groups"]:
         out.append("")
         out.append(

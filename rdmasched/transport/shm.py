@@ -20,9 +20,12 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import pwd
 import re
+import stat
 import struct
 import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 from rdmasched._ring import DEFAULT_GRACE_US, DEFAULT_TIMEOUT_US, check_nslots
@@ -41,12 +44,16 @@ from rdmasched.errors import LaneBusyError, LaneError, PeerDeadError
 
 __all__ = [
     "HEADER_BYTES",
+    "CleanupReport",
     "Doorbell",
+    "Entry",
     "ShmRxLane",
     "ShmSegment",
     "ShmTxLane",
     "attach_lane",
+    "cleanup",
     "create_lane",
+    "inspect",
     "lane_segment_name",
     "list_segments",
     "remove_stale",
@@ -165,47 +172,131 @@ class Doorbell:
 
 
 def _create_segment(seg_name: str, size: int) -> ShmSegment:
-    """Create a segment; if a stale one holds the name (its creator is gone), replace it."""
+    """Create a segment; if a stale one holds the name (its creator is gone), replace it.
+    Anything else there (a live owner's segment, or an entry that is not an rdmasched
+    segment: a directory, a symlink, random bytes) is LaneBusyError naming it and its owner."""
+    what = "doorbell" if size == BELL_BYTES else "lane segment"
+    for _ in range(3):  # a name freed, then taken again meanwhile: look again
+        try:
+            return ShmSegment.create(seg_name, size)
+        except FileExistsError:
+            pass
+        e = inspect(seg_name)
+        if e is None:
+            continue
+        if e.state == "live":
+            raise LaneBusyError(
+                f"{what} {e.path} belongs to a running process, {describe_pid(e.pid or 0)}: "
+                "is this node (or this lane's receiver) already running? Stop that process "
+                "first, or use another node id or cluster name. If it is not an rdmasched "
+                "process, remove the segment with `rm` once nothing uses it"
+            )
+        if e.state == "foreign":
+            raise LaneBusyError(
+                f"cannot create {what} {e.path}: it is {e.why}, owned by {e.owner}: not a "
+                "segment this node may replace. Remove it (`rm -r`) if nothing uses it, or "
+                "use another cluster name"
+            )
+        _log.info("removing stale shared-memory segment %s (its creator is gone)", seg_name)
+        ShmSegment.unlink_name(seg_name)
+    raise LaneBusyError(f"{what} {SHM_DIR}{seg_name} keeps being created by another process")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What holds a name in /dev/shm, as ``inspect`` finds it.
+
+    ``state``: "live" (an rdmasched segment whose creator runs: ``pid``), "stale" (one whose
+    creator is gone, or a creation that died half way: safe to remove) or "foreign" (not an
+    rdmasched segment, or not this user's to judge). ``why`` says what it is; ``owner``
+    the user who owns the entry; ``bell`` a lane's doorbell segment name ("" if none).
+    """
+
+    name: str
+    state: str
+    why: str
+    owner: str
+    pid: int | None = None
+    bell: str = ""
+
+    @property
+    def path(self) -> str:
+        return SHM_DIR + self.name
+
+
+def _user(uid: int) -> str:
     try:
-        return ShmSegment.create(seg_name, size)
-    except FileExistsError:
-        pass
-    owner = _owner_of(seg_name)
-    if owner is not None:
-        what = "doorbell" if size == BELL_BYTES else "lane segment"
-        raise LaneBusyError(
-            f"{what} {SHM_DIR}{seg_name} belongs to a running process, {describe_pid(owner)}: "
-            "is this node (or this lane's receiver) already running? Stop that process "
-            "first, or use another node id or cluster name. If it is not an rdmasched "
-            "process, remove the segment with `rm` once nothing uses it"
-        )
-    _log.info("removing stale shared-memory segment %s (its creator is gone)", seg_name)
-    ShmSegment.unlink_name(seg_name)
-    return ShmSegment.create(seg_name, size)
+        return f"user {pwd.getpwuid(uid).pw_name}"
+    except KeyError:
+        return f"uid {uid}"
 
 
-def _owner_of(seg_name: str) -> int | None:
-    """The live pid that created a lane segment, or None if it is stale or not a lane."""
+def _kind(mode: int) -> str:
+    for test, what in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def inspect(seg_name: str) -> Entry | None:
+    """What holds ``seg_name`` ("/rdmasched....") in /dev/shm (None: nothing). It follows
+    no symlink, opens no FIFO or directory, and maps only a regular file of this user's
+    (root: anyone's), so nothing a local user leaves there can make it fail or block."""
+    try:
+        st = os.lstat(SHM_DIR + seg_name)
+    except FileNotFoundError:
+        return None
+    owner = _user(st.st_uid)
+
+    def entry(state: str, why: str, pid: int | None = None, bell: str = "") -> Entry:
+        return Entry(seg_name, state, why, owner, pid, bell)
+
+    if not stat.S_ISREG(st.st_mode):
+        return entry("foreign", _kind(st.st_mode))
+    if st.st_uid != os.geteuid() and os.geteuid() != 0:
+        return entry("foreign", f"belongs to {owner}: not yours to check or remove")
+    if st.st_size == 0:
+        return entry("foreign", "empty: not an rdmasched segment (or one still being created)")
     try:
         seg = ShmSegment.open(seg_name)
     except FileNotFoundError:
         return None
+    except (OSError, LaneError) as exc:  # replaced meanwhile, or unreadable
+        return entry("foreign", f"cannot be opened ({getattr(exc, 'strerror', None) or exc})")
+    hdr: dict[str, Any] | None
     with seg:
-        if seg.size == BELL_BYTES:
-            if ctypes.c_uint64.from_address(seg.address + 8).value == BELL_MAGIC:
+        size = seg.size
+        if size == BELL_BYTES:
+            magic = ctypes.c_uint64.from_address(seg.address + 8).value
+            if magic == BELL_MAGIC:
                 # Senders of the node's lanes map its doorbell too: only the creator owns it.
                 pid, _, start = _BELL_OWNER.unpack(ctypes.string_at(seg.address + 16, 16))
-                return pid if alive(pid, start) else None
-            return _any_user(seg_name)  # still being created, or an older format
-        if seg.size < HEADER_BYTES:
-            return _any_user(seg_name)
-        hdr = read_header(seg)
-    if hdr["magic"] != MAGIC:
-        # Not a lane (a doorbell) or a creation that crashed before finishing.
-        return _any_user(seg_name)
+                if alive(pid, start):
+                    return entry("live", "a doorbell", pid)
+                return entry("stale", "a doorbell whose creator is gone")
+            hdr = {"magic": magic}
+        elif size < HEADER_BYTES:
+            hdr = {"magic": None}
+        else:
+            hdr = read_header(seg)
+    if hdr["magic"] == 0:  # its magic not written yet: a creation under way, or one that died
+        user = _any_user(seg_name)
+        if user is not None:
+            return entry("live", "being created", user)
+        return entry("stale", "a creation that did not finish")
+    if hdr["magic"] != MAGIC or size == BELL_BYTES:
+        return entry("foreign", f"not an rdmasched segment ({size} bytes without our magic)")
+    bell = str(hdr["bell"])
     if alive(hdr["receiver_pid"], hdr["receiver_start"]) and not hdr["closed"]:
-        return int(hdr["receiver_pid"])
-    return None
+        return entry("live", "a lane", int(hdr["receiver_pid"]), bell)
+    return entry("stale", "a lane whose receiver is gone", bell=bell)
 
 
 def _any_user(seg_name: str) -> int | None:
@@ -284,13 +375,11 @@ def attach_lane(name: str, *, src: int = 0, timeout_us: int = DEFAULT_TIMEOUT_US
             f"lane {name!r} does not exist (no {SHM_DIR}{seg_name}): "
             "its receiver has not created it, or is gone"
         ) from None
-    except LaneError:
-        # (ShmSegment.open's one LaneError: the segment is empty.) A receiver creates a lane
-        # in two steps, shm_open then ftruncate: an empty segment is one still being
-        # created, as a header without its magic is: retryable.
-        raise PeerDeadError(
-            f"lane {name!r} is still being created by its receiver (its segment is empty)"
-        ) from None
+    except LaneError as exc:
+        # (ShmSegment.open's LaneErrors: the segment is empty, or not a regular file.) A
+        # receiver creates a lane in two steps, shm_open then ftruncate: an empty segment is
+        # one still being created, as a header without its magic is: retryable.
+        raise PeerDeadError(f"lane {name!r} is not ready: {exc}") from None
     bell = None
     try:
         hdr = _check_header(seg, name)
@@ -298,7 +387,7 @@ def attach_lane(name: str, *, src: int = 0, timeout_us: int = DEFAULT_TIMEOUT_US
             raise PeerDeadError(
                 f"lane {name!r}{describe_receiver(hdr)[1:]}: its receiver must start again "
                 "(a new receiver replaces the lane; then attach again). To clean up segments "
-                "whose creators are gone: rdmasched.transport.shm.remove_stale()"
+                "whose creators are gone: `rdmasched cleanup`"
             )
         mine = _senders.get(name)
         held = mine[1]() if mine is not None and mine[0] == os.getpid() else None
@@ -376,11 +465,55 @@ def list_segments() -> list[str]:
     return sorted("/" + e for e in entries if ("/" + e).startswith(PREFIX))
 
 
+@dataclass
+class CleanupReport:
+    """What ``cleanup`` did (a dry run: would do), by segment name ("/rdmasched....")."""
+
+    removed: list[str] = field(default_factory=list)  #: stale: removed (dry run: to remove)
+    live: list[str] = field(default_factory=list)  #: their creators run: kept
+    skipped: list[tuple[str, str]] = field(default_factory=list)  #: (name, why): left alone
+    dry_run: bool = False
+
+
+def cleanup(cluster: str | None = None, dry_run: bool = False) -> CleanupReport:
+    """Remove the rdmasched segments whose creating process is gone (``dry_run``: only say
+    which). ``cluster``: only that cluster's (its lanes, ``rdmasched.<cluster>.*``, and the
+    doorbells they name); ValueError if no lane can have that name. An entry that is not an
+    rdmasched segment (a directory, a symlink, a FIFO, random bytes, another user's) is
+    skipped and reported, never fatal."""
+    names = list_segments()
+    if cluster is not None:
+        mine = lane_segment_name(cluster) + "."
+        names = [n for n in names if n.startswith(mine)]
+    rep = CleanupReport(dry_run=dry_run)
+    bells: set[str] = set()
+    seen: set[str] = set()
+    while names:
+        for seg_name in names:
+            seen.add(seg_name)
+            e = inspect(seg_name)
+            if e is None:
+                continue
+            if e.bell:
+                bells.add(e.bell)
+            if e.state == "live":
+                rep.live.append(seg_name)
+            elif e.state == "foreign":
+                rep.skipped.append((seg_name, e.why))
+            elif dry_run:
+                rep.removed.append(seg_name)
+            else:
+                try:
+                    ShmSegment.unlink_name(seg_name)
+                except OSError as exc:
+                    rep.skipped.append((seg_name, f"cannot be removed ({exc.strerror})"))
+                else:
+                    rep.removed.append(seg_name)
+        # then the doorbells the lanes named (with --cluster: not found by their names)
+        names = sorted(b for b in bells - seen if b.startswith(PREFIX))
+    return rep
+
+
 def remove_stale() -> list[str]:
-    """Remove segments whose creating process is gone; returns their names."""
-    removed = []
-    for seg_name in list_segments():
-        if _owner_of(seg_name) is None:
-            ShmSegment.unlink_name(seg_name)
-            removed.append(seg_name)
-    return removed
+    """Remove segments whose creating process is gone; returns their names (``cleanup``)."""
+    return cleanup().removed

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rdmasched import files
 from rdmasched.workload.model import (
     ComputeTask,
     Phase,
@@ -78,10 +79,10 @@ def looks_like_chakra(path: str | Path, head: bytes | None = None) -> bool:
         return False
     if head is None:
         try:
-            with open(path, "rb") as f:
+            with files.open_regular(path) as f:
                 head = f.read(4096)
-        except OSError:
-            return False
+        except (OSError, files.FileRefused):
+            return False  # read_bytes says what it is
     if head[:2] == _GZIP:
         try:
             head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 64)

@@ -19,13 +19,12 @@ which tasks a task depends on.
 
 from __future__ import annotations
 
-import gzip
-import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
+from rdmasched import files
 from rdmasched.errors import WorkloadError
 
 Phase = Literal["forward", "backward", "optimizer"]
@@ -42,19 +41,21 @@ __all__ = [
 ]
 
 
+#: the most bytes a trace file may hold, and inflate to if gzipped (a profiler trace of a
+#: few steps is tens of MB; a larger one is not read rather than exhausting memory)
+MAX_TRACE_BYTES = 1 << 30
+
+
 def read_bytes(path: str | Path) -> bytes:
-    """The bytes of a trace file, gunzipped if it is gzipped; WorkloadError naming the file."""
+    """The bytes of a trace file, gunzipped if it is gzipped, at most MAX_TRACE_BYTES of a
+    regular file (rdmasched.files); WorkloadError naming the file."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        return files.read_bytes(p, MAX_TRACE_BYTES, gunzip=True)
+    except files.FileRefused as exc:
+        raise WorkloadError(f"{exc}: not a trace") from None
     except OSError as exc:
         raise WorkloadError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise WorkloadError(f"{p}: truncated or damaged gzip: {exc}") from None
-    return raw
 
 
 @dataclass(frozen=True)

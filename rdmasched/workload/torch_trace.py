@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rdmasched.limits import U64_MAX
 from rdmasched.workload.model import (
     Phase,
     Step,
@@ -136,6 +137,8 @@ def read_trace(path: str | Path) -> Any:
     raw = read_bytes(p)
     try:
         return json.loads(raw)
+    except RecursionError:
+        raise WorkloadError(f"{p}: not a trace: JSON nested too deep") from None
     except UnicodeDecodeError as exc:
         raise WorkloadError(f"{p}: not a JSON trace (not UTF-8 text: {exc.reason})") from None
     except json.JSONDecodeError as exc:
@@ -186,8 +189,17 @@ class _Unit:
     ops: int = 1
 
 
+#: the largest time a trace may give, us (2**62 ns: centuries; Infinity is not a time)
+_MAX_US = float(1 << 62) / 1000.0
+
+
 def _ns(v: Any) -> int:
-    return round(float(v) * 1000.0)
+    """A trace's time (us, as a number or its text) in ns; ValueError if it is not finite
+    and within +-2**62 ns."""
+    us = float(v)
+    if not -_MAX_US <= us <= _MAX_US:  # also NaN
+        raise ValueError(f"{v!r} is not a time")
+    return round(us * 1000.0)
 
 
 def _size_of(evs: list[_Ev]) -> tuple[int, str]:
@@ -227,10 +239,12 @@ def _elements(dims: Any) -> int:
 
 
 def _int(v: Any) -> int:
+    """A count the trace gives (elements of a collective), 0 if it is not a count in u64."""
     try:
-        return int(v)
-    except (TypeError, ValueError):
+        n = int(v)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: Infinity
         return 0
+    return n if 0 <= n <= U64_MAX else 0
 
 
 def _union(ivs: list[tuple[int, int]]) -> list[tuple[int, int]]:

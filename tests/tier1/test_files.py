@@ -3,6 +3,7 @@ ConfigError naming the file; a bound on the size; newlines read as text mode rea
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,14 @@ def test_newlines_read_as_text_mode_reads_them(tmp_path: Path) -> None:
     (tmp_path / "t.toml").write_bytes(b"a = 1\r\nb = 2\rc = 3\n")
     assert files.read_text(tmp_path / "t.toml", "x") == "a = 1\nb = 2\nc = 3\n"
     assert files.read_toml(tmp_path / "t.toml", "x") == {"a": 1, "b": 2, "c": 3}
+
+
+def test_a_device_or_fifo_is_refused_without_reading_it(tmp_path: Path) -> None:
+    """`daemon --config /dev/zero` (issue 20 item 14): refused at once, never read into
+    memory; a FIFO is refused without waiting for a writer."""
+    with pytest.raises(ConfigError, match="cluster config /dev/zero is a character device"):
+        files.read_toml("/dev/zero", "cluster config")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="is a FIFO"):
+        files.read_toml(fifo, "cluster config")

@@ -49,6 +49,10 @@ function drawNodes(s) {
     card.append(q);
     box.append(card);
   }
+  for (const [addr, err] of Object.entries(s.errors || {})) {  // daemons not heard from yet
+    box.append(el("div", {class: "node"}, el("h3", {}, el("span", {class: "name", text: addr})),
+      el("div", {class: "error", text: err})));
+  }
 }
 function drawGroups(s) {
   const body = $("groups").tBodies[0];

@@ -1,0 +1,187 @@
+"""The small HTTP server of rdmasched's read-only endpoints: the live mirror
+(rdmasched.telemetry.mirror) and a node's metrics and events (rdmasched.telemetry.metrics).
+
+Both serve other local users and, through a browser, web pages; so every rule here holds
+for both (docs/TELEMETRY.md, "Serving"):
+
+* at most ``max_connections`` connections are served at once (a thread each); one more is
+  answered 503 and closed at once, so idle clients cannot pile up threads or descriptors;
+* a connection that sends nothing for ``idle_s`` seconds is closed;
+* when the process is out of file descriptors the accept loop waits instead of spinning;
+* a client that goes away mid-request is not an error: nothing is printed; any other
+  failure of a request is one log line, never a traceback;
+* bound to a loopback address, a request whose Host header names another host is refused
+  (403): a web page that rebinds its own name to 127.0.0.1 (DNS rebinding) cannot read the
+  cluster's state;
+* bound to every interface ("", 0.0.0.0, ::) it says so, once, as a warning.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import logging
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from rdmasched.errors import ConfigError
+
+__all__ = ["IDLE_S", "MAX_CONNECTIONS", "Handler", "Server"]
+
+_log = logging.getLogger("rdmasched.http")
+
+#: connections served at once (each a thread); a scrape or a page's poll takes one briefly
+MAX_CONNECTIONS = 32
+#: seconds a connection may stay silent (before a request, or inside one) before it is closed
+IDLE_S = 10.0
+#: how long the accept loop waits when the process is out of file descriptors
+_EMFILE_PAUSE_S = 0.1
+_ALL = ("", "0.0.0.0", "::")
+_GONE = (ConnectionError, TimeoutError, socket.timeout)
+
+
+def is_loopback(addr: str) -> bool:
+    """``addr`` (a bind address) is this host only: localhost, 127.0.0.0/8, ::1."""
+    if addr == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+def host_is_local(host: str) -> bool:
+    """A Host header's value names this host by a loopback name (any port)."""
+    h = host.strip().lower()
+    if h.startswith("["):  # [::1]:port
+        name = h[1 : h.find("]")] if "]" in h else h
+    else:
+        name = h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+    return name == "localhost" or is_loopback(name)
+
+
+class Handler(BaseHTTPRequestHandler):
+    """The base of the servers' request handlers: quiet, with an idle timeout and the Host
+    check; subclasses write ``do_GET``."""
+
+    server: Server
+    protocol_version = "HTTP/1.0"  # one request per connection: none stays open idle
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.idle_s)
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        host = self.headers.get("Host")
+        if self.server.loopback and host is not None and not host_is_local(host):
+            self.send_error(403, "this server answers requests for localhost only")
+            return False
+        return True
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # no line per request on stderr
+
+
+class Server(ThreadingHTTPServer):
+    """A ThreadingHTTPServer bounded as the module says, serving in its own thread;
+    ``what`` names it in errors and logs ("mirror", "metrics")."""
+
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 64
+
+    def __init__(
+        self,
+        addr: str,
+        port: int,
+        handler: type[Handler],
+        what: str,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        idle_s: float = IDLE_S,
+    ) -> None:
+        self.what = what
+        self.max_connections = max_connections
+        self.idle_s = idle_s
+        self.loopback = is_loopback(addr)
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._out_of_fds = False
+        try:
+            super().__init__((addr, port), handler)
+        except OSError as exc:
+            raise ConfigError(f"{what} port {port} on {addr}: {exc.strerror}") from None
+        except OverflowError:
+            raise ConfigError(f"{what} port {port} is not a port (0..65535)") from None
+        self.port: int = self.server_address[1]
+        if addr in _ALL:
+            _log.warning(
+                "rdmasched %s: listening on every interface, port %d: anyone who can reach "
+                "this host can read what it serves (give a loopback address to keep it local)",
+                what,
+                self.port,
+            )
+        self._thread = threading.Thread(
+            target=self.serve_forever, name=f"rdmasched-{what}-http", daemon=True
+        )
+        self._thread.start()
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        try:
+            got = super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                if not self._out_of_fds:
+                    _log.warning("rdmasched %s: out of file descriptors: waiting", self.what)
+                    self._out_of_fds = True
+                time.sleep(_EMFILE_PAUSE_S)  # the connection waits in the backlog
+            raise
+        self._out_of_fds = False
+        return got
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            try:
+                request.settimeout(0)
+                request.send(
+                    b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                    b"Connection: close\r\n\r\n"
+                )
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, _GONE):
+            return  # the client went away: not this server's error
+        _log.warning(
+            "rdmasched %s: a request from %s failed: %s: %s",
+            self.what,
+            client_address[0] if client_address else "?",
+            type(exc).__name__,
+            exc,
+        )
+
+    def close(self) -> None:
+        """Stop serving and close the socket (the connections in flight end on their own)."""
+        self.shutdown()
+        self.server_close()
+        self._thread.join(5)
