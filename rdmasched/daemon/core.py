@@ -845,6 +845,12 @@ class NodeCore:
         out: list[Effect] = []
         sched = self.scheduler
         for c in changes:
+            # first: what a death or a return sets off (a readiness it completes, a task
+            # placed again) is routed around the dead node (_send), not over it
+            if isinstance(c, PeerGone):
+                self._shunned.add(c.peer)
+            elif isinstance(c, PeerJoined):
+                self._shunned.discard(c.peer)
             if self._far and not isinstance(c, Rejoined) and c.peer not in self.links:
                 self._apply_far(c, out)
             elif isinstance(c, PeerGone):

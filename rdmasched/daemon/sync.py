@@ -29,7 +29,9 @@ Failures: a combiner's death changes the combiner of its domains to the next liv
 every node re-sends what it had reported to a combiner that changed (its own readiness,
 its domains' combined readiness, and the last step it released, as a RELEASE). Readiness
 for a step already released here is answered with that RELEASE; a RELEASE for a step
-already released here is counted (`late`) and ignored. Readiness and releases are facts
+already released here is counted (`late`) and ignored. A member that comes back (it was
+declared dead) is sent every remembered release, in order, by the nodes it is a new child
+or parent of: it missed each step released while it was away. Readiness and releases are facts
 about (group, step), so a repeated one changes nothing.
 """
 
@@ -530,11 +532,21 @@ class SyncGroups:
                             del st.up[level]
                             self.resent += 1
             if tree and g.released >= 0:
-                # a new combiner above may have missed the last release: tell it
+                # a new combiner above may have missed the last release: tell it; and a
+                # new combiner below may have had no release from here
                 m = self._release_msg(g, g.released, g.history[g.released])
-                out += [SendSync(p, m) for p in sorted(self._parents(g) - before)]
-                # and a new combiner below may have had no release from here
-                out += [SendSync(c, m) for c in sorted(set(self._children(g)) - below)]
+                above = self._parents(g) - before
+                under = set(self._children(g)) - below
+                if node not in self.dead and (node in above or node in under):
+                    # `node` came back: it missed the steps released while it was away,
+                    # not only the last. Every one remembered, in order: it releases those
+                    # after its own last, each once and in order (the rest are `late`)
+                    above.discard(node)
+                    under.discard(node)
+                    hist = g.history
+                    out += [SendSync(node, self._release_msg(g, s, hist[s])) for s in sorted(hist)]
+                out += [SendSync(p, m) for p in sorted(above)]
+                out += [SendSync(c, m) for c in sorted(under)]
             for step in sorted(g.steps):
                 self._advance(g, step, out)
         return out
