@@ -154,3 +154,23 @@ def test_random_relay_deaths_mid_stream_lose_no_task(t: Topology, seed: int) -> 
         assert c.cores[o].peers.held_count() == 0, (o, c.cores[o].peers.holders())
     assert {k: n for k, n in r.done.items() if n != 1} == {}
     assert sorted(r.done) == sorted(r.placed)
+
+
+def test_a_route_whose_relay_two_hops_on_is_dead_goes_around_it_without_a_loop() -> None:
+    """Node 2's route to node 13 is [2, 0, 12, 13]; node 12 is dead, known everywhere. The
+    message takes the first route from its sender that avoids every dead node (here
+    [2, 14, 13]), the same on every node on the way: around only the next hop, node 0 sent
+    it on to 1, which sent it back to 2, until the hop bound dropped it."""
+    t = DRAGONFLY
+    assert t.path(2, 13) == [2, 0, 12, 13]
+    c = Cluster(16, topology=t)
+    c.advance(2 * HEARTBEAT_NS)
+    c.down.add(12)
+    c.advance(DEAD_AFTER_NS + 4 * t.plan.hops * HEARTBEAT_NS)
+    assert all(core.members.is_dead(12) for n, core in c.cores.items() if n != 12)
+    c.arrived.clear()
+    c.do(2, c.cores[2].dispatch_to(13, task(1, 2), c.now))
+    c.deliver()
+    assert [m.kind for _, m in c.arrived[13]][-1] == 1  # the DISPATCH (behind its notice)
+    assert c.of(13, "start") == [("start", 2, 1, 0)]
+    assert not any(core.relay_dropped for core in c.cores.values())
