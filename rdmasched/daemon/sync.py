@@ -249,6 +249,24 @@ class _Group:
         return _ROOT_DOMAIN
 
 
+def on_route(topology: Topology, a: int, b: int, node: int, dead: Iterable[int] = ()) -> bool:
+    """Whether `node` relays between `a` and `b`, either way: on their routes, or on the
+    routes around the nodes `dead` (where a message went while those were known dead;
+    docs/PROTOCOL.md section 10). The one test of "a message may be lost with `node`"."""
+    try:
+        if node in topology.path(a, b)[1:-1] or node in topology.path(b, a)[1:-1]:
+            return True
+        dead = frozenset(dead)
+        if not dead:
+            return False
+        return (
+            node in topology.path(a, b, dead=dead)[1:-1]
+            or node in topology.path(b, a, dead=dead)[1:-1]
+        )
+    except (ConfigError, IndexError, ValueError):
+        return False
+
+
 class SyncGroups:
     """One node's sync groups (see the module doc). `topology` None: all-to-all."""
 
@@ -497,15 +515,8 @@ class SyncGroups:
         return out
 
     def _via(self, to: int, node: int) -> bool:
-        """Whether `node` relays this node's messages to `to`, or `to`'s answers back (the
-        routes' relays, docs/PROTOCOL.md section 10)."""
-        topo = self.topology
-        if topo is None:
-            return False
-        try:
-            return node in topo.path(self.me, to)[1:-1] or node in topo.path(to, self.me)[1:-1]
-        except (ConfigError, IndexError, ValueError):
-            return False
+        """Whether `node` relays this node's messages to `to`, or `to`'s answers back."""
+        return self.topology is not None and on_route(self.topology, self.me, to, node)
 
     def _view_changed(self, node: int) -> list[SyncOut]:
         out: list[SyncOut] = []
@@ -563,4 +574,5 @@ __all__ = [
     "SendSync",
     "SyncGroups",
     "SyncOut",
+    "on_route",
 ]

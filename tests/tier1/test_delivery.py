@@ -1,7 +1,8 @@
-"""Nothing lost when a relay dies (issue 20 item 4; docs/PROTOCOL.md section 10.3): every task
-an origin places completes exactly once at its origin, or is placed again, while relays on
-its routes die with DISPATCHes and COMPLETEs inside; a task sent again is deduplicated by
-(origin, task) at its target. On sans-IO cores with a topology (tests/corenet.py)."""
+"""Nothing lost when a relay dies (issue 20 item 4; docs/PROTOCOL.md section 10, "Nothing
+lost"): every task an origin places completes exactly once at its origin, or is placed
+again, while relays on its routes die with DISPATCHes and COMPLETEs inside; a task sent
+again is deduplicated by (origin, task) at its target. On sans-IO cores with a topology
+(tests/corenet.py)."""
 
 from __future__ import annotations
 
@@ -127,10 +128,11 @@ def test_a_task_sent_again_runs_once_and_is_answered_again_if_done() -> None:
 @pytest.mark.parametrize("t", [DRAGONFLY, RAIL_MESH], ids=["dragonfly", "rail-mesh"])
 @pytest.mark.parametrize("seed", range(8))
 def test_random_relay_deaths_mid_stream_lose_no_task(t: Topology, seed: int) -> None:
-    """The rule (docs/PROTOCOL.md 10.3): origins in one leaf stream tasks to far nodes while
-    random other nodes (relays, targets) are killed at random moments with messages in
-    flight. Every task completes exactly once at its origin (where it ran, or as a COMPLETE:
-    a target's death places its tasks again), and no origin is left holding one."""
+    """The rule (docs/PROTOCOL.md 10, "Nothing lost"): origins in one leaf stream tasks to
+    far nodes while random other nodes (relays, targets) are killed at random moments with
+    messages in flight. Every task completes exactly once at its origin (where it ran, or
+    as a COMPLETE: a target's death places its tasks again), and no origin is left holding
+    one."""
     r = Run(t, seed)
     c, rng = r.c, r.rng
     origins = [n for n in range(len(t)) if t.leaf(n) == 0]
