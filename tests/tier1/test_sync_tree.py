@@ -497,3 +497,25 @@ def test_any_node_dying_or_stopping_mid_step_never_hangs_the_group(seed: int) ->
     for i in c.cores:
         if i != victim:
             assert [s[2] for s in c.of(i, "sync")] == list(range(6)), (i, victim, how)
+
+
+def test_a_release_lost_in_a_relay_not_yet_known_dead_is_recovered() -> None:
+    """Node 4 dies; its leaf's combiner (5) hears of it first, and its readiness, which the
+    death completes, goes around 4 to the root (1). The root does not know yet, nor does
+    node 0, the relay before 4 on the root's route back to 5: the RELEASE is written into
+    4's lane and lost. The step is still released everywhere: a pending report is sent
+    again every dead_after, and a readiness for a released step is answered with its
+    RELEASE."""
+    c = t8_cluster()
+    live = [i for i in c.cores if i != 4]
+    for i in live:
+        c.do(i, c.cores[i].sync_ready(GROUP, 0, c.now))
+    c.deliver()
+    c.down.add(4)
+    for i in (5, 6, 7):  # they see its lane close; 0 has not noticed yet
+        c.do(i, c.cores[i].peer_lost(4, "its lane closed", c.now))
+    c.deliver()
+    assert synced(c, 1, 0) == 1 and not any(synced(c, i, 0) for i in (5, 6, 7))
+    c.advance(DEAD_AFTER_NS + 10 * HEARTBEAT_NS)
+    for i in live:
+        assert synced(c, i, 0) == 1, (i, c.seen[i])
