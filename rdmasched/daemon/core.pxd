@@ -37,6 +37,7 @@ cdef class NodeCore:
     cdef set _unanswered
     cdef public object resend_after_ns
     cdef object _sweep_at
+    cdef object _sync_every
     cdef public frozenset links
     cdef public object now
     cdef public object heartbeat_ns, sync_cost_ns, dead_after_ns

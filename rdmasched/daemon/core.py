@@ -279,6 +279,8 @@ class NodeCore:
         #: keys of this node's tasks held by far nodes at the last sweep (`_sweep`)
         self._unanswered: set[int] = set()
         self.resend_after_ns = RESEND_DEAD_AFTERS * dead_after_ns
+        #: heartbeat periods a sync report waits for its release before it is sent again
+        self._sync_every = -(-dead_after_ns // heartbeat_ns)
         self._sweep_at = now + self.resend_after_ns
         #: the nodes this one has a lane to (and heartbeats); any other is reached by relays
         self.links: frozenset[int] = (
@@ -394,6 +396,8 @@ class NodeCore:
             if now >= self._sweep_at:
                 self._sweep_at = now + self.resend_after_ns
                 self._sweep(out)
+            # a sync report not answered by a release for a dead_after: sent again
+            out += self._sync(self.sync.tick(self._sync_every))
         out += self._heartbeats(None)
         out.append(SetTimer(now + self.heartbeat_ns))
         return out
@@ -1102,19 +1106,29 @@ class NodeCore:
         out.append(self._send(peer, m))
 
     # ---- nothing lost in a dying relay (docs/PROTOCOL.md 10, "Nothing lost") -------------
-    def resend(self, peer: int, task: Task, why: str) -> list[Effect]:
-        """Send again (RESENT) the DISPATCH of this node's `task`, held by `peer`: over the
-        route as it is now (around the dead), behind a notice to a far node (the first
-        may have been lost too). The target runs it only if it neither holds nor completed
-        it, and answers a completed one with its COMPLETE again."""
-        self.resent_tasks += 1
-        _log.info("node %d: task %d sent again to node %d: %s", self.me, task.id, peer, why)
+    def resend(self, peer: int, tasks: Iterable[Task], why: str) -> list[Effect]:
+        """Send again (RESENT) the DISPATCHes of this node's `tasks`, held by `peer`: over
+        the route as it is now (around the dead), behind one notice to a far node (the
+        first may have been lost too). The target runs one only if it neither holds nor
+        completed it, and answers a completed one with its COMPLETE again."""
+        tasks = list(tasks)
+        if not tasks:
+            return []
+        self.resent_tasks += len(tasks)
+        _log.info(
+            "node %d: %d tasks sent again to node %d (first: %d): %s",
+            self.me,
+            len(tasks),
+            peer,
+            tasks[0].id,
+            why,
+        )
         out: list[Effect] = []
         if self._far and peer not in self.links:
             out.append(self._notice(peer))
-            if peer in self._pending_far:  # not sent yet: it goes once the notice is answered
+            if peer in self._pending_far:  # not sent yet: they go once the notice is answered
                 return out
-        out.append(self._send(peer, self._dispatch_msg(task, False, True)))
+        out += [self._send(peer, self._dispatch_msg(t, False, True)) for t in tasks]
         return out
 
     def _resend_around(self, dead: int, out: list[Effect]) -> None:
@@ -1127,8 +1141,7 @@ class NodeCore:
             if p == dead or p in self.links or self.lost(p):
                 continue
             if on_route(topo, self.me, p, dead, self._shunned - {dead}):
-                for t in self.peers.held(p):
-                    out += self.resend(p, t, f"node {dead} relayed it and died")
+                out += self.resend(p, self.peers.held(p), f"node {dead} relayed for it and died")
 
     def _sweep(self, out: list[Effect]) -> None:
         """The second line: a task held by a far node at the last sweep and still held (no
@@ -1138,11 +1151,13 @@ class NodeCore:
         for p in self.peers.holders():
             if p in self.links or self.lost(p):
                 continue
+            again = []
             for t in self.peers.held(p):
                 key = (t.origin << 64) | t.id
                 if key in seen:
-                    out += self.resend(p, t, "no COMPLETE for a resend period")
+                    again.append(t)
                 now.add(key)
+            out += self.resend(p, again, "no COMPLETE for a resend period")
         self._unanswered = now
 
     def _dedup(self, origin: int, tid: int, out: list[Effect]) -> bool:

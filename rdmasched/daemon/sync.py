@@ -31,7 +31,9 @@ its domains' combined readiness, and the last step it released, as a RELEASE). R
 for a step already released here is answered with that RELEASE; a RELEASE for a step
 already released here is counted (`late`) and ignored. A member that comes back (it was
 declared dead) is sent every remembered release, in order, by the nodes it is a new child
-or parent of: it missed each step released while it was away. Readiness and releases are facts
+or parent of: it missed each step released while it was away. A step reported up and not
+released for a while (`tick`) is reported again: a release lost in a relay that died
+before its route heard of it comes back as the answer. Readiness and releases are facts
 about (group, step), so a repeated one changes nothing.
 """
 
@@ -89,7 +91,7 @@ SyncOut = SendSync | Release | Reject
 class _Step:
     """What this node knows of one pending step."""
 
-    __slots__ = ("by", "done", "last", "mine", "ready", "up")
+    __slots__ = ("age", "by", "done", "last", "mine", "ready", "up")
 
     def __init__(self) -> None:
         self.mine: int | None = None  # this node's own readiness time
@@ -100,6 +102,8 @@ class _Step:
         #: the combiners that reported a domain complete here: the release goes back to
         #: them even if this node's view still names another (a death it has not heard of)
         self.by: set[int] = set()
+        #: heartbeat periods since its reports went up (`SyncGroups.tick`)
+        self.age = 0
 
 
 class _Layout:
@@ -348,6 +352,30 @@ class SyncGroups:
                 return out
             st.ready[node] = st.last = sent_ns
         self._advance(g, step, out)
+        return out
+
+    def tick(self, every: int) -> list[SyncOut]:
+        """A heartbeat period passed. In a tree, a step this node reported up and has not
+        seen released for `every` periods is reported again: its RELEASE (or the report)
+        may have been lost in a relay that died before the nodes on the route heard of it,
+        and a readiness for a released step is answered with its RELEASE. Once per
+        `every` periods per pending step (a repeated report changes nothing)."""
+        out: list[SyncOut] = []
+        if self.topology is None:
+            return out
+        for g in self.groups.values():
+            if not g.steps:
+                continue
+            for step in sorted(g.steps):
+                st = g.steps[step]
+                if not st.up:
+                    continue
+                st.age += 1
+                if st.age >= every:
+                    st.age = 0
+                    self.resent += len(st.up)
+                    st.up.clear()
+                    self._advance(g, step, out)
         return out
 
     def node_gone(self, node: int) -> list[SyncOut]:

@@ -112,13 +112,13 @@ def test_a_task_sent_again_runs_once_and_is_answered_again_if_done() -> None:
     assert c.of(target, "start") == [("start", 0, 7, 0)]
     core0 = c.cores[0]
     t7 = core0.peers.held(target)[0]
-    c.do(0, core0.resend(target, t7, "a test"))  # while it runs: ignored
+    c.do(0, core0.resend(target, [t7], "a test"))  # while it runs: ignored
     c.deliver()
     assert len(c.of(target, "start")) == 1 and c.cores[target].dup_dispatches == 1
     c.do(target, c.cores[target].complete(7, 0, 1000, c.now))
     c.deliver()
     assert c.of(0, "completed") == [("completed", 7, target)]
-    c.do(0, core0.resend(target, t7, "a test"))  # done: its COMPLETE again, counted
+    c.do(0, core0.resend(target, [t7], "a test"))  # done: its COMPLETE again, counted
     c.deliver()
     assert len(c.of(target, "start")) == 1 and c.cores[target].dup_dispatches == 2
     assert c.of(0, "completed") == [("completed", 7, target)]  # noticed once
