@@ -107,12 +107,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     t = local_cluster(N, 2, leaf=LEAF).topology
     assert t is not None
+    # (Topology.links, named Topology.neighbours since issue 20's rename: either will do)
+    links = getattr(t, "neighbours", None) or t.links
     rng = random.Random(args.seed)
     origins = [i for i in range(N) if i != args.victim]
     plans: dict[int, list[tuple[int, int]]] = {i: [] for i in origins}
     for k in range(args.tasks):
         o = origins[k % len(origins)]
-        far = [n for n in range(N) if n not in t.links(o) and n not in (o, args.victim)]
+        far = [n for n in range(N) if n not in links(o) and n not in (o, args.victim)]
         plans[o].append((k, rng.choice(far)))
     relayed_by_victim = sum(
         1

@@ -35,7 +35,7 @@ class Run:
         self._started = dict.fromkeys(self.c.cores, 0)
 
     def far(self, me: int) -> list[int]:
-        links = set(self.t.links(me))
+        links = self.c.cores[me].links
         return [n for n in range(len(self.t)) if n != me and n not in links]
 
     def place(self, origin: int, tid: int, target: int) -> None:
