@@ -41,7 +41,7 @@ Outgoing = tuple[int, int, int, int, int, int, int, int, int, dict[Any, Any] | N
 _DISPATCH, _PREEMPT, _SYNC_READY = int(Kind.DISPATCH), int(Kind.PREEMPT), int(Kind.SYNC_READY)
 _COMPLETE, _HEARTBEAT = int(Kind.COMPLETE), int(Kind.HEARTBEAT)
 _CANCEL, _JOB = int(Flag.CANCEL), int(Flag.JOB)
-_SUBMITTED, _START = int(Flag.SUBMITTED), int(Flag.START)
+_SUBMITTED, _START, _RESENT = int(Flag.SUBMITTED), int(Flag.START), int(Flag.RESENT)
 #: SYNC_READY's flags: hierarchical sync's (rdmasched.daemon.sync: COMBINED, POD, RELEASE)
 _SYNC_FLAGS = 0x10 | 0x20 | 0x40
 
@@ -88,6 +88,7 @@ class Dispatch:
     `submitted` (flag SUBMITTED): placed by `submit()`; a busy receiver may hand it back to
     its origin. `slot` (flag START, central baseline only): run it now on that slot; then
     arg2 carries the slot, not the origin (the task is the receiver's own: `origin` is 0).
+    `resent` (flag RESENT): its origin sends it again (docs/PROTOCOL.md 10, "Nothing lost").
     """
 
     task: int  #: id
@@ -100,13 +101,14 @@ class Dispatch:
     submitted: bool = False  #: flag SUBMITTED
     slot: int | None = None  #: flag START, arg2 (central baseline only)
     payload: dict[Any, Any] | None = None  #: metadata
+    resent: bool = False  #: flag RESENT
 
     def __post_init__(self) -> None:
         if self.slot is not None and self.origin:
             raise MessageError("a DISPATCH with START carries the slot in arg2, not an origin")
 
     def encode(self) -> Outgoing:
-        flags = _SUBMITTED if self.submitted else 0
+        flags = (_SUBMITTED if self.submitted else 0) | (_RESENT if self.resent else 0)
         arg2 = self.origin
         if self.slot is not None:
             flags |= _START
@@ -126,7 +128,7 @@ class Dispatch:
 
     @classmethod
     def decode(cls, m: Message) -> Dispatch:
-        _expect(m, _DISPATCH, _SUBMITTED | _START)
+        _expect(m, _DISPATCH, _SUBMITTED | _START | _RESENT)
         start = bool(m.flags & _START)
         return cls(
             m.id,
@@ -139,6 +141,7 @@ class Dispatch:
             bool(m.flags & _SUBMITTED),
             m.arg2 if start else None,
             m.meta,
+            bool(m.flags & _RESENT),
         )
 
 

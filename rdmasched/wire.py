@@ -66,6 +66,8 @@ class Flag(IntFlag):
     SUBMITTED = 0x04  # DISPATCH: placed by submit(); a busy receiver may hand it back to its
     #                   origin, which places it again (hops counts placements, bounded)
     START = 0x08  # DISPATCH: run now on slot arg2 (the central baseline's coordinator only)
+    RESENT = 0x10  # DISPATCH: sent again by its origin (a relay on its route died, or no
+    #                answer): the target runs it only if it neither holds nor completed it
 
 
 # ---- CRC-32C, bit by bit from its definition ----------------------------------------------------

@@ -26,9 +26,11 @@ from rdmasched.daemon.core import (
 )
 from rdmasched.scheduler import Task
 from rdmasched.topology import Topology
+from rdmasched.wire import Kind
 from tests.codec import relayed_through_codec, through_codec
 
 MS = 1_000_000
+_COMPLETE = int(Kind.COMPLETE)
 Wire = tuple[msg.ControlMessage, int] | msg.ControlMessage | _wire.Message
 HEARTBEAT_NS = 20 * MS
 DEAD_AFTER_NS = 200 * MS
@@ -71,8 +73,18 @@ class Cluster:
         self.load = dict.fromkeys(self.cores, 0)
         #: node -> what its handlers saw: ("start", origin, id, slot), ("preempt", ...), ...
         self.seen: dict[int, list[tuple[Any, ...]]] = {i: [] for i in self.cores}
-        self.down: set[int] = set()  #: nodes stopped: they neither run nor get messages
+        self.down: set[int] = set()  #: nodes killed: they neither run nor get messages
+        #: nodes stopped (SIGSTOP): they do not run; what is written to them waits in their
+        #: lanes (`held`, in order) until `resume`
+        self.stopped: dict[int, int] = {}
+        self.held: deque[tuple[int, int, Wire]] = deque()
         self.progress_step = 1000
+        #: node -> the peers it marked dead (MarkDead, until Revive): as the threaded Node's
+        #: loop does, it sends them nothing but heartbeats, and keeps its COMPLETEs for them
+        self.dead_lanes: defaultdict[int, set[int]] = defaultdict(set)
+        self.kept: defaultdict[int, list[tuple[int, Effect]]] = defaultdict(list)
+        #: node -> messages it dropped, for a peer it marked dead
+        self.dropped: Counter[int] = Counter()
         for i, core in self.cores.items():
             self.do(i, core.open(self.now))
 
@@ -92,6 +104,8 @@ class Cluster:
     def restart(self, i: int, inc: int) -> None:
         """Node `i` restarts: a new process (a new core) with incarnation `inc`."""
         self.down.discard(i)
+        self.dead_lanes[i].clear()
+        self.kept[i].clear()
         self.seen[i].append(("restarted", inc))
         self.cores[i] = self.make_core(i, inc)
         self.do(i, self.cores[i].open(self.now))
@@ -107,6 +121,17 @@ class Cluster:
             if isinstance(e, m.Send | m.Relay):
                 # a lane exists only over a link (every other node without a topology)
                 assert e.peer in core.links, f"node {node} has no lane to node {e.peer}: {e!r}"
+                if e.peer in self.dead_lanes[node] and not (
+                    isinstance(e, m.Send) and isinstance(e.message, msg.Heartbeat)
+                ):
+                    # the driver's rule (daemon/loop.py, send): nothing but heartbeats goes
+                    # to a peer declared dead; a COMPLETE is kept for its return
+                    kind = e.message.kind if isinstance(e, m.Relay) else e.message.encode()[0]
+                    if kind == _COMPLETE:
+                        self.kept[node].append((e.peer, e))
+                    else:
+                        self.dropped[node] += 1
+                    continue
                 self.traversals += 1
                 if isinstance(e, m.Send):
                     self.sent[node, e.dst, e.message.encode()[0]] += 1
@@ -131,12 +156,40 @@ class Cluster:
                 self.timers[node] = e.at_ns
             elif isinstance(e, m.MarkDead):
                 seen.append(("dead", e.peer))
+                self.dead_lanes[node].add(e.peer)
             elif isinstance(e, m.Revive):
                 seen.append(("revive", e.peer))
+                self.dead_lanes[node].discard(e.peer)
+                back = [x for p, x in self.kept[node] if p == e.peer]
+                self.kept[node] = [(p, x) for p, x in self.kept[node] if p != e.peer]
+                effects[i:i] = back  # first, ahead of what it sends from now on
             elif isinstance(e, m.SetLoad):
                 self.load[node] = e.load
             else:
                 raise AssertionError(f"unknown effect {e!r}")
+
+    def stop(self, i: int) -> None:
+        """Node `i` stops (SIGSTOP): it does not run, and its lanes keep what comes in."""
+        self.stopped[i] = self.now
+
+    def resume(self, i: int) -> None:
+        """Node `i` runs again (SIGCONT): its loop notices the gap (`stalled`), then reads
+        its lanes."""
+        since = self.stopped.pop(i)
+        mine = [x for x in self.held if x[1] == i]
+        self.held = deque(x for x in self.held if x[1] != i)
+        self.do(i, self.cores[i].stalled(self.now - since, self.now))
+        self.wire.extendleft(reversed(mine))
+
+    def passes(self, writer: int, to: int, m: Wire) -> bool:
+        """Whether a lane write is delivered now: not if either end is killed (lost with
+        it), nor if its receiver is stopped (held in its lane until it resumes)."""
+        if writer in self.down or to in self.down:
+            return False
+        if to in self.stopped:
+            self.held.append((writer, to, m))
+            return False
+        return True
 
     def deliver_one(self, writer: int, to: int, m: Wire) -> None:
         """Put one lane write through the codec and hand it to its receiver's core."""
@@ -154,8 +207,8 @@ class Cluster:
         n = 0
         while self.wire:
             writer, to, m = self.wire.popleft()
-            if writer in self.down or to in self.down:
-                continue  # lost with the stopped node
+            if not self.passes(writer, to, m):
+                continue  # lost with a killed node, or held for a stopped one
             self.deliver_one(writer, to, m)
             n += 1
         return n
@@ -170,7 +223,7 @@ class Cluster:
             batch, self.wire = self.wire, deque()
             while batch:
                 writer, to, m = batch.popleft()
-                if writer in self.down or to in self.down:
+                if not self.passes(writer, to, m):
                     continue
                 self.deliver_one(writer, to, m)
                 # relays of this round's messages belong to this round
@@ -187,7 +240,7 @@ class Cluster:
         while self.now < end:
             self.now = min(end, self.now + step)
             for i, at in list(self.timers.items()):
-                if i not in self.down and at <= self.now:
+                if i not in self.down and i not in self.stopped and at <= self.now:
                     self.do(i, self.cores[i].tick(self.now, self.now))
             self.deliver()
 

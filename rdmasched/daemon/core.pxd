@@ -15,6 +15,7 @@ from rdmasched.scheduler.core cimport Scheduler
 
 # the wire's kinds and flags, and _next_hop's "off the route", as C constants
 cdef int _DISPATCH, _PREEMPT, _SYNC_READY, _COMPLETE, _HEARTBEAT, _CANCEL, _JOB, _SUBMITTED
+cdef int _RESENT
 cdef long long _OFF_ROUTE
 cdef unsigned long long _SYNC_BASE
 
@@ -29,6 +30,14 @@ cdef class NodeCore:
     cdef public object relayed, rerouted, stale_msgs, sync_early_kept
     cdef public dict relay_dropped
     cdef dict _routes
+    cdef dict _arounds
+    cdef public object resent_tasks, dup_dispatches, dup_completes, ran_twice
+    cdef dict _done
+    cdef object _my_key
+    cdef set _unanswered
+    cdef public object resend_after_ns
+    cdef object _sweep_at
+    cdef object _sync_every
     cdef public frozenset links
     cdef public object now
     cdef public object heartbeat_ns, sync_cost_ns, dead_after_ns
@@ -72,8 +81,10 @@ cdef class NodeCore:
     cdef list _drop_relay(self, Message m, peer, str why)
     cdef long long _detour(self, dst, back=*) except? -3
     cdef long long _next_hop(self, src, dst) except? -3
+    @cython.locals(got=cython.longlong)
+    cdef long long _around(self, src, dst, back, long long nxt) except? -3
     cpdef _send(self, dst, message)
-    cdef _dispatch_msg(self, task, bint submitted)
+    cdef _dispatch_msg(self, task, bint submitted, bint resent=*)
     @cython.locals(t=object, i=Py_ssize_t, fx=list)
     cdef list _act(self, list actions, list out=*)
     cdef object _effect(self, a)
@@ -84,5 +95,6 @@ cdef class NodeCore:
     cdef list _sync(self, list outs)
     cdef _place(self, peer, m, list out)
     cdef _notice(self, peer)
+    cdef bint _dedup(self, origin, tid, list out) except -1
     @cython.locals(sched=Scheduler)
     cpdef object resolve(self, task_id, origin, prefer=*)

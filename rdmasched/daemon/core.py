@@ -63,7 +63,7 @@ from rdmasched.daemon.membership import (
     Replace,
 )
 from rdmasched.daemon.sync import FLAGS as _SYNC_FLAGS
-from rdmasched.daemon.sync import Release, SendSync, SyncGroups, SyncOut
+from rdmasched.daemon.sync import Release, SendSync, SyncGroups, SyncOut, on_route
 from rdmasched.errors import ConfigError
 from rdmasched.messages import ControlMessage
 from rdmasched.scheduler import (
@@ -90,6 +90,7 @@ IMPLEMENTATION = "python" if __file__.endswith(".py") else "compiled"
 _DISPATCH, _PREEMPT, _SYNC_READY = int(Kind.DISPATCH), int(Kind.PREEMPT), int(Kind.SYNC_READY)
 _COMPLETE, _HEARTBEAT = int(Kind.COMPLETE), int(Kind.HEARTBEAT)
 _CANCEL, _JOB, _SUBMITTED = int(Flag.CANCEL), int(Flag.JOB), int(Flag.SUBMITTED)
+_RESENT = int(Flag.RESENT)
 _NOT_SYNC_FLAGS = ~_SYNC_FLAGS  # (a negative int: computed per message, it was a new object)
 
 #: _next_hop: this node is not on the route of the pair (a message sent around a dead node)
@@ -103,6 +104,12 @@ EARLY_SYNC_MAX = 4096
 MAX_RELAYS = 4
 #: next hops kept per core, at most (a cache of the topology's routes; cleared when full)
 ROUTE_CACHE_MAX = 1 << 16
+#: tasks of other nodes completed here that a core remembers, at most (the oldest go first):
+#: a DISPATCH sent again (RESENT) for one of them is answered with its COMPLETE again
+DONE_MAX = 1 << 14
+#: an origin sends again (RESENT) a task held by a far node that it has had no COMPLETE
+#: of for between one and two of these periods, in dead_afters (docs/PROTOCOL.md 10, "Nothing lost")
+RESEND_DEAD_AFTERS = 4
 
 
 #: SYNC_ID_BASE again, a C constant when compiled (core.pxd): sync_task_id makes one int
@@ -248,6 +255,30 @@ class NodeCore:
         self.rerouted = 0
         self.relay_dropped: dict[str, int] = {}
         self._routes: dict[tuple[int, int], int] = {}
+        #: (src, dst, lane it came on) -> next hop around the nodes known dead (`_around`;
+        #: cleared when that set changes)
+        self._arounds: dict[tuple[int, int, int], int] = {}
+        # nothing lost in a dying relay (docs/PROTOCOL.md 10, "Nothing lost"): what this
+        # node sent again as an origin, what it got twice as a target or an origin
+        #: DISPATCHes of this node's tasks sent again (RESENT): a relay on the route died,
+        #: or no COMPLETE came for a period
+        self.resent_tasks = 0
+        #: RESENT DISPATCHes of a task held here (ignored) or completed here (answered)
+        self.dup_dispatches = 0
+        #: COMPLETEs of a task of this node that no peer holds any more (a repeat: ignored)
+        self.dup_completes = 0
+        #: COMPLETEs of a task from a node that no longer held it (it had been placed again
+        #: elsewhere): the task ran on both (at least once, docs/PROTOCOL.md 10, "Nothing lost")
+        self.ran_twice = 0
+        #: task key -> (job, runtime, progress) of another node's task completed here
+        self._done: dict[int, tuple[int, int, int]] = {}
+        self._my_key = me << 64  # this node's tasks' keys: | id (a Python int: 128 bits)
+        #: keys of this node's tasks held by far nodes at the last sweep (`_sweep`)
+        self._unanswered: set[int] = set()
+        self.resend_after_ns = RESEND_DEAD_AFTERS * dead_after_ns
+        #: heartbeat periods a sync report waits for its release before it is sent again
+        self._sync_every = -(-dead_after_ns // heartbeat_ns)
+        self._sweep_at = now + self.resend_after_ns
         #: the nodes this one has a lane to (and heartbeats); any other is reached by relays
         self.links: frozenset[int] = (
             frozenset(n for n in nodes if n != me)
@@ -363,6 +394,11 @@ class NodeCore:
         if self._far:
             out += self._summarize(now)
             self.members.prune(self._keep_far)
+            if now >= self._sweep_at:
+                self._sweep_at = now + self.resend_after_ns
+                self._sweep(out)
+            # a sync report not answered by a release for a dead_after: sent again
+            out += self._sync(self.sync.tick(self._sync_every))
         out += self._heartbeats(None)
         out.append(SetTimer(now + self.heartbeat_ns))
         return out
@@ -442,6 +478,8 @@ class NodeCore:
                     if far:  # it learns this incarnation from the answer
                         out.append(self._notice(src))
                     return out
+                if m.flags & _RESENT and origin != self.me and self._dedup(origin, m.id, out):
+                    return out
                 task = Task(
                     m.id, m.job, m.priority, m.arg0, m.arg1, m.meta, origin=origin, hops=m.hops
                 )
@@ -451,6 +489,20 @@ class NodeCore:
                 return self._sync_msg(m.id, m.flags, m.arg0, m.arg1, m.arg2)
             elif kind == _COMPLETE:  # Complete: id=task (this node's), job, runtime, ...
                 tid = m.id
+                holder = self.peers.holder(self._my_key | tid)
+                if holder is None:  # a repeat (the answer to a RESENT DISPATCH): done once
+                    self.dup_completes += 1
+                    return out
+                if holder != src:
+                    self.ran_twice += 1
+                    _log.warning(
+                        "node %d: task %d completed on node %d, and was placed again on node "
+                        "%d: it ran (or runs) twice",
+                        self.me,
+                        tid,
+                        src,
+                        holder,
+                    )
                 sched.remote_complete(src, tid)
                 out.append(_new(CompleteNotice, (tid, src)))
             elif kind != _HEARTBEAT:  # a heartbeat is all in `seen` above
@@ -472,6 +524,11 @@ class NodeCore:
         if m.relays >= self.max_relays:
             return self._drop_relay(m, peer, "hop-bound")
         nxt = self._next_hop(m.src, m.dst)
+        if self._shunned:  # some node is dead: the route around it, the same on every node
+            alt = self._around(m.src, m.dst, peer, nxt)
+            if alt != nxt:
+                self.rerouted += 1
+                nxt = alt
         if nxt == _OFF_ROUTE:  # sent around a dead node: on from here, not back
             nxt = self._detour(m.dst, peer)
             if nxt < 0:
@@ -514,6 +571,38 @@ class NodeCore:
             return -1
         self.rerouted += 1
         return nxt
+
+    def _around(self, src: int, dst: int, back: int, nxt: int) -> int:
+        """The next hop from here of a message from `src` for `dst` (come in on lane
+        `back`; -1: made here) while some nodes are known dead: on the topology's first
+        route from `src` that avoids every one of them, if this node is on it, so that
+        every node on the way takes the same route (a detour chosen hop by hop, around
+        only the next hop, can loop: A's route crosses a dead node two hops on, so B sends
+        it back). Else around them from here (`_detour`); else `nxt`, the static next hop
+        (the caller drops what cannot go on)."""
+        key = (src, dst, back)
+        cached = self._arounds.get(key)
+        if cached is not None:
+            return int(cached)
+        topo = self.topology
+        dead = self._shunned
+        got = nxt
+        if topo is not None:
+            try:
+                p = topo.path(src, dst, dead=dead.difference((src, dst)))
+            except (ConfigError, IndexError, ValueError):
+                p = []
+            me = self.me
+            if me != dst and me in p:  # (no negative index: compiled without wraparound)
+                got = p[p.index(me) + 1]
+            if got < 0 or got in dead or got not in self.links:
+                alt = self._detour(dst, back)
+                if alt >= 0:
+                    got = alt
+        if len(self._arounds) >= ROUTE_CACHE_MAX:
+            self._arounds.clear()
+        self._arounds[key] = got
+        return got
 
     def _next_hop(self, src: int, dst: int) -> int:
         """Where this node sends a message from `src` for `dst`: the node after it on the
@@ -639,6 +728,10 @@ class NodeCore:
         if task.origin != self.me:
             done = msg.Complete(task_id, task.job, runtime_ns, task.progress_ns)
             out.append(self._send(task.origin, done))
+            kept = self._done
+            kept[(task.origin << 64) | task_id] = (task.job, runtime_ns, task.progress_ns)
+            if len(kept) > DONE_MAX:
+                del kept[next(iter(kept))]
         return self._act(actions, out)
 
     # ---- what the handlers returned ----------------------------------------------------------
@@ -746,6 +839,11 @@ class NodeCore:
         if dst in self.links or self.topology is None:
             return _new(Send, (dst, message, dst))
         nxt = self._next_hop(self.me, dst)
+        if self._shunned:  # some node is dead: the route around it (any relay of it)
+            alt = self._around(self.me, dst, -1, nxt)
+            if alt != nxt:
+                self.rerouted += 1
+                nxt = alt
         if nxt in self._shunned:  # the route's first relay is dead: around it, if a
             alt = self._detour(dst)  # route avoids the dead; else the driver drops it
             if alt >= 0:  # (a send to a dead peer, counted in `dropped`)
@@ -756,7 +854,7 @@ class NodeCore:
             return _new(Send, (dst, message, dst))
         return _new(Send, (nxt, message, dst))
 
-    def _dispatch_msg(self, task: Task, submitted: bool) -> msg.Dispatch:
+    def _dispatch_msg(self, task: Task, submitted: bool, resent: bool = False) -> msg.Dispatch:
         return msg.Dispatch(
             task.id,
             task.job,
@@ -767,6 +865,7 @@ class NodeCore:
             task.hops,
             submitted,
             payload=task.payload,
+            resent=resent,
         )
 
     def _act(self, actions: list[Action], out: list[Effect] | None = None) -> list[Effect]:
@@ -848,6 +947,16 @@ class NodeCore:
         out: list[Effect] = []
         sched = self.scheduler
         for c in changes:
+            # first: what a death or a return sets off (a readiness it completes, a task
+            # placed again) is routed around the dead node (_send), not over it
+            if isinstance(c, PeerGone):
+                self._shunned.add(c.peer)
+                self._arounds.clear()
+                # what it relayed for this node's tasks may be lost with it: sent again
+                self._resend_around(c.peer, out)
+            elif isinstance(c, PeerJoined):
+                self._shunned.discard(c.peer)
+                self._arounds.clear()
             if self._far and not isinstance(c, Rejoined) and c.peer not in self.links:
                 self._apply_far(c, out)
             elif isinstance(c, PeerGone):
@@ -887,9 +996,12 @@ class NodeCore:
             elif isinstance(c, Replace):
                 self._act(sched.replace_held(c.peer, f"node {c.peer} dropped it (rejoin)"), out)
         views = self.members.views
-        self._shunned = {p for p, v in views.items() if not v.alive}
+        shunned = {p for p, v in views.items() if not v.alive}
         if self._far:
-            self._shunned.update(p for p, f in self.members.far.items() if not f.alive)
+            shunned.update(p for p, f in self.members.far.items() if not f.alive)
+        if shunned != self._shunned:
+            self._arounds.clear()
+        self._shunned = shunned
         self._unacked = {p for p, v in views.items() if not v.acked}
         return out
 
@@ -995,6 +1107,76 @@ class NodeCore:
         if f.told != f.inc:
             out.append(self._notice(peer))
         out.append(self._send(peer, m))
+
+    # ---- nothing lost in a dying relay (docs/PROTOCOL.md 10, "Nothing lost") -------------
+    def resend(self, peer: int, tasks: Iterable[Task], why: str) -> list[Effect]:
+        """Send again (RESENT) the DISPATCHes of this node's `tasks`, held by `peer`: over
+        the route as it is now (around the dead), behind one notice to a far node (the
+        first may have been lost too). The target runs one only if it neither holds nor
+        completed it, and answers a completed one with its COMPLETE again."""
+        tasks = list(tasks)
+        if not tasks:
+            return []
+        self.resent_tasks += len(tasks)
+        _log.info(
+            "node %d: %d tasks sent again to node %d (first: %d): %s",
+            self.me,
+            len(tasks),
+            peer,
+            tasks[0].id,
+            why,
+        )
+        out: list[Effect] = []
+        if self._far and peer not in self.links:
+            out.append(self._notice(peer))
+            if peer in self._pending_far:  # not sent yet: they go once the notice is answered
+                return out
+        out += [self._send(peer, self._dispatch_msg(t, False, True)) for t in tasks]
+        return out
+
+    def _resend_around(self, dead: int, out: list[Effect]) -> None:
+        """`dead` died: the tasks of this node held by far nodes whose routes (either way)
+        it relayed are sent again (their DISPATCH, or their COMPLETE, may be lost with it)."""
+        topo = self.topology
+        if topo is None:
+            return
+        for p in self.peers.holders():
+            if p == dead or p in self.links or self.lost(p):
+                continue
+            if on_route(topo, self.me, p, dead, self._shunned - {dead}):
+                out += self.resend(p, self.peers.held(p), f"node {dead} relayed for it and died")
+
+    def _sweep(self, out: list[Effect]) -> None:
+        """The second line: a task held by a far node at the last sweep and still held (no
+        COMPLETE since, one to two periods) is sent again; the target answers if done."""
+        seen = self._unanswered
+        now: set[int] = set()
+        for p in self.peers.holders():
+            if p in self.links or self.lost(p):
+                continue
+            again = []
+            for t in self.peers.held(p):
+                key = (t.origin << 64) | t.id
+                if key in seen:
+                    again.append(t)
+                now.add(key)
+            out += self.resend(p, again, "no COMPLETE for a resend period")
+        self._unanswered = now
+
+    def _dedup(self, origin: int, tid: int, out: list[Effect]) -> bool:
+        """A RESENT DISPATCH of task `tid` of `origin`: True (and the answer in `out`) if
+        it is held here (nothing to do: its COMPLETE comes when it ends) or was completed
+        here (its COMPLETE again); False: run it (the first DISPATCH was lost)."""
+        key = (origin << 64) | tid
+        done = self._done.get(key)
+        if done is not None:
+            self.dup_dispatches += 1
+            out.append(self._send(origin, msg.Complete(tid, done[0], done[1], done[2])))
+            return True
+        if self.scheduler.lookup(tid, origin) is not None:
+            self.dup_dispatches += 1
+            return True
+        return False
 
     def _keep_far(self, node: int) -> bool:
         """A far view this node still needs: it holds a task of ours, or may send one."""
@@ -1103,8 +1285,10 @@ class NodeCore:
 
 
 __all__ = [
+    "DONE_MAX",
     "EARLY_SYNC_MAX",
     "MAX_RELAYS",
+    "RESEND_DEAD_AFTERS",
     "SYNC_ID_BASE",
     "CompleteNotice",
     "Effect",

@@ -29,7 +29,11 @@ Failures: a combiner's death changes the combiner of its domains to the next liv
 every node re-sends what it had reported to a combiner that changed (its own readiness,
 its domains' combined readiness, and the last step it released, as a RELEASE). Readiness
 for a step already released here is answered with that RELEASE; a RELEASE for a step
-already released here is counted (`late`) and ignored. Readiness and releases are facts
+already released here is counted (`late`) and ignored. A member that comes back (it was
+declared dead) is sent every remembered release, in order, by the nodes it is a new child
+or parent of: it missed each step released while it was away. A step reported up and not
+released for a while (`tick`) is reported again: a release lost in a relay that died
+before its route heard of it comes back as the answer. Readiness and releases are facts
 about (group, step), so a repeated one changes nothing.
 """
 
@@ -87,7 +91,7 @@ SyncOut = SendSync | Release | Reject
 class _Step:
     """What this node knows of one pending step."""
 
-    __slots__ = ("by", "done", "last", "mine", "ready", "up")
+    __slots__ = ("age", "by", "done", "last", "mine", "ready", "up")
 
     def __init__(self) -> None:
         self.mine: int | None = None  # this node's own readiness time
@@ -98,6 +102,8 @@ class _Step:
         #: the combiners that reported a domain complete here: the release goes back to
         #: them even if this node's view still names another (a death it has not heard of)
         self.by: set[int] = set()
+        #: heartbeat periods since its reports went up (`SyncGroups.tick`)
+        self.age = 0
 
 
 class _Layout:
@@ -247,6 +253,24 @@ class _Group:
         return _ROOT_DOMAIN
 
 
+def on_route(topology: Topology, a: int, b: int, node: int, dead: Iterable[int] = ()) -> bool:
+    """Whether `node` relays between `a` and `b`, either way: on their routes, or on the
+    routes around the nodes `dead` (where a message went while those were known dead;
+    docs/PROTOCOL.md section 10). The one test of "a message may be lost with `node`"."""
+    try:
+        if node in topology.path(a, b)[1:-1] or node in topology.path(b, a)[1:-1]:
+            return True
+        dead = frozenset(dead)
+        if not dead:
+            return False
+        return (
+            node in topology.path(a, b, dead=dead)[1:-1]
+            or node in topology.path(b, a, dead=dead)[1:-1]
+        )
+    except (ConfigError, IndexError, ValueError):
+        return False
+
+
 class SyncGroups:
     """One node's sync groups (see the module doc). `topology` None: all-to-all."""
 
@@ -328,6 +352,30 @@ class SyncGroups:
                 return out
             st.ready[node] = st.last = sent_ns
         self._advance(g, step, out)
+        return out
+
+    def tick(self, every: int) -> list[SyncOut]:
+        """A heartbeat period passed. In a tree, a step this node reported up and has not
+        seen released for `every` periods is reported again: its RELEASE (or the report)
+        may have been lost in a relay that died before the nodes on the route heard of it,
+        and a readiness for a released step is answered with its RELEASE. Once per
+        `every` periods per pending step (a repeated report changes nothing)."""
+        out: list[SyncOut] = []
+        if self.topology is None:
+            return out
+        for g in self.groups.values():
+            if not g.steps:
+                continue
+            for step in sorted(g.steps):
+                st = g.steps[step]
+                if not st.up:
+                    continue
+                st.age += 1
+                if st.age >= every:
+                    st.age = 0
+                    self.resent += len(st.up)
+                    st.up.clear()
+                    self._advance(g, step, out)
         return out
 
     def node_gone(self, node: int) -> list[SyncOut]:
@@ -495,15 +543,8 @@ class SyncGroups:
         return out
 
     def _via(self, to: int, node: int) -> bool:
-        """Whether `node` relays this node's messages to `to`, or `to`'s answers back (the
-        routes' relays, docs/PROTOCOL.md section 10)."""
-        topo = self.topology
-        if topo is None:
-            return False
-        try:
-            return node in topo.path(self.me, to)[1:-1] or node in topo.path(to, self.me)[1:-1]
-        except (ConfigError, IndexError, ValueError):
-            return False
+        """Whether `node` relays this node's messages to `to`, or `to`'s answers back."""
+        return self.topology is not None and on_route(self.topology, self.me, to, node)
 
     def _view_changed(self, node: int) -> list[SyncOut]:
         out: list[SyncOut] = []
@@ -530,11 +571,21 @@ class SyncGroups:
                             del st.up[level]
                             self.resent += 1
             if tree and g.released >= 0:
-                # a new combiner above may have missed the last release: tell it
+                # a new combiner above may have missed the last release: tell it; and a
+                # new combiner below may have had no release from here
                 m = self._release_msg(g, g.released, g.history[g.released])
-                out += [SendSync(p, m) for p in sorted(self._parents(g) - before)]
-                # and a new combiner below may have had no release from here
-                out += [SendSync(c, m) for c in sorted(set(self._children(g)) - below)]
+                above = self._parents(g) - before
+                under = set(self._children(g)) - below
+                if node not in self.dead and (node in above or node in under):
+                    # `node` came back: it missed the steps released while it was away,
+                    # not only the last. Every one remembered, in order: it releases those
+                    # after its own last, each once and in order (the rest are `late`)
+                    above.discard(node)
+                    under.discard(node)
+                    hist = g.history
+                    out += [SendSync(node, self._release_msg(g, s, hist[s])) for s in sorted(hist)]
+                out += [SendSync(p, m) for p in sorted(above)]
+                out += [SendSync(c, m) for c in sorted(under)]
             for step in sorted(g.steps):
                 self._advance(g, step, out)
         return out
@@ -551,4 +602,5 @@ __all__ = [
     "SendSync",
     "SyncGroups",
     "SyncOut",
+    "on_route",
 ]

@@ -318,7 +318,7 @@ def deliver_some(c: Cluster, k: int) -> None:
     """Deliver the first `k` messages in flight (the rest stay on the wire, in order)."""
     for _ in range(min(k, len(c.wire))):
         writer, to, m = c.wire.popleft()
-        if writer not in c.down and to not in c.down:
+        if c.passes(writer, to, m):
             c.deliver_one(writer, to, m)
 
 
@@ -405,3 +405,117 @@ def test_a_release_drops_the_partial_reports_of_earlier_steps() -> None:
     s.receive(GROUP, 0, 3, 310, 1)
     assert s.receive(GROUP, 0, 3, 320, 2) == [sync.Release(GROUP, 3, 320)]
     assert sorted(g.steps) == [4]
+
+
+# ---- a relay's death (issue 20 item 3) ---------------------------------------------------
+#: 2 leaves of 4, each its own pod: a leaf dragonfly whose routes between the leaves cross
+#: a gateway (node 5's route to node 1 is [5, 4, 0, 1]; nodes 4 and 6 are leaf 1's gateways)
+T8 = Topology.generate(nodes=8, leaf=4, pod=4)
+
+
+def run_steps(
+    c: Cluster, steps: int, rng: random.Random, event: tuple[int, int, str, int] | None
+) -> None:
+    """Members report each step once they ran the sync of the one before (as a workload
+    does), messages delivered a few at a time. `event` (tick, node, how, back_ns): at
+    `tick`, `node` is killed (`how` "kill") or stopped ("stop": its lanes keep what comes
+    in) for `back_ns`, then resumes: it notices its stall (and rejoins if it was long)."""
+    reported = dict.fromkeys(c.cores, -1)
+    for tick in range(3000):
+        if event is not None and tick == event[0]:
+            (c.down.add if event[2] == "kill" else c.stop)(event[1])
+        for i, since in list(c.stopped.items()):
+            if c.now >= since + event[3]:  # type: ignore[index]
+                c.resume(i)
+        live = [i for i in c.cores if i not in c.down and i not in c.stopped]
+        if (
+            (event is None or tick > event[0])
+            and not c.stopped
+            and all(synced(c, i, steps - 1) for i in live)
+        ):
+            return
+        for i in live:
+            done = [s[2] for s in c.of(i, "sync")]
+            if reported[i] < steps - 1 and (reported[i] < 0 or reported[i] in done):
+                reported[i] += 1
+                c.do(i, c.cores[i].sync_ready(GROUP, reported[i], c.now))
+        deliver_some(c, rng.randint(1, 12))
+        if not c.wire:
+            c.advance(HEARTBEAT_NS)
+    raise AssertionError(
+        "the group hangs: "
+        + str({i: [s[2] for s in c.of(i, "sync")] for i in c.cores if i not in c.down})
+    )
+
+
+def t8_cluster() -> Cluster:
+    c = Cluster(8, topology=T8)
+    c.deliver()
+    for i, core in c.cores.items():
+        c.do(i, core.define_group(GROUP, frozenset(c.cores), c.now))
+    return c
+
+
+def test_t8_routes_cross_the_gateway_and_the_combiners_are_on_both_sides() -> None:
+    """The case of issue 20 item 3: the combined readiness of leaf 1 goes from its combiner
+    (5) to the root (1) through node 4."""
+    c = t8_cluster()
+    s = c.cores[0].sync
+    assert s.combiner(GROUP, 0, 2) == 1 and s.combiner(GROUP, 6, 0) == 5
+    assert T8.path(5, 1) == [5, 4, 0, 1]
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+@pytest.mark.parametrize("tick", [0, 3, 7])
+def test_a_relay_between_combiners_that_dies_does_not_hang_the_group(how: str, tick: int) -> None:
+    """Node 4 relays between leaf 1's combiner and the root. Killed (or stopped past
+    dead_after, then rejoining), the readiness its death completes goes around it, and what
+    it held is sent again: the group shrinks and goes on (docs/SCALE.md section 9). A stopped
+    node that rejoins is waited for again and goes on with the group."""
+    c = t8_cluster()
+    run_steps(c, 6, random.Random(tick), (tick, 4, how, DEAD_AFTER_NS + 10 * HEARTBEAT_NS))
+    live = [i for i in c.cores if i != 4]
+    for i in live:
+        assert [s[2] for s in c.of(i, "sync")] == list(range(6)), (i, c.seen[i])
+    if how == "stop":  # it ran the steps released while it was waited for, in order, once
+        mine = [s[2] for s in c.of(4, "sync")]
+        assert mine == sorted(set(mine)) and mine[-1] == 5, mine
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_any_node_dying_or_stopping_mid_step_never_hangs_the_group(seed: int) -> None:
+    """The rule (docs/SCALE.md section 9): a member's death, a relay's or a combiner's, at
+    any moment and with messages in flight, leaves the live members running every step
+    once, in order; a stopped member (briefly, or past dead_after: it rejoins) goes on with
+    them."""
+    rng = random.Random(seed)
+    c = t8_cluster()
+    victim = rng.randrange(8)
+    how = rng.choice(["kill", "stop"])
+    back = rng.choice([DEAD_AFTER_NS // 2, DEAD_AFTER_NS + rng.randint(2, 20) * HEARTBEAT_NS])
+    run_steps(c, 6, rng, (rng.randint(0, 12), victim, how, back))
+    for i in c.cores:
+        if i != victim:
+            assert [s[2] for s in c.of(i, "sync")] == list(range(6)), (i, victim, how)
+
+
+def test_a_release_lost_in_a_relay_not_yet_known_dead_is_recovered() -> None:
+    """Node 4 dies; its leaf's combiner (5) hears of it first, and its readiness, which the
+    death completes, goes around 4 to the root (1). The root does not know yet, nor does
+    node 0, the relay before 4 on the root's route back to 5: the RELEASE is written into
+    4's lane and lost. The step is still released everywhere: a pending report is sent
+    again every dead_after, and a readiness for a released step is answered with its
+    RELEASE."""
+    c = t8_cluster()
+    live = [i for i in c.cores if i != 4]
+    for i in live:
+        c.do(i, c.cores[i].sync_ready(GROUP, 0, c.now))
+    c.deliver()
+    c.down.add(4)
+    for i in (5, 6, 7):  # they see its lane close; 0 has not noticed yet
+        c.do(i, c.cores[i].peer_lost(4, "its lane closed", c.now))
+    c.deliver()
+    assert synced(c, 1, 0) == 1 and not any(synced(c, i, 0) for i in (5, 6, 7))
+    c.advance(DEAD_AFTER_NS + 10 * HEARTBEAT_NS)
+    for i in live:
+        assert synced(c, i, 0) == 1, (i, c.seen[i])
