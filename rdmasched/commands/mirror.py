@@ -54,7 +54,7 @@ def add_arguments(mirror: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from rdmasched.telemetry import mirror
+    from rdmasched.views import mirror
 
     source = mirror.open_source(args.trace or [], args.live or [], args.prefix or "", args.interval)
     mirror.serve_forever(source, args.port, args.addr, args.at)

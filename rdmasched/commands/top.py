@@ -1,4 +1,4 @@
-"""`rdmasched top`: the mirror in a terminal (telemetry/top.py)."""
+"""`rdmasched top`: the mirror in a terminal (views/top.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def add_arguments(topc: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from rdmasched.telemetry import mirror, top
+    from rdmasched.views import mirror, top
 
     source = mirror.open_source(args.trace or [], args.live or [], args.prefix or "", args.interval)
     try:

@@ -49,8 +49,9 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from rdmasched.telemetry import live, perfetto
+    from rdmasched.telemetry import perfetto
     from rdmasched.telemetry.records import read_dir
+    from rdmasched.views import live
 
     traces = [t for d in args.dirs for t in read_dir(d, args.prefix)]
     traces += [live.fetch(addr) for addr in args.live]

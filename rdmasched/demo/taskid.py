@@ -1,5 +1,5 @@
 """The demo's task-id encoding, in one place: the synthetic job (demo/job.py, the simulator's
-trace replay) makes its ids with it and the trace viewer (telemetry/mirror.py) reads them back.
+trace replay) makes its ids with it and the trace viewer (views/mirror.py) reads them back.
 
 A leaf module: it imports nothing of rdmasched.
 

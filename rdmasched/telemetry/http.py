@@ -1,5 +1,5 @@
 """The small HTTP server of rdmasched's read-only endpoints: the live mirror
-(rdmasched.telemetry.mirror) and a node's metrics and events (rdmasched.telemetry.metrics).
+(rdmasched.views.mirror) and a node's metrics and events (rdmasched.telemetry.metrics).
 
 Both serve other local users and, through a browser, web pages; so every rule here holds
 for both (docs/TELEMETRY.md, "Serving"):

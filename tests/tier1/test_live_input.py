@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from rdmasched.cli import main
-from rdmasched.telemetry import live, mirror
 from rdmasched.telemetry.records import TraceError
+from rdmasched.views import live, mirror
 from tests.waiting import wait_for
 
 HEAD = {"rdmasched_trace": 1, "node": 3, "clock": "monotonic", "slots": 2, "missed": 0}

@@ -212,7 +212,7 @@ def test_trace_prints_files_with_a_header(tmp_path: Any, capsys: Any) -> None:
 def test_a_simulation_writes_traces_that_trace_export_and_mirror_open(
     tmp_path: Any, capsys: Any
 ) -> None:
-    from rdmasched.telemetry import mirror
+    from rdmasched.views import mirror
 
     d = str(tmp_path / "sim")
     argv = ["sim", "--sizes", "4", "--schedulers", "rdmasched", "--steps", "3"]

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from rdmasched.cli import main
-from rdmasched.telemetry import mirror, records
+from rdmasched.telemetry import records
 from rdmasched.telemetry.records import TraceError
+from rdmasched.views import mirror
 
 HEAD = {"rdmasched_trace": 1, "node": 0, "clock": "sim", "source": "sim", "slots": 2}
 EVENT = {"t_ns": 5, "decision": "start", "task_id": 7, "reason": "free slot", "beaten": []}

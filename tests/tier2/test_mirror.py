@@ -27,8 +27,8 @@ from rdmasched import launch
 from rdmasched.cli import main
 from rdmasched.cluster import local_cluster
 from rdmasched.daemon.node import Node
-from rdmasched.telemetry import mirror
 from rdmasched.telemetry.records import read_dir
+from rdmasched.views import mirror
 from tests.waiting import wait_for
 
 CLI = [sys.executable, "-m", "rdmasched.cli"]

@@ -16,7 +16,7 @@ from rdmasched import launch
 from rdmasched.cli import main
 from rdmasched.cluster import local_cluster
 from rdmasched.daemon.node import Node
-from rdmasched.telemetry import live
+from rdmasched.views import live
 from tests.telemetry_deps import need
 from tests.waiting import wait_for
 

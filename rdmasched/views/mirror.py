@@ -32,8 +32,9 @@ from urllib.parse import parse_qs, urlparse
 from rdmasched.demo.taskid import KIND_BACKGROUND, KIND_COMPUTE, task_kind, task_node, task_seq
 from rdmasched.errors import ConfigError
 from rdmasched.scheduler.events import NO_TASK, Decision, Event
-from rdmasched.telemetry import http, live
+from rdmasched.telemetry import http
 from rdmasched.telemetry.records import NodeTrace, TraceError, read_dir
+from rdmasched.views import live
 
 _log = logging.getLogger("rdmasched.mirror")
 
@@ -474,7 +475,7 @@ Source = TraceSource | LiveSource
 
 def static(name: str) -> bytes:
     """One of the page's files (package data under mirror_static/)."""
-    return resources.files("rdmasched.telemetry").joinpath("mirror_static", name).read_bytes()
+    return resources.files("rdmasched.views").joinpath("mirror_static", name).read_bytes()
 
 
 class MirrorServer:

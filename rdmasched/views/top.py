@@ -1,6 +1,6 @@
 """``rdmasched top``: the mirror in a terminal (plain text, redrawn with ANSI escapes).
 
-It draws the same ``state()`` the web mirror serves (rdmasched.telemetry.mirror): per node
+It draws the same ``state()`` the web mirror serves (rdmasched.views.mirror): per node
 its slots and queue, the sync groups' last step released, the latest decisions with their
 rule, the task they went ahead of and the message that caused them.
 """
@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from rdmasched.telemetry.mirror import Source, TraceSource
+from rdmasched.views.mirror import Source, TraceSource
 
 CLEAR = "\x1b[H\x1b[2J"
 
