@@ -63,17 +63,29 @@ __all__ = [
     "TxLane",
 ]
 
-#: the names loaded on first use: name -> the module that defines it
-_LAZY = {"Node": "rdmasched.daemon.node", "Client": "rdmasched.client", "LATER": "rdmasched.api"}
+#: the names loaded on first use (in `__getattr__`)
+_LAZY = frozenset(("Node", "Client", "LATER"))
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rdmasched' has no attribute {name!r}")
-    import importlib
+    # The one import up the layers (docs/ARCHITECTURE.md): the API's names are imported
+    # when a user first asks for one, after this package has loaded, so that the lanes and
+    # the wire do not pull in the daemon.
+    value: Any
+    if name == "Node":
+        from rdmasched.daemon.node import Node
 
-    value = getattr(importlib.import_module(module), name)
+        value = Node
+    elif name == "Client":
+        from rdmasched.client import Client
+
+        value = Client
+    elif name == "LATER":
+        from rdmasched.api import LATER
+
+        value = LATER
+    else:
+        raise AttributeError(f"module 'rdmasched' has no attribute {name!r}")
     globals()[name] = value  # once: later lookups do not come here
     return value
 
