@@ -351,42 +351,109 @@ cdef inline object _int(str name, object v):
     raise MessageError(f"{name} must be an integer, not {type(v).__name__} {v!r}")
 
 
+#: the int 0 (one object in CPython): the default of most fields, taken without a conversion
+cdef object _ZERO = 0
+
+
+cdef long long _slow_ll(str name, object v) except? -1:
+    """`v`, not an exact int: an integer type by its index (`_int`), as a C long long."""
+    return _int(name, v)
+
+
+cdef unsigned long long _slow_u64(str name, object v) except? 0xFFFFFFFFFFFFFFFF:
+    """`v`, not an exact int: an integer type by its index (`_int`), as a u64."""
+    return _int(name, v)
+
+
 cdef int msg_from_args(rs_msg *m, object kind, object id, object job, object priority,
                        object flags, object arg0, object arg1, object arg2,
                        object hops) except -1:
     """The header fields of a message to send, each checked (an integer, in its field's
-    range): the one check of every encoder (`TxLane.send`, `Batch.append`, `encode`)."""
-    kind = _int("kind", kind)
-    id = _int("id", id)
-    job = _int("job", job)
-    priority = _int("priority", priority)
-    flags = _int("flags", flags)
-    arg0 = _int("arg0", arg0)
-    arg1 = _int("arg1", arg1)
-    arg2 = _int("arg2", arg2)
-    hops = _int("hops", hops)
-    if kind < 1 or kind > KIND_MAX:
-        raise MessageError(f"unknown message kind {kind}; known: {sorted(KIND_NAMES)}")
-    if priority < 0 or priority > 255:
-        raise MessageError(f"priority must be 0..255, not {priority}")
-    if flags < 0 or flags > 255:
-        raise MessageError(f"flags must be 0..255, not {flags}")
-    if hops < 0 or hops > 255:
-        raise MessageError(f"hops must be 0..255, not {hops}")
-    if job < 0 or job > 0xFFFFFFFF:
-        raise MessageError(f"job must be 0..2**32-1 (a u32 since wire version 2), not {job}")
-    m.kind = <uint8_t><int>kind
-    m.flags = <uint8_t><int>flags
-    m.priority = <uint8_t><int>priority
-    m.hops = <uint8_t><int>hops
+    range): the one check of every encoder (`TxLane.send`, `Batch.append`, `encode`).
+
+    An exact int, the common case, goes straight to its C type (OverflowError past it, as a
+    C-typed argument gives), and no argument is rebound (no reference counting on the way);
+    anything else goes through `_int` (an integer type by its index, never a float or a
+    bool). The range checks are in C."""
+    cdef long long k, p, f, h, j
+    cdef unsigned long long i, a0, a1
+    cdef unsigned int a2
+    if kind is _ZERO:  # a default: no conversion
+        k = 0
+    elif type(kind) is int:
+        k = kind
+    else:
+        k = _slow_ll("kind", kind)
+    if priority is _ZERO:  # a default: no conversion
+        p = 0
+    elif type(priority) is int:
+        p = priority
+    else:
+        p = _slow_ll("priority", priority)
+    if flags is _ZERO:  # a default: no conversion
+        f = 0
+    elif type(flags) is int:
+        f = flags
+    else:
+        f = _slow_ll("flags", flags)
+    if hops is _ZERO:  # a default: no conversion
+        h = 0
+    elif type(hops) is int:
+        h = hops
+    else:
+        h = _slow_ll("hops", hops)
+    if job is _ZERO:  # a default: no conversion
+        j = 0
+    elif type(job) is int:
+        j = job
+    else:
+        j = _slow_ll("job", job)
+    if id is _ZERO:  # a default: no conversion
+        i = 0
+    elif type(id) is int:
+        i = id
+    else:
+        i = _slow_u64("id", id)
+    if arg0 is _ZERO:  # a default: no conversion
+        a0 = 0
+    elif type(arg0) is int:
+        a0 = arg0
+    else:
+        a0 = _slow_u64("arg0", arg0)
+    if arg1 is _ZERO:  # a default: no conversion
+        a1 = 0
+    elif type(arg1) is int:
+        a1 = arg1
+    else:
+        a1 = _slow_u64("arg1", arg1)
+    if arg2 is _ZERO:  # a default: no conversion
+        a2 = 0
+    elif type(arg2) is int:
+        a2 = arg2
+    else:
+        a2 = <unsigned int>_slow_u64("arg2", arg2)
+    if k < 1 or k > KIND_MAX:
+        raise MessageError(f"unknown message kind {k}; known: {sorted(KIND_NAMES)}")
+    if p < 0 or p > 255:
+        raise MessageError(f"priority must be 0..255, not {p}")
+    if f < 0 or f > 255:
+        raise MessageError(f"flags must be 0..255, not {f}")
+    if h < 0 or h > 255:
+        raise MessageError(f"hops must be 0..255, not {h}")
+    if j < 0 or j > 0xFFFFFFFF:
+        raise MessageError(f"job must be 0..2**32-1 (a u32 since wire version 2), not {j}")
+    m.id = i
+    m.arg0 = a0
+    m.arg1 = a1
+    m.arg2 = a2
+    m.kind = <uint8_t>k
+    m.flags = <uint8_t>f
+    m.priority = <uint8_t>p
+    m.hops = <uint8_t>h
     m.relays = 0
     m.src = SRC_LANE
     m.dst = 0
-    m.id = <unsigned long long>id
-    m.job = <uint32_t><unsigned long long>job
-    m.arg0 = <unsigned long long>arg0
-    m.arg1 = <unsigned long long>arg1
-    m.arg2 = <unsigned int>arg2
+    m.job = <uint32_t>j
     m.meta_len = 0
     m.meta_off = 0
     m.lane = 0
@@ -396,18 +463,34 @@ cdef int msg_from_args(rs_msg *m, object kind, object id, object job, object pri
 cdef int msg_route(rs_msg *m, object dst, object src, object relays) except -1:
     """The routing fields: final destination `dst`, origin `src` (< 0: the sending lane's
     own node id) and `relays` so far. Node ids are 0..NODE_MAX."""
-    dst = _int("dst", dst)
-    src = _int("src", src)
-    relays = _int("relays", relays)
-    if dst < 0 or dst >= NODE_NONE:
-        raise MessageError(f"dst must be a node id 0..{NODE_NONE - 1}, not {dst}")
-    if src >= NODE_NONE:
-        raise MessageError(f"src must be a node id 0..{NODE_NONE - 1}, not {src}")
-    if relays < 0 or relays > 255:
-        raise MessageError(f"relays must be 0..255, not {relays}")
-    m.dst = <uint32_t>dst
-    m.src = SRC_LANE if src < 0 else <uint32_t>src
-    m.relays = <uint8_t>relays
+    cdef long long d, s, r
+    if dst is _ZERO:  # a default: no conversion
+        d = 0
+    elif type(dst) is int:
+        d = dst
+    else:
+        d = _slow_ll("dst", dst)
+    if src is _ZERO:  # a default: no conversion
+        s = 0
+    elif type(src) is int:
+        s = src
+    else:
+        s = _slow_ll("src", src)
+    if relays is _ZERO:  # a default: no conversion
+        r = 0
+    elif type(relays) is int:
+        r = relays
+    else:
+        r = _slow_ll("relays", relays)
+    if d < 0 or d >= NODE_NONE:
+        raise MessageError(f"dst must be a node id 0..{NODE_NONE - 1}, not {d}")
+    if s >= NODE_NONE:
+        raise MessageError(f"src must be a node id 0..{NODE_NONE - 1}, not {s}")
+    if r < 0 or r > 255:
+        raise MessageError(f"relays must be 0..255, not {r}")
+    m.dst = <uint32_t>d
+    m.src = SRC_LANE if s < 0 else <uint32_t>s
+    m.relays = <uint8_t>r
     return 0
 
 

@@ -1,7 +1,7 @@
 """`python -m rdmasched.bench.handoff`: how fast a call made on another thread reaches the
 node's loop, and how many tasks a day's daemon runs for its client ranks.
 
-Two figures (docs/PERFORMANCE.md, "Hand-off"):
+Two figures (docs/PERFORMANCE-LOG.md, "Hand-off"):
 
 - **submit -> on_dispatch**: a one-node daemon in this process; the main thread calls
   `Node.submit` and waits for the dispatch handler (on the loop's thread) to run, then makes

@@ -1,5 +1,5 @@
 """Jitter below the daemon: what a user of a microsecond daemon expects to be able to set on
-its loop thread. Each is off by default; docs/PERFORMANCE.md has their measured effect
+its loop thread. Each is off by default; docs/PERFORMANCE-LOG.md has their measured effect
 (`rdmasched bench preempt --jitter`).
 
 * `cpu`: pin the loop thread to one CPU (`sched_setaffinity` of that thread), so the host's

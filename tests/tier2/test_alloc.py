@@ -4,7 +4,7 @@ handler's first line, for the common kinds (issue 12 item 2; rdmasched/bench/all
 Allocations are counted, not timed: CPython's allocators are wrapped
 (`rdmasched._bench.alloc_count_start`) and an `AllocCounter` probe splits the count by
 stage. For a given message count the figure is the same from run to run, so it is bounded
-here. The bounds are the counts of the current code (docs/PERFORMANCE.md, "Python objects
+here. The bounds are the counts of the current code (docs/PERFORMANCE-LOG.md, "Python objects
 per message"): a change that makes more objects on the path fails, one that makes fewer
 lowers the bound. The issue's target is 0 before the handler; what is left is listed in
 docs/PERFORMANCE.md.
