@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from rdmasched.telemetry import metrics, mirror
+from rdmasched.telemetry import metrics
+from rdmasched.views import mirror
 from tests.waiting import wait_for
 
 HEAD = {"rdmasched_trace": 1, "node": 0, "clock": "sim", "source": "sim", "slots": 1}
