@@ -17,8 +17,10 @@ them; every message it reads is handed to the node's loop (`Node.call_soon`), wh
 all the state below, so nothing here is shared between threads.
 
 The hub drives the node through its public surface: it takes over the node's handlers
-(`Node.handlers` are its fallback), feeds the node's core (`node.core`) what the clients ask
-and hands what the core decides to `Node.carry_out`, on the loop thread.
+(`Node.handlers` are its fallback) on the loop thread, the node's loop running or not (a
+task that started before with no handler is started then, as below), feeds the node's
+core (`node.core`) what the clients ask and hands what the core decides to
+`Node.carry_out`, on the loop thread.
 
 A lane has one live sender (the shm transport refuses a second), so two processes cannot be
 client k at once. A client says HELLO on its up lane; the daemon attaches to the client's
@@ -187,16 +189,13 @@ class ClientHub:
                 rx = shm.create_lane(up_lane(self.endpoint, k), self.nslots, doorbell=bell)
                 self._rx.append(rx)
                 lanes.add(rx)
+            # on the loop thread, before anything the reader hands it: the loop may run
+            self.node.call_soon(self._take_over)
         except BaseException:
             self.close()
             raise
         self._set = lanes
         node = self.node
-        self._own: Handlers = node.handlers
-        node.on_dispatch(self._on_start)
-        node.on_preempt(self._on_preempt)
-        node.on_sync(self._on_sync)
-        node.on_complete(self._on_complete)
         node.hub = self
         self._thread = threading.Thread(
             target=self._read, name=f"rdmasched-clients{node.id}", daemon=True
@@ -204,6 +203,22 @@ class ClientHub:
         self._thread.start()
         _log.info("node %d: serving clients at %s (%d)", node.id, self.endpoint, self.max_clients)
         return self
+
+    def _take_over(self) -> None:
+        """Take over the node's handlers (loop thread). A node may run before its hub opens
+        (`rdmasched daemon` serves a started node, on which peers place tasks at once): a
+        task that started meanwhile with no dispatch handler was run by no one, so it is
+        started now, on a client or, with none yet, waiting for the first (`_hand_over`)."""
+        node = self.node
+        self._own: Handlers = node.handlers
+        node.on_dispatch(self._on_start)
+        node.on_preempt(self._on_preempt)
+        node.on_sync(self._on_sync)
+        node.on_complete(self._on_complete)
+        if self._own.dispatch is None:
+            for t in node.scheduler.running():
+                if t.group is None and t.slot is not None:  # not a sync task
+                    self._on_start(t, t.slot)
 
     def close(self) -> None:
         """Stop reading, close every lane (clients waiting on this daemon find it gone)."""
