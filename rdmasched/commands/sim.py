@@ -331,9 +331,14 @@ def main(args: argparse.Namespace) -> int:
         how = "given" if args.central_call_ns else "measured here"
         say(f"central coordinator: {call} ns per call into a node core ({how})")
         base = replace(base, central_call_ns=call)
-        cal = calibrate(
-            base, args.calibrate_sizes, _real_demo(args, base), full_mesh=args.full_mesh
-        )
+        from rdmasched.demo.runner import signals_interrupt
+
+        # SIGTERM/SIGHUP/SIGINT stop the calibration as they stop the demo (its real runs
+        # stop their processes and remove their segments), in its simulated runs too
+        with signals_interrupt():
+            cal = calibrate(
+                base, args.calibrate_sizes, _real_demo(args, base), full_mesh=args.full_mesh
+            )
         if args.json:
             doc = {"central_call_ns": call, "calibration": cal} | run_info(vars(args))
             print(json.dumps(doc, indent=2))

@@ -301,16 +301,18 @@ def run_mode(
         jobs.append((fn, (cfg, name, i, shared)))
     if mode == "central":
         jobs.append((coordinator_proc, (cfg, name, shared)))
-    pipes, procs = [], []
-    for fn, args in jobs:
-        r, w = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_child, args=(fn, w, *args), daemon=True)
-        p.start()
-        w.close()
-        pipes.append(r)
-        procs.append(p)
+    pipes: list[Any] = []
+    procs: list[Any] = []
     results: list[dict[str, Any]] = []
-    try:
+    finished = False
+    try:  # a signal while the processes start stops those started (the `finally` below)
+        for fn, args in jobs:
+            r, w = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_child, args=(fn, w, *args), daemon=True)
+            p.start()
+            procs.append(p)
+            w.close()
+            pipes.append(r)
         try:
             shared.go.wait(60)
         except threading.BrokenBarrierError:
@@ -353,10 +355,13 @@ def run_mode(
             if status != "ok":
                 raise DemoError(f"{mode}: a process failed: {value}")
             results.append(value)
+        finished = True
     finally:
         shared.stop.value = 1
         shared.go.abort()  # a process still starting gives up at once
-        deadline = time.monotonic() + 10
+        # stopped (a signal, an error): 2 s to stop before a kill, so a SIGTERM ends the demo
+        # within seconds even while its nodes still connect; the segments go below either way
+        deadline = time.monotonic() + (10 if finished else 2)
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
         for p in procs:
@@ -495,7 +500,7 @@ def run(cfg: DemoConfig, progress: bool = True) -> dict[str, Any]:
         sys.stderr.flush()
 
     cb = bar if progress else None
-    with _signals_interrupt():
+    with signals_interrupt():
         return {
             "rdmasched": run_mode("rdmasched", cfg, cb),
             "central": run_mode("central", cfg, cb),
@@ -503,7 +508,7 @@ def run(cfg: DemoConfig, progress: bool = True) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
+def signals_interrupt() -> Iterator[None]:
     """SIGTERM, SIGHUP and SIGINT (Ctrl-C) raise Interrupted (a KeyboardInterrupt), so the
     demo stops its processes and removes their shared memory on the way out."""
 

@@ -42,7 +42,7 @@ def test_a_signal_while_starting_stops_the_started_processes(
     t0 = time.monotonic()
     with pytest.raises(runner.Interrupted):
         runner.run_mode("rdmasched", cfg, None)
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < 5  # the brief: a SIGTERM stops it within 5 s
     assert len(started) == 3
     for p in started:
         p.join(5)
