@@ -4,6 +4,7 @@ already started are stopped and the cluster's shared memory removed."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from typing import Any
@@ -49,3 +50,44 @@ def test_a_signal_while_starting_stops_the_started_processes(
         assert not p.is_alive(), "a started node process was left running"
     left = set(shm.list_segments()) - before
     assert not {s for s in left if "rdma" in s}, left
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_calibration_and_removes_its_segments() -> None:
+    """`sim --calibrate`: SIGTERM during its real demo run stops it within seconds, one line,
+    no traceback, no segment of its cluster left."""
+    import os
+    import subprocess
+    import sys
+
+    argv = ["sim", "--calibrate", "--calibrate-sizes", "4", "--steps", "10000000"]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "rdmasched.cli", *argv, "--central-call-ns", "4000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    mine = shm.lane_segment_name(f"rdma{p.pid % 10000}")  # runner.run_mode's cluster names
+    try:
+        deadline = time.monotonic() + 120
+        while len([s for s in shm.list_segments() if s.startswith(mine)]) < 4 * 3:
+            assert p.poll() is None, p.communicate()[1]
+            assert time.monotonic() < deadline, "the real demo's lanes did not appear"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+        assert time.monotonic() - t0 < 5, err
+        assert p.returncode == 128 + signal.SIGTERM, err
+        assert err.rstrip().endswith("rdmasched sim: stopped by SIGTERM"), err[-500:]
+        assert "Traceback" not in err
+        assert not [s for s in shm.list_segments() if s.startswith(mine)]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(30)
+        for s in shm.list_segments():
+            if s.startswith(mine):
+                shm.ShmSegment.unlink_name(s)
