@@ -598,13 +598,38 @@ def print_report(cfg: DemoConfig, res: dict[str, Any], file: Any = None) -> None
             f"  {label:<10}" + ", ".join(f"{k} {v:.1f}" for k, v in kinds.items()),
             file=file,
         )
-    ia, ic = a["slot_idle_pct"], c["slot_idle_pct"]
-    if ia is not None and ic is not None:
-        print(
-            f"\nslot idle time: rdmasched {ia:.2f}% vs central {ic:.2f}% "
-            f"({ic - ia:+.2f} points; {100 * (ic - ia) / ic if ic else 0:.0f}% less idle time)",
-            file=file,
+    print("\nsummary (each x: central's figure over rdmasched's):", file=file)
+    s = summary(res)
+    for label, key, fmt, unit in SUMMARY:
+        row = s[key]
+        ra, rc, ratio = row["rdmasched"], row["central"], row["central/rdmasched"]
+        line = (
+            f"  {label:<22} rdmasched {_fmt(fmt, ra)}{unit}   central {_fmt(fmt, rc)}{unit}   "
+            f"{_fmt('{:.2f}x', ratio)}"
         )
+        if key == "slot_idle_pct" and ra is not None and rc:
+            line += f" ({rc - ra:+.2f} points; {100 * (rc - ra) / rc:.0f}% less idle time)"
+        print(line, file=file)
+
+
+#: the summary's figures: label, key in a mode's results, format, unit
+SUMMARY = (
+    ("slot idle", "slot_idle_pct", "{:.2f}", "%"),
+    ("step time", "step_time_ms", "{:.2f}", " ms"),
+    ("preempt reaction p50", "preempt_reaction_p50_us", "{:.1f}", " us"),
+)
+
+
+def summary(res: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Slot idle %, step time (ms) and preemption reaction p50 (us) of each scheduler the
+    demo ran, and central's figure over rdmasched's (None where either is missing or 0):
+    the summary `print_report` prints and `rdmasched demo --json` carries."""
+    out: dict[str, dict[str, float | None]] = {}
+    for _, key, _, _ in SUMMARY:
+        ra, rc = res["rdmasched"].get(key), res["central"].get(key)
+        ratio = round(rc / ra, 6) if ra and rc is not None else None
+        out[key] = {"rdmasched": ra, "central": rc, "central/rdmasched": ratio}
+    return out
 
 
 def _fmt(fmt: str, v: Any) -> str:
