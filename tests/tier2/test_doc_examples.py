@@ -110,6 +110,22 @@ def test_the_collector_finds_blocks_and_honours_the_marker(tmp_path: Path) -> No
     assert len(collect()) >= 3  # README's and the docs' examples are all collected
 
 
+def test_each_run_has_its_own_cluster_name(tmp_path: Path) -> None:
+    """Two users of the host running the doc examples at once must not share a cluster
+    (issue 20 item 16: a second user's run of the documented example failed 4 tests): each
+    run's copy of docs/examples/ names its own cluster; the docs' file stays as written."""
+    docs_text = (FIXTURES / "cluster.toml").read_text()
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    name_a, name_b = copy_examples(a), copy_examples(b)
+    docs_name = ClusterConfig.load(FIXTURES / "cluster.toml").name
+    assert len({name_a, name_b, docs_name}) == 3
+    assert ClusterConfig.load(a / "cluster.toml").name == name_a
+    assert ClusterConfig.load(b / "cluster.toml").name == name_b
+    assert (FIXTURES / "cluster.toml").read_text() == docs_text
+
+
 @pytest.mark.parametrize("code", collect())
 def test_doc_example_runs_verbatim(code: str, tmp_path: Path) -> None:
     for f in FIXTURES.iterdir() if FIXTURES.is_dir() else ():
