@@ -602,13 +602,13 @@ def print_report(cfg: DemoConfig, res: dict[str, Any], file: Any = None) -> None
     s = summary(res)
     for label, key, fmt, unit in SUMMARY:
         row = s[key]
-        ra, rc, ratio = row["rdmasched"], row["central"], row["central/rdmasched"]
+        fa, fc, times = row["rdmasched"], row["central"], row["central/rdmasched"]
         line = (
-            f"  {label:<22} rdmasched {_fmt(fmt, ra)}{unit}   central {_fmt(fmt, rc)}{unit}   "
-            f"{_fmt('{:.2f}x', ratio)}"
+            f"  {label:<22} rdmasched {_fmt(fmt, fa)}{unit}   central {_fmt(fmt, fc)}{unit}   "
+            f"{_fmt('{:.2f}x', times)}"
         )
-        if key == "slot_idle_pct" and ra is not None and rc:
-            line += f" ({rc - ra:+.2f} points; {100 * (rc - ra) / rc:.0f}% less idle time)"
+        if key == "slot_idle_pct" and fa is not None and fc:
+            line += f" ({fc - fa:+.2f} points; {100 * (fc - fa) / fc:.0f}% less idle time)"
         print(line, file=file)
 
 
