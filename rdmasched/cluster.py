@@ -374,8 +374,8 @@ def env_int(env: Mapping[str, str], key: str, default: int | None = None) -> int
     except ValueError:
         n = None
     if n is None or n < lo or (hi is not None and n > hi):
-        bound = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-        raise ConfigError(f"{key}={value!r} must be an integer in {bound}")
+        bound = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
+        raise ConfigError(f"{key}={value!r} must be an integer {bound}")
     return n
 
 
