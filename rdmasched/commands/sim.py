@@ -222,7 +222,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--calibrate-sizes",
         type=node_counts,
         default="4,8,16,32",
-        help="node counts to calibrate at",
+        help=f"node counts to calibrate at: real `rdmasched demo` runs, so each at most "
+        f"{DEMO_MAX_NODES} (the demo's nodes)",
     )
 
 
