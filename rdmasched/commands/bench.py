@@ -89,8 +89,9 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="run each row about this long per round instead of a count of round trips "
         "(the count comes from a short probe of the row): per row and per round, so the "
-        "total is about rows x rounds x SECONDS (6 rows x 5 rounds unless --rows or --rounds say otherwise: 30 x SECONDS), "
-        "said on stderr before the run; None: --iterations",
+        "total is about rows x rounds x SECONDS (6 rows x 5 rounds unless --rows or "
+        "--rounds say otherwise: 30 x SECONDS), said on stderr before the run; "
+        "None: --iterations",
     )
     lat.add_argument(
         "--csv", metavar="FILE", type=output_file(), help="also write every row and round as CSV"
