@@ -165,11 +165,10 @@ class ClusterConfig:
             )
         hb = _int(c, "heartbeat_ms", source, "cluster.heartbeat_ms", default=50)
         dead = _int(c, "dead_after_ms", source, "cluster.dead_after_ms", default=500)
-        if hb <= 0 or dead <= 2 * hb:
-            raise ConfigError(
-                f"{source}: need heartbeat_ms > 0 and dead_after_ms > "
-                f"2 * heartbeat_ms (got {hb} and {dead})"
-            )
+        try:
+            check_liveness(hb, dead)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
 
         topology = None
         if "topology" in data:
@@ -258,14 +257,18 @@ class ClusterConfig:
                 f"need 0 <= RANK < WORLD_SIZE <= {MAX_NODES} (RANK={rank}, WORLD_SIZE={world})"
             )
         master = env.get("MASTER_ADDR", "127.0.0.1")
-        port = _env_int(env, "MASTER_PORT", "29500") + 100
-        slots = _env_int(env, "RDMASCHED_SLOTS", env.get("LOCAL_WORLD_SIZE", "1"))
+        port = env_int(env, "MASTER_PORT", 29500) + 100
+        slots = (
+            env_int(env, "RDMASCHED_SLOTS")
+            if env.get("RDMASCHED_SLOTS")
+            else env_int(env, "LOCAL_WORLD_SIZE", 1)
+        )
         transport = env.get("RDMASCHED_TRANSPORT", "shm")
         data: dict[str, Any] = {
             "cluster": {
                 "name": env.get("RDMASCHED_CLUSTER", f"job{env.get('SLURM_JOB_ID', 'local')}"),
                 "transport": transport,
-                "token": env.get("RDMASCHED_TOKEN", ""),
+                "token": env_token(env, transport, "environment"),
             },
             "node": [
                 {
@@ -315,12 +318,65 @@ def _topology_order(nodes: list[NodeSpec], topology: Topology, source: str) -> l
     return out
 
 
-def _env_int(env: Mapping[str, str], key: str, default: str) -> int:
-    value = env.get(key, default)
+def check_liveness(heartbeat_ms: int, dead_after_ms: int) -> None:
+    """The one liveness rule ([cluster], `demo`, `sim`): a heartbeat period > 0 and a peer
+    declared dead only after more than two periods of silence. Raises ValueError."""
+    if heartbeat_ms <= 0 or dead_after_ms <= 2 * heartbeat_ms:
+        raise ValueError(
+            "need heartbeat_ms > 0 and dead_after_ms > 2 * heartbeat_ms "
+            f"(got {heartbeat_ms} and {dead_after_ms})"
+        )
+
+
+def env_token(env: Mapping[str, str], transport: str, source: str) -> str:
+    """RDMASCHED_TOKEN, the cluster token of a cluster made from the environment; the verbs
+    transport needs one, and the error names the variable (not cluster.token)."""
+    token = env.get("RDMASCHED_TOKEN", "")
+    if transport == "verbs" and not token:
+        raise ConfigError(
+            f"{source}: the verbs transport needs RDMASCHED_TOKEN (the cluster token, at "
+            f"least {MIN_TOKEN_BYTES} bytes): the bootstrap authenticates peers with it"
+        )
+    return token
+
+
+#: the launcher's integer variables (torchrun, Slurm, RDMASCHED_*) and their bounds, lo..hi
+#: (None: no upper bound); launch.py and ClusterConfig.from_env read them through `env_int`
+ENV_BOUNDS: dict[str, tuple[int, int | None]] = {
+    "GROUP_RANK": (0, MAX_NODES - 1),
+    "NODE_RANK": (0, MAX_NODES - 1),
+    "GROUP_WORLD_SIZE": (1, MAX_NODES),
+    "WORLD_SIZE": (1, None),
+    "LOCAL_WORLD_SIZE": (1, EXEC_SLOTS_MAX),
+    "LOCAL_RANK": (0, None),
+    "MASTER_PORT": (1, 65535),
+    "SLURM_NODEID": (0, MAX_NODES - 1),
+    "SLURM_LOCALID": (0, None),
+    "RDMASCHED_SLOTS": (1, EXEC_SLOTS_MAX),
+    "RDMASCHED_PORT": (1, 65535),
+    "RDMASCHED_HEARTBEAT_MS": (1, None),
+    "RDMASCHED_DEAD_AFTER_MS": (1, None),
+    "RDMASCHED_STORE_TIMEOUT_S": (1, 86_400),
+}
+
+
+def env_int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
+    """The integer variable `key` of `env`, in its ENV_BOUNDS (`default` when unset or
+    empty; None: required); anything else is one line naming the variable."""
+    value = env.get(key, "")
+    if value == "":
+        if default is None:
+            raise ConfigError(f"{key} is not set")
+        return default
+    lo, hi = ENV_BOUNDS.get(key, (0, None))
     try:
-        return int(value)
+        n: int | None = int(value)
     except ValueError:
-        raise ConfigError(f"{key}={value!r} must be an integer") from None
+        n = None
+    if n is None or n < lo or (hi is not None and n > hi):
+        bound = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
+        raise ConfigError(f"{key}={value!r} must be an integer {bound}")
+    return n
 
 
 def parse_address(address: str, where: str) -> tuple[str, int]:

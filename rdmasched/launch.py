@@ -46,8 +46,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from rdmasched.clientproto import endpoint_name, up_lane
-from rdmasched.cluster import MAX_NODES, ClusterConfig
+from rdmasched.cluster import MAX_NODES, ClusterConfig, env_int, env_token
 from rdmasched.errors import ConfigError
+from rdmasched.limits import EXEC_SLOTS_MAX
 
 if TYPE_CHECKING:
     from rdmasched.daemon.clients import ClientHub
@@ -76,15 +77,7 @@ def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
 
 
 def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
-    value = env.get(key)
-    if value is None or value == "":
-        if default is None:
-            raise ConfigError(f"{key} is not set")
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f"{key}={value!r} must be an integer") from None
+    return env_int(env, key, default)  # one rule per variable: cluster.ENV_BOUNDS
 
 
 def cluster_name(env: Mapping[str, str] | None = None) -> str:
@@ -148,8 +141,15 @@ def _slots(env: Mapping[str, str]) -> int:
     if env.get("LOCAL_WORLD_SIZE"):
         return _int(env, "LOCAL_WORLD_SIZE")
     per = env.get("SLURM_NTASKS_PER_NODE", "")
-    m = re.match(r"^(\d+)", per)  # "2" or "2(x3)"
-    return int(m.group(1)) if m else 1
+    if not per:
+        return 1
+    m = re.fullmatch(r"(\d+)(\(x\d+\))?(,\d+(\(x\d+\))?)*", per)  # "2", "2(x3)", "2,1"
+    if m is None or not 1 <= int(m.group(1)) <= EXEC_SLOTS_MAX:
+        raise ConfigError(
+            f"SLURM_NTASKS_PER_NODE={per!r} must be a number of tasks per node in "
+            f"1..{EXEC_SLOTS_MAX} (as 2, or 2(x3)): it gives this host's execution slots"
+        )
+    return int(m.group(1))
 
 
 def _address(env: Mapping[str, str], host: str) -> str:
@@ -223,7 +223,7 @@ def _config(
     cluster: dict[str, Any] = {
         "name": cluster_name(env),
         "transport": transport,
-        "token": env.get("RDMASCHED_TOKEN", ""),
+        "token": env_token(env, transport, source),
     }
     for key in ("heartbeat_ms", "dead_after_ms"):
         var = f"RDMASCHED_{key.upper()}"

@@ -72,6 +72,17 @@ class Plan:
     group_leaves: int = 0  # rail-mesh: most leaves in a plane group
 
 
+def check_leaf_pod(leaf: int, pod: int, where: str = "generated topology") -> None:
+    """The one rule of a generated topology's switches (`topology`, `demo`, `sim`, the
+    [topology] table): leaf and pod >= 1, a pod holding whole leaves. Raises ConfigError."""
+    if leaf < 1 or pod < 1:
+        raise ConfigError(f"{where}: leaf and pod must be >= 1 (got {leaf}, {pod})")
+    if pod % leaf:
+        raise ConfigError(
+            f"{where}: pod ({pod}) must be a multiple of leaf ({leaf}): a pod holds whole leaves"
+        )
+
+
 class Topology:
     """Nodes in leaves in pods; which node holds lanes to which; how messages travel."""
 
@@ -139,13 +150,7 @@ class Topology:
         where = "generated topology"
         if not 1 <= nodes <= MAX_NODES:
             raise ConfigError(f"{where}: nodes must be in 1..{MAX_NODES}, not {nodes}")
-        if leaf < 1 or pod < 1:
-            raise ConfigError(f"{where}: leaf and pod must be >= 1 (got {leaf}, {pod})")
-        if pod % leaf:
-            raise ConfigError(
-                f"{where}: pod ({pod}) must be a multiple of leaf ({leaf}): "
-                "a pod holds whole leaves"
-            )
+        check_leaf_pod(leaf, pod, where)
         if not re.match(r"^[A-Za-z][A-Za-z0-9_.-]{0,30}$", prefix):
             raise ConfigError(f"{where}: host name prefix {prefix!r} is not valid")
         width = len(str(nodes - 1))

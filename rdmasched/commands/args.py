@@ -198,12 +198,29 @@ def host_port(text: str) -> str:
     return text
 
 
+def check_liveness(parser: argparse.ArgumentParser, heartbeat_ms: int, dead_after_ms: int) -> None:
+    """--heartbeat-ms and --dead-after-ms (`demo`, `sim`): the cluster config's rule
+    (cluster.check_liveness), in the options' names."""
+    from rdmasched.cluster import check_liveness as rule
+
+    try:
+        rule(heartbeat_ms, dead_after_ms)
+    except ValueError:
+        parser.error(
+            f"--dead-after-ms ({dead_after_ms}) must be more than 2 x --heartbeat-ms "
+            f"({heartbeat_ms}), as cluster.dead_after_ms and cluster.heartbeat_ms"
+        )
+
+
 positive = int_range(1, None, "a positive integer")
 spin_us = int_range(0, MAX_SPIN_US, "a whole number of microseconds")
 exec_slots = int_range(1, limits.EXEC_SLOTS_MAX, "a number of execution slots")
 ms = float_range(0.0, MAX_MS)
 positive_float = float_range(0.0, MAX_SECONDS)
 fraction = float_range(0.0, 1.0, lo_open=False)
+#: liveness options (`demo`, `sim`): a heartbeat period and a dead-peer time, ms
+heartbeat_ms = int_range(1, 60_000, "a number of ms")
+dead_after_ms = int_range(3, 600_000, "a number of ms")
 
 
 class _Renamed(argparse.Action):

@@ -88,7 +88,10 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
         default=None,
         metavar="SECONDS",
         help="run each row about this long per round instead of a count of round trips "
-        "(the count comes from a short probe of the row); None: --iterations",
+        "(the count comes from a short probe of the row): per row and per round, so the "
+        "total is about rows x rounds x SECONDS (6 rows x 5 rounds unless --rows or "
+        "--rounds say otherwise: 30 x SECONDS), said on stderr before the run; "
+        "None: --iterations",
     )
     lat.add_argument(
         "--csv", metavar="FILE", type=output_file(), help="also write every row and round as CSV"
@@ -348,6 +351,15 @@ def _add_telemetry_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def latency_total_line(duration: float, rows: int, rounds: int) -> str:
+    """What `bench latency --duration` adds up to (it is per row and round, not a total)."""
+    total = duration * rows * rounds
+    return (
+        f"bench latency: --duration {duration:g} s per row and round: {rows} rows x {rounds} "
+        f"rounds, about {total:g} s in all (plus each row's probe and warm-up)"
+    )
+
+
 def _latency(args: argparse.Namespace) -> int:
     from rdmasched.bench.common import dump_json, print_table
 
@@ -357,6 +369,11 @@ def _latency(args: argparse.Namespace) -> int:
         return verbs_latency.main(args)
     from rdmasched.bench import latency, output
 
+    if args.duration is not None:
+        rows = sum(
+            len(args.sizes) if args.sizes and row in latency.SIZED_ROWS else 1 for row in args.rows
+        )
+        print(latency_total_line(args.duration, rows, args.rounds), file=sys.stderr, flush=True)
     started = time.time()
     r = latency.from_args(args, quiet=args.json)
     floor = "c-shm-floor" if "c-shm-floor" in r["refs"] else None

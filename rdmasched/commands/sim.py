@@ -11,7 +11,19 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from rdmasched.commands.args import int_range, jitter, node_counts, output_dir, output_file
+from rdmasched.commands.args import (
+    add_exec_slots,
+    check_liveness,
+    dead_after_ms,
+    heartbeat_ms,
+    int_range,
+    jitter,
+    ms,
+    node_counts,
+    output_dir,
+    output_file,
+)
+from rdmasched.demo.defaults import DEMO_MAX_NODES
 from rdmasched.demo.job import WorkloadConfig
 from rdmasched.sim.linkmodel import PRESETS, preset
 from rdmasched.sim.report import (
@@ -103,8 +115,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "takes about 10 CPU minutes: docs/SIM.md, 'Speed')",
     )
     p.add_argument("--steps", type=_pos_int, default=10, help="training steps")
-    p.add_argument("--exec-slots", type=_pos_int, default=4, help="execution slots per node")
-    p.add_argument("--compute-ms", type=_nonneg, default=4.0, help="compute task length, ms")
+    add_exec_slots(p, 4, "execution slots (GPUs) per node")
+    p.add_argument("--compute-ms", type=ms, default=4.0, help="compute task length, ms")
     p.add_argument("--jitter", type=jitter, default=0.25, help="compute length +- fraction")
     p.add_argument("--sync-ms", type=_nonneg, default=1.0, help="gradient sync task length, ms")
     p.add_argument("--background-ms", type=_nonneg, default=2.0, help="background task, ms")
@@ -144,8 +156,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="COUNT@MS",
         help="kill COUNT random nodes at virtual time MS, repeatable (default none)",
     )
-    p.add_argument("--heartbeat-ms", type=_pos_int, default=50, help="heartbeat period, ms")
-    p.add_argument("--dead-after-ms", type=_pos_int, default=500, help="silence = dead, ms")
+    p.add_argument("--heartbeat-ms", type=heartbeat_ms, default=50, help="heartbeat period, ms")
+    p.add_argument(
+        "--dead-after-ms",
+        type=dead_after_ms,
+        default=500,
+        help="silence = dead, ms (more than 2 x --heartbeat-ms, as cluster.dead_after_ms)",
+    )
     p.add_argument(
         "--central-call-ns",
         type=_pos_int,
@@ -205,13 +222,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--calibrate-sizes",
         type=node_counts,
         default="4,8,16,32",
-        help="node counts to calibrate at",
+        help=f"node counts to calibrate at: real `rdmasched demo` runs, so each at most "
+        f"{DEMO_MAX_NODES} (the demo's nodes)",
     )
 
 
-def base_config(args: argparse.Namespace) -> SimConfig:
+def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What the simulator takes is what `demo`, `topology` and the cluster config take: the
+    same liveness rule, the same leaf/pod rule; the calibration's real runs are demo runs,
+    at most the demo's nodes; and every size's configuration checked before any run."""
+    from rdmasched.errors import RdmaschedError
+    from rdmasched.topology import check_leaf_pod
+
+    check_liveness(parser, args.heartbeat_ms, args.dead_after_ms)
+    try:
+        check_leaf_pod(args.leaf, args.pod, "--leaf/--pod")
+    except RdmaschedError as exc:
+        parser.error(str(exc))
+    sizes = list(args.sizes)
+    if args.calibrate:
+        big = [n for n in args.calibrate_sizes if n > DEMO_MAX_NODES]
+        if big:
+            parser.error(
+                f"--calibrate-sizes {big[0]}: the calibration's real runs are `rdmasched demo` "
+                f"runs, which take at most {DEMO_MAX_NODES} nodes (processes on this host)"
+            )
+        sizes = list(args.calibrate_sizes)
+    base = base_config(args, load_trace=False)
+    for n in sizes:
+        try:
+            replace(base, nodes=n).check()
+        except RdmaschedError as exc:
+            parser.error(f"at {n} nodes: {exc}")
+
+
+def base_config(args: argparse.Namespace, load_trace: bool = True) -> SimConfig:
+    """The simulator's configuration from the options (`load_trace`: read --workload)."""
     trace = None
-    if args.workload:
+    if args.workload and load_trace:
         from rdmasched.workload import load
 
         trace = load(args.workload)
@@ -284,9 +332,14 @@ def main(args: argparse.Namespace) -> int:
         how = "given" if args.central_call_ns else "measured here"
         say(f"central coordinator: {call} ns per call into a node core ({how})")
         base = replace(base, central_call_ns=call)
-        cal = calibrate(
-            base, args.calibrate_sizes, _real_demo(args, base), full_mesh=args.full_mesh
-        )
+        from rdmasched.demo.runner import signals_interrupt
+
+        # SIGTERM/SIGHUP/SIGINT stop the calibration as they stop the demo (its real runs
+        # stop their processes and remove their segments), in its simulated runs too
+        with signals_interrupt():
+            cal = calibrate(
+                base, args.calibrate_sizes, _real_demo(args, base), full_mesh=args.full_mesh
+            )
         if args.json:
             doc = {"central_call_ns": call, "calibration": cal} | run_info(vars(args))
             print(json.dumps(doc, indent=2))

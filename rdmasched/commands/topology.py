@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from rdmasched import limits
 from rdmasched.commands.args import int_range, lane_slots, node_counts
+from rdmasched.errors import ConfigError
 from rdmasched.topology import (
     DEFAULT_BUDGET,
     DEFAULT_SLOTS_PER_LANE,
@@ -20,6 +21,7 @@ from rdmasched.topology import (
     SLOT_BYTES,
     Report,
     Topology,
+    check_leaf_pod,
     verify,
 )
 
@@ -101,6 +103,11 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             f"--{generated[0]} generates a topology; it cannot be combined with "
             f"{'--config' if args.config else '--slurm'}"
         )
+    if not (args.config or args.slurm):
+        try:
+            check_leaf_pod(_or(args.leaf, LEAF), _or(args.pod, POD))
+        except ConfigError as exc:
+            parser.error(str(exc))
 
 
 def _or(value: int | None, default: int) -> int:

@@ -301,16 +301,18 @@ def run_mode(
         jobs.append((fn, (cfg, name, i, shared)))
     if mode == "central":
         jobs.append((coordinator_proc, (cfg, name, shared)))
-    pipes, procs = [], []
-    for fn, args in jobs:
-        r, w = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_child, args=(fn, w, *args), daemon=True)
-        p.start()
-        w.close()
-        pipes.append(r)
-        procs.append(p)
+    pipes: list[Any] = []
+    procs: list[Any] = []
     results: list[dict[str, Any]] = []
-    try:
+    finished = False
+    try:  # a signal while the processes start stops those started (the `finally` below)
+        for fn, args in jobs:
+            r, w = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_child, args=(fn, w, *args), daemon=True)
+            p.start()
+            procs.append(p)
+            w.close()
+            pipes.append(r)
         try:
             shared.go.wait(60)
         except threading.BrokenBarrierError:
@@ -353,10 +355,13 @@ def run_mode(
             if status != "ok":
                 raise DemoError(f"{mode}: a process failed: {value}")
             results.append(value)
+        finished = True
     finally:
         shared.stop.value = 1
         shared.go.abort()  # a process still starting gives up at once
-        deadline = time.monotonic() + 10
+        # stopped (a signal, an error): 2 s to stop before a kill, so a SIGTERM ends the demo
+        # within seconds even while its nodes still connect; the segments go below either way
+        deadline = time.monotonic() + (10 if finished else 2)
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
         for p in procs:
@@ -495,7 +500,7 @@ def run(cfg: DemoConfig, progress: bool = True) -> dict[str, Any]:
         sys.stderr.flush()
 
     cb = bar if progress else None
-    with _signals_interrupt():
+    with signals_interrupt():
         return {
             "rdmasched": run_mode("rdmasched", cfg, cb),
             "central": run_mode("central", cfg, cb),
@@ -503,7 +508,7 @@ def run(cfg: DemoConfig, progress: bool = True) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
+def signals_interrupt() -> Iterator[None]:
     """SIGTERM, SIGHUP and SIGINT (Ctrl-C) raise Interrupted (a KeyboardInterrupt), so the
     demo stops its processes and removes their shared memory on the way out."""
 
@@ -593,13 +598,38 @@ def print_report(cfg: DemoConfig, res: dict[str, Any], file: Any = None) -> None
             f"  {label:<10}" + ", ".join(f"{k} {v:.1f}" for k, v in kinds.items()),
             file=file,
         )
-    ia, ic = a["slot_idle_pct"], c["slot_idle_pct"]
-    if ia is not None and ic is not None:
-        print(
-            f"\nslot idle time: rdmasched {ia:.2f}% vs central {ic:.2f}% "
-            f"({ic - ia:+.2f} points; {100 * (ic - ia) / ic if ic else 0:.0f}% less idle time)",
-            file=file,
+    print("\nsummary (each x: central's figure over rdmasched's):", file=file)
+    s = summary(res)
+    for label, key, fmt, unit in SUMMARY:
+        row = s[key]
+        fa, fc, times = row["rdmasched"], row["central"], row["central/rdmasched"]
+        line = (
+            f"  {label:<22} rdmasched {_fmt(fmt, fa)}{unit}   central {_fmt(fmt, fc)}{unit}   "
+            f"{_fmt('{:.2f}x', times)}"
         )
+        if key == "slot_idle_pct" and fa is not None and fc:
+            line += f" ({fc - fa:+.2f} points; {100 * (fc - fa) / fc:.0f}% less idle time)"
+        print(line, file=file)
+
+
+#: the summary's figures: label, key in a mode's results, format, unit
+SUMMARY = (
+    ("slot idle", "slot_idle_pct", "{:.2f}", "%"),
+    ("step time", "step_time_ms", "{:.2f}", " ms"),
+    ("preempt reaction p50", "preempt_reaction_p50_us", "{:.1f}", " us"),
+)
+
+
+def summary(res: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Slot idle %, step time (ms) and preemption reaction p50 (us) of each scheduler the
+    demo ran, and central's figure over rdmasched's (None where either is missing or 0):
+    the summary `print_report` prints and `rdmasched demo --json` carries."""
+    out: dict[str, dict[str, float | None]] = {}
+    for _, key, _, _ in SUMMARY:
+        ra, rc = res["rdmasched"].get(key), res["central"].get(key)
+        ratio = round(rc / ra, 6) if ra and rc is not None else None
+        out[key] = {"rdmasched": ra, "central": rc, "central/rdmasched": ratio}
+    return out
 
 
 def _fmt(fmt: str, v: Any) -> str:

@@ -149,8 +149,11 @@ class SimConfig:
         for count, at in self.kill:
             if not 0 <= count <= self.nodes or at < 0:
                 raise ArgumentError(f"--kill {count}@{at}: 0..{self.nodes} nodes at >= 0 ms")
-        if self.job_nodes < 0:
-            raise ArgumentError(f"job nodes must be >= 0, not {self.job_nodes}")
+        if not 0 <= self.job_nodes <= self.nodes:
+            raise ArgumentError(
+                f"--job-nodes {self.job_nodes}: nodes per job must be in 0..{self.nodes} "
+                f"(the cluster's nodes; 0: one job over every node)"
+            )
         if self.trace is not None and self.job_nodes not in (0, self.nodes):
             raise ArgumentError("a trace replay runs one job over every node (no --job-nodes)")
         if not 0 < self.heartbeat_ms < self.dead_after_ms:

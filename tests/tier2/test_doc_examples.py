@@ -6,6 +6,10 @@ examples' `cluster.toml`, a one-node shm cluster; the docs say so). A block pass
 exits 0 within the time limit and leaves no shared-memory segment behind (the examples'
 own: the names in their text, or the fixture cluster's).
 
+Each run's copy of the examples' `cluster.toml` names its own cluster (`example-<random>`,
+`copy_examples`): another user of the host running the same examples, or another run of
+these tests, holds other segments. The docs' file stays as written.
+
 A block that cannot run on its own is marked, sparingly, by an HTML comment on the last
 non-blank line before its fence, giving the reason (it is invisible in rendered Markdown):
 
@@ -24,6 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -85,15 +90,33 @@ def collect() -> list[object]:
     return params
 
 
-def _ours(segment: str, code: str) -> bool:
+CLUSTER_NAME = re.compile(r'^(\[cluster\][^\[]*?^name\s*=\s*)"[^"]*"', re.M | re.S)
+
+
+def copy_examples(dest: Path) -> str:
+    """Copy every file of docs/examples/ into `dest`, the cluster's name in `cluster.toml`
+    made this run's own; returns that name."""
+    name = f"example-{uuid.uuid4().hex[:12]}"
+    for f in FIXTURES.iterdir() if FIXTURES.is_dir() else ():
+        if f.is_file():
+            shutil.copy(f, dest / f.name)
+    toml = dest / "cluster.toml"
+    text, n = CLUSTER_NAME.subn(rf'\g<1>"{name}"', toml.read_text(), count=1)
+    assert n == 1, f"no [cluster] name in {FIXTURES / 'cluster.toml'}"
+    toml.write_text(text)
+    return name
+
+
+def _ours(segment: str, code: str, cluster: str) -> bool:
     """Whether a new segment is the example's, not a concurrent test's (the machine is
-    shared): its name holds a name from the example's text or the fixture's cluster."""
+    shared): its name (past the common prefix) starts with a name from the example's text
+    or this run's cluster, as a whole dot-separated part (so a name like "rdmasched" in the
+    text does not claim every segment of the host)."""
     names = set(re.findall(r"[\"']([A-Za-z0-9_.-]{3,})[\"']", code))
-    for f in FIXTURES.glob("*.toml"):
-        cluster = ClusterConfig.load(f)
-        names.add(f"{cluster.name}.")
-        names.add(ShmLinks.bell_name(cluster.name, 0).split(".")[0])
-    return any(n in segment for n in names)
+    names.add(cluster)
+    names.add(ShmLinks.bell_name(cluster, 0).split(".")[0])
+    body = segment.removeprefix(shm.PREFIX)
+    return any(body == n or body.startswith(f"{n}.") for n in names)
 
 
 def test_the_collector_finds_blocks_and_honours_the_marker(tmp_path: Path) -> None:
@@ -110,11 +133,25 @@ def test_the_collector_finds_blocks_and_honours_the_marker(tmp_path: Path) -> No
     assert len(collect()) >= 3  # README's and the docs' examples are all collected
 
 
+def test_each_run_has_its_own_cluster_name(tmp_path: Path) -> None:
+    """Two users of the host running the doc examples at once must not share a cluster
+    (issue 20 item 16: a second user's run of the documented example failed 4 tests): each
+    run's copy of docs/examples/ names its own cluster; the docs' file stays as written."""
+    docs_text = (FIXTURES / "cluster.toml").read_text()
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    name_a, name_b = copy_examples(a), copy_examples(b)
+    docs_name = ClusterConfig.load(FIXTURES / "cluster.toml").name
+    assert len({name_a, name_b, docs_name}) == 3
+    assert ClusterConfig.load(a / "cluster.toml").name == name_a
+    assert ClusterConfig.load(b / "cluster.toml").name == name_b
+    assert (FIXTURES / "cluster.toml").read_text() == docs_text
+
+
 @pytest.mark.parametrize("code", collect())
 def test_doc_example_runs_verbatim(code: str, tmp_path: Path) -> None:
-    for f in FIXTURES.iterdir() if FIXTURES.is_dir() else ():
-        if f.is_file():
-            shutil.copy(f, tmp_path / f.name)
+    cluster = copy_examples(tmp_path)
     script = tmp_path / "example.py"
     script.write_text(code)
     before = set(shm.list_segments())
@@ -129,7 +166,7 @@ def test_doc_example_runs_verbatim(code: str, tmp_path: Path) -> None:
             timeout=TIMEOUT_S,
         )
     finally:
-        leaked = [s for s in set(shm.list_segments()) - before if _ours(s, code)]
+        leaked = [s for s in set(shm.list_segments()) - before if _ours(s, code, cluster)]
     for s in leaked:
         shm.ShmSegment.unlink_name(s)
     assert r.returncode == 0, f"the example failed:\n{code}\n--- stderr:\n{r.stderr}"
