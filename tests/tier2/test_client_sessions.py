@@ -96,6 +96,17 @@ def test_a_second_session_on_the_same_daemon_starts_again_at_step_0(
     )
 
 
+def test_without_a_launcher_a_group_of_this_host_alone_starts_again(
+    daemon: tuple[Node, ClientHub],
+) -> None:
+    _, hub = daemon
+    for _ in range(2):
+        r = Rank(hub, 0, "")
+        with r.client:
+            r.run_steps(1, range(2))
+            assert r.steps == [0, 1] and r.client.rejected == {}
+
+
 def test_the_session_comes_from_the_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "SLURM_JOB_ID"):
         monkeypatch.delenv(var, raising=False)
@@ -174,7 +185,7 @@ def test_submits_past_the_bound_raise_in_the_rank_and_none_below_it_is_lost(
 
 
 def test_a_rank_leaving_with_many_queued_tasks_does_not_stall_the_loop() -> None:
-    n = 60_000
+    n = 200_000  # cancelled at once, they stopped the loop for 300 ms here (722 ms reported)
     node = Node(one_host(dead_after_ms=1000), "h0", spin_us=50).start()
     try:
         hub = launch.serve(node, max_queued=n)
