@@ -100,11 +100,14 @@ def cluster_name(env: Mapping[str, str] | None = None) -> str:
 
 
 def session_name(env: Mapping[str, str] | None = None) -> str:
-    """This rank's session, the launcher's run: `torchelastic:<TORCHELASTIC_RUN_ID>:
-    <TORCHELASTIC_RESTART_COUNT>` under torchrun (a restart is a new session), else
-    `slurm:<SLURM_JOB_ID>.<SLURM_STEP_ID>` under Slurm (each srun step one), else "" (no
-    launcher). The daemon keys sync groups by (session, group) (docs/CLIENT.md)."""
+    """This rank's session: RDMASCHED_SESSION if set, else the launcher's run:
+    `torchelastic:<TORCHELASTIC_RUN_ID>:<TORCHELASTIC_RESTART_COUNT>` under torchrun (a
+    restart is a new session), else `slurm:<SLURM_JOB_ID>.<SLURM_STEP_ID>` under Slurm (each
+    srun step one), else "" (no launcher). The daemon keys sync groups by (session, group)
+    (docs/CLIENT.md, "Sessions"): every rank of a session must have the same one."""
     env = _env(env)
+    if env.get("RDMASCHED_SESSION"):
+        return env["RDMASCHED_SESSION"]
     run = env.get("TORCHELASTIC_RUN_ID")
     if run:
         return f"torchelastic:{run}:{env.get('TORCHELASTIC_RESTART_COUNT') or 0}"

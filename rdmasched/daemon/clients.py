@@ -31,15 +31,22 @@ down lane and answers WELCOME. From then on:
   (the host's ranks have not connected yet, or all of them left) **waits** in its slot and is
   handed to the first client that connects; preempting or cancelling it meanwhile is answered
   at once with its progress unchanged (it never ran).
+  Only a task's owner may complete it or cancel it by id (another client is refused).
+- a client holds at most `max_queued` tasks here (queued, running, or placed elsewhere):
+  past it its submit is refused with `QueueFullError`, which the client raises.
 - a sync group's **local participants** are the clients that defined it; the host is ready
   at a step once `local` of them (default: max_clients) said `sync_ready`; its release runs
   `on_sync` on every participant, and the sync task completes when all of them are done.
+  A group belongs to the client's **session** (its HELLO's, the launcher's run): the
+  node's group is `session_group(session, group)`, and the hub forgets a group when its
+  last participant leaves. A refused `sync_ready` is raised by the client.
 - a preempt answer (the progress) comes back asynchronously; the preempted task stays
   PREEMPTING until it does (the preempting task starts at once).
 
 A client whose process is gone (found by the pid and start time in its up lane's header,
-checked every `check_ms`) is dropped: its tasks held here are cancelled (queued ones at
-once, running ones through PREEMPT(cancel)), those placed on other hosts are cancelled
+checked every `check_ms`) is dropped: its tasks held here are cancelled (queued ones
+first, CLIENT_CANCEL_SLICE a loop pass so that no pass takes long, then running ones
+through PREEMPT(cancel)), those placed on other hosts are cancelled
 there (PREEMPT(cancel), record dropped), other nodes' tasks it ran are requeued here,
 it leaves its groups, its down lane is closed, and `stats()["clients_dead"]` counts it.
 """

@@ -111,6 +111,7 @@ def test_the_session_comes_from_the_launcher(monkeypatch: pytest.MonkeyPatch) ->
     for var in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "SLURM_JOB_ID"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    monkeypatch.delenv("RDMASCHED_SESSION", raising=False)
     assert launch.session_name() == ""
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_STEP_ID", "3")
@@ -119,6 +120,8 @@ def test_the_session_comes_from_the_launcher(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
     assert launch.session_name() == "torchelastic:abc:2"
     assert Client("x.y", 0).session == "torchelastic:abc:2"
+    monkeypatch.setenv("RDMASCHED_SESSION", "mine")
+    assert launch.session_name() == "mine"
 
 
 def test_two_sessions_at_once_keep_their_steps_apart(daemon: tuple[Node, ClientHub]) -> None:
