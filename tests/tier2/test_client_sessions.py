@@ -15,8 +15,11 @@ In-process daemon and ranks on shm lanes:
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +32,8 @@ from rdmasched.daemon.node import Node
 from rdmasched.errors import ArgumentError
 from rdmasched.scheduler import Task
 from tests.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def one_host(dead_after_ms: int = 200) -> ClusterConfig:
@@ -237,3 +242,31 @@ def test_a_rank_cannot_complete_or_cancel_another_ranks_task(
         a.client.flush()
         assert a.client.rejected == {}
         assert node.inspect(lambda nd: len(nd.scheduler.queued())) == 0
+
+
+def test_the_daemon_command_bounds_each_client(tmp_path: Path) -> None:
+    name = f"q{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[cluster]\nname = "{name}"\n\n[[node]]\nname = "h0"\nslots = 1\n')
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = ["daemon", "--config", str(cfg), "--node", "h0", "--max-queued-per-client", "3"]
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "rdmasched.cli", *cmd],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert daemon.stdout is not None
+        assert f"at {name}.h0" in daemon.stdout.readline()
+        with Client(f"{name}.h0", 0, session="", connect_timeout_s=30) as c:
+            for i in range(3):
+                c.submit(i)
+            c.flush()
+            c.submit(3)
+            with pytest.raises(QueueFullError, match="3 tasks"):
+                c.flush()
+    finally:
+        daemon.terminate()
+        assert daemon.wait(30) == 0
