@@ -708,6 +708,9 @@ class ClientHub:
         key = (task.origin, task.id)
         if self.waiting.pop(key, None) is not None:  # it never ran: nothing to stop
             return task.progress_ns
+        if task.origin == self.node.id and task.id in self._doomed:  # its client is gone
+            self.running_on.pop(key, None)  # (a new process as that index never knew it)
+            return task.progress_ns
         k = self.running_on.get(key)
         if k is None or k not in self.clients:
             self.running_on.pop((task.origin, task.id), None)

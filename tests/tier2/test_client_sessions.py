@@ -93,7 +93,9 @@ def test_a_second_session_on_the_same_daemon_starts_again_at_step_0(
             r.run_steps(1, range(3))
             assert r.steps == [0, 1, 2]
             assert r.client.rejected == {}
-    # the last member left: the hub holds nothing of the groups any more
+    # the last member left (its goodbye is read on the daemon's own time): the hub holds
+    # nothing of the groups any more
+    wait_for(lambda: daemon[0].inspect(lambda n: hub.connects == 3 and not hub.clients), "left")
     assert daemon[0].inspect(lambda n: (hub.participants, hub.ready, hub.announced)) == (
         {},
         {},
