@@ -123,8 +123,16 @@ class Client:
         connect_timeout_s: float = 30.0,
         check_ms: int = 100,
         nslots: int = 256,
+        session: str | None = None,
     ) -> None:
         self.endpoint = endpoint
+        if session is None:
+            from rdmasched import launch
+
+            session = launch.session_name()
+        #: the launcher's run this rank belongs to (`launch.session_name`): its sync groups
+        #: are this session's (docs/CLIENT.md, "Sessions")
+        self.session = session
         self.index = check_int("index", index, 0, 254)
         self.connect_timeout_s = connect_timeout_s
         self.check_s = check_ms / 1000
@@ -137,6 +145,9 @@ class Client:
         #: requests of this client the daemon refused, by error type (each is also logged)
         self.rejected: dict[str, int] = {}
         self.last_rejection: str | None = None
+        #: a refusal the daemon said must raise here (a full queue, a refused sync_ready):
+        #: raised once, by the next call of this rank's threads (not handlers')
+        self._refusal: RdmaschedError | None = None
         self._dispatch: DispatchHandler | None = None
         self._preempt: PreemptHandler | None = None
         self._sync: SyncHandler | None = None
@@ -248,7 +259,11 @@ class Client:
                 target=self._read, name=f"rdmasched-client{k}", daemon=True
             )
             self._thread.start()
-            self._send(Kind.HEARTBEAT, hops=OP_HELLO, meta={"pid": os.getpid(), "rank": k})
+            self._send(
+                Kind.HEARTBEAT,
+                hops=OP_HELLO,
+                meta={"pid": os.getpid(), "rank": k, "session": self.session},
+            )
             while not self._welcome.wait(self.check_s):
                 self._check()
                 if time.monotonic() > deadline:
@@ -299,6 +314,7 @@ class Client:
         Safe to call twice."""
         if self._tx is None:
             return
+        self._refusal = None  # leaving: nothing more to raise
         if self._error is None:
             try:
                 self._send(Kind.HEARTBEAT, hops=OP_BYE)
@@ -504,9 +520,14 @@ class Client:
         return check_int("node", node, 0, U64_MAX)
 
     def _check(self) -> None:
-        """Raise if the daemon is gone (or the client closed)."""
+        """Raise if the daemon is gone (or the client closed), or a refusal that must raise
+        came (once; not on the reader thread, whose handlers' calls go on)."""
         if self._error is not None:
             raise self._error
+        refusal = self._refusal
+        if refusal is not None and threading.current_thread() is not self._thread:
+            self._refusal = None
+            raise refusal
         if self._tx is None:
             raise RdmaschedError(f"client {self.index} of {self.endpoint} is not connected")
 
@@ -654,6 +675,8 @@ class Client:
             kind, text = (m.meta or {}).get("err", ["RdmaschedError", "?"])
             self.rejected[kind] = self.rejected.get(kind, 0) + 1
             self.last_rejection = f"{kind}: {text}"
+            if (m.meta or {}).get("raise"):
+                self._refusal = error_from(kind, text)
             _log.error("client %d: the daemon refused a request: %s: %s", self.index, kind, text)
         with self._cond:
             self._cond.notify_all()

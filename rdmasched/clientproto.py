@@ -19,7 +19,13 @@ client lane as between nodes: `preempt_flags` and `preempt_from_flags`.
 
 **Errors.** A refusal, or a failed request, carries `{"err": [type name, text]}` in its
 meta (`error_meta`); the client raises it as the same rdmasched error class
-(`error_from`).
+(`error_from`). A refusal whose meta also says `"raise": 1` (`error_meta(exc, raises=True)`:
+a full queue, `QueueFullError`, or a refused `sync_ready`) is raised in the rank by its next
+call, besides being counted.
+
+**Sessions.** A client's HELLO names its session (`{"session": ...}`: the launcher's run,
+`rdmasched.launch.session_name`); the daemon keys sync groups by (session, group), as the
+wire group `session_group` (docs/CLIENT.md, "Sessions").
 """
 
 from __future__ import annotations
@@ -29,11 +35,13 @@ from typing import Any
 
 from rdmasched import errors as _errors
 from rdmasched.errors import ArgumentError, ConfigError, RdmaschedError
+from rdmasched.limits import GROUP_MAX
 from rdmasched.transport import shm
 from rdmasched.wire import Flag
 
 __all__ = [
     "NONE",
+    "QueueFullError",
     "bell_name",
     "down_lane",
     "endpoint_name",
@@ -41,6 +49,7 @@ __all__ = [
     "error_meta",
     "preempt_flags",
     "preempt_from_flags",
+    "session_group",
     "up_lane",
 ]
 
@@ -49,7 +58,7 @@ NONE = (1 << 64) - 1
 
 # ---- ops (in the `hops` byte) ----------------------------------------------------------------
 # client -> daemon
-OP_HELLO = 1  # HEARTBEAT meta {"pid", "rank"}
+OP_HELLO = 1  # HEARTBEAT meta {"pid", "rank", "session"}
 OP_BYE = 2  # HEARTBEAT
 OP_SUBMIT = 3  # DISPATCH id job priority arg0=cost meta=payload
 OP_DISPATCH = 4  # DISPATCH ... arg1=to node (NONE: here)
@@ -67,6 +76,20 @@ OP_SYNC = 35  # SYNC_READY id=sync task id job flags=slot arg0=group arg2=origin
 OP_DONE = 36  # COMPLETE id=task arg0=node: a task this client submitted completed there
 OP_REPLY = 37  # HEARTBEAT arg0=request id meta {"ok": value} or error_meta
 OP_ERROR = 38  # HEARTBEAT meta error_meta: a request of this client was refused
+
+
+class QueueFullError(RdmaschedError, BufferError):
+    """A rank holds as many tasks on its daemon as the daemon allows (`max_queued`)."""
+
+
+# ---- sessions --------------------------------------------------------------------------------
+def session_group(session: str, group: int) -> int:
+    """The wire group (the node's) of `group` in `session`: `group` itself for the session
+    "" (no launcher), else a hash of both in 0..GROUP_MAX, the same on every host."""
+    if not session:
+        return group
+    h = hashlib.blake2s(f"{session}\0{group}".encode(), digest_size=4).digest()
+    return int.from_bytes(h, "little") & GROUP_MAX
 
 
 # ---- lanes and doorbells ---------------------------------------------------------------------
@@ -111,16 +134,19 @@ def preempt_from_flags(flags: int) -> tuple[bool, bool]:
 
 
 # ---- error frames ----------------------------------------------------------------------------
-def error_meta(exc: BaseException) -> dict[str, Any]:
+def error_meta(exc: BaseException, *, raises: bool = False) -> dict[str, Any]:
     """The meta of a refusal (OP_ERROR) or a failed request (OP_REPLY): the error's class
-    name and text."""
-    return {"err": [type(exc).__name__, str(exc)]}
+    name and text; `raises`: the rank raises it (OP_ERROR), not only counts it."""
+    meta: dict[str, Any] = {"err": [type(exc).__name__, str(exc)]}
+    if raises:
+        meta["raise"] = 1
+    return meta
 
 
 def error_from(kind: str, text: str) -> RdmaschedError:
     """The error a daemon reported (the pair in `error_meta`), as the same class when
     rdmasched has it."""
-    cls = getattr(_errors, kind, None)
+    cls = QueueFullError if kind == "QueueFullError" else getattr(_errors, kind, None)
     if isinstance(cls, type) and issubclass(cls, RdmaschedError):
         return cls(text)
     if kind == "DuplicateTaskError" or kind.endswith("Error"):

@@ -64,6 +64,7 @@ __all__ = [
     "host_node",
     "serve",
     "serve_metrics",
+    "session_name",
     "slurm_hosts",
     "spawn_daemon",
 ]
@@ -89,6 +90,24 @@ def cluster_name(env: Mapping[str, str] | None = None) -> str:
         job = env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or "local"
         name = _BAD.sub("-", f"job{job}")[:40]
     return name
+
+
+def session_name(env: Mapping[str, str] | None = None) -> str:
+    """This rank's session: RDMASCHED_SESSION if set, else the launcher's run:
+    `torchelastic:<TORCHELASTIC_RUN_ID>:<TORCHELASTIC_RESTART_COUNT>` under torchrun (a
+    restart is a new session), else `slurm:<SLURM_JOB_ID>.<SLURM_STEP_ID>` under Slurm (each
+    srun step one), else "" (no launcher). The daemon keys sync groups by (session, group)
+    (docs/CLIENT.md, "Sessions"): every rank of a session must have the same one."""
+    env = _env(env)
+    if env.get("RDMASCHED_SESSION"):
+        return env["RDMASCHED_SESSION"]
+    run = env.get("TORCHELASTIC_RUN_ID")
+    if run:
+        return f"torchelastic:{run}:{env.get('TORCHELASTIC_RESTART_COUNT') or 0}"
+    job = env.get("SLURM_JOB_ID")
+    if job:
+        return f"slurm:{job}.{env.get('SLURM_STEP_ID') or 0}"
+    return ""
 
 
 def slurm_hosts(env: Mapping[str, str] | None = None) -> tuple[list[str], int] | None:
@@ -277,15 +296,20 @@ def host_node(env: Mapping[str, str] | None = None, **kw: Any) -> Node:
 
 
 def serve(
-    node: Node, *, max_clients: int | None = None, metrics_port: int | None = None
+    node: Node,
+    *,
+    max_clients: int | None = None,
+    metrics_port: int | None = None,
+    max_queued: int | None = None,
 ) -> ClientHub:
     """Make a started `node` this host's daemon: serve its ranks (a `ClientHub` of
-    `max_clients`, default one per slot) and, given `metrics_port` (0: any free port), its
+    `max_clients`, default one per slot, each holding at most `max_queued` tasks, default
+    `limits.CLIENT_QUEUED_DEFAULT`) and, given `metrics_port` (0: any free port), its
     Prometheus metrics (`serve_metrics`). Both stop with the node. What `rdmasched daemon`
     runs."""
     from rdmasched.daemon.clients import ClientHub
 
-    hub = ClientHub(node, max_clients=max_clients).open()
+    hub = ClientHub(node, max_clients=max_clients, max_queued=max_queued).open()
     if metrics_port is not None:
         serve_metrics(node, metrics_port)
     return hub

@@ -35,6 +35,18 @@ GROUP_MAX = (1 << 31) - 1
 #: steps are 0..2**32-1 (a sync task's id holds the step in its low 32 bits)
 STEP_MAX = (1 << 32) - 1
 
+# ---- a host's clients (its ranks) ---------------------------------------------------------------
+#: tasks one rank may hold on its daemon (queued, running, or placed on another host) when
+#: the daemon is not told otherwise (`rdmasched daemon --max-queued-per-client`): a task costs
+#: the daemon about 1 KB, so 16 MB a rank at most
+CLIENT_QUEUED_DEFAULT = 16_384
+#: the most it may be set to: at the bound the daemon looks once over the rank's tasks for
+#: ones that ended unseen (about 30 ms for this many, measured), within one loop pass
+CLIENT_QUEUED_MAX = 1 << 18
+#: queued tasks of a departed rank cancelled per pass of the daemon's loop (the rest in the
+#: next passes): about 10 ms of work a slice, well under any `dead_after_ms`
+CLIENT_CANCEL_SLICE = 2_000
+
 # ---- lanes ---------------------------------------------------------------------------------------
 #: a lane holds a power of two of 64-byte slots in this range
 LANE_SLOTS_MIN = 16

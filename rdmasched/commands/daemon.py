@@ -10,6 +10,7 @@ from typing import Any
 
 from rdmasched.commands.args import UserError, int_range, us_or_off
 from rdmasched.errors import RdmaschedError
+from rdmasched.limits import CLIENT_QUEUED_DEFAULT, CLIENT_QUEUED_MAX
 
 HELP = (
     "run this host's node daemon in the foreground; the host's ranks are its clients "
@@ -28,6 +29,13 @@ def add_arguments(daemon: argparse.ArgumentParser) -> None:
         type=int_range(1, 255, "a number of client ranks"),
         default=None,
         help="client ranks served, indexes 0..N-1 (default the node's slots)",
+    )
+    daemon.add_argument(
+        "--max-queued-per-client",
+        type=int_range(1, CLIENT_QUEUED_MAX, "a number of tasks"),
+        default=None,
+        help=f"tasks one rank may hold here (queued, running or placed elsewhere); past it "
+        f"its submits raise QueueFullError (default {CLIENT_QUEUED_DEFAULT})",
     )
     daemon.add_argument(
         "--exit-when-idle",
@@ -98,7 +106,9 @@ def main(args: argparse.Namespace) -> int:
         signal.signal(sig, stop)
     node.start()
     try:
-        hub = launch.serve(node, max_clients=args.max_clients)
+        hub = launch.serve(
+            node, max_clients=args.max_clients, max_queued=args.max_queued_per_client
+        )
         print(
             f"rdmasched daemon: node {node.id} ({node.spec.name}) of cluster "
             f"{node.cluster.name!r}, {node.spec.slots} slots, {len(node.cluster.nodes)} nodes; "

@@ -33,15 +33,22 @@ down lane and answers WELCOME. From then on:
   (the host's ranks have not connected yet, or all of them left) **waits** in its slot and is
   handed to the first client that connects; preempting or cancelling it meanwhile is answered
   at once with its progress unchanged (it never ran).
+  Only a task's owner may complete it or cancel it by id (another client is refused).
+- a client holds at most `max_queued` tasks here (queued, running, or placed elsewhere):
+  past it its submit is refused with `QueueFullError`, which the client raises.
 - a sync group's **local participants** are the clients that defined it; the host is ready
   at a step once `local` of them (default: max_clients) said `sync_ready`; its release runs
   `on_sync` on every participant, and the sync task completes when all of them are done.
+  A group belongs to the client's **session** (its HELLO's, the launcher's run): the
+  node's group is `session_group(session, group)`, and the hub forgets a group when its
+  last participant leaves. A refused `sync_ready` is raised by the client.
 - a preempt answer (the progress) comes back asynchronously; the preempted task stays
   PREEMPTING until it does (the preempting task starts at once).
 
 A client whose process is gone (found by the pid and start time in its up lane's header,
-checked every `check_ms`) is dropped: its tasks held here are cancelled (queued ones at
-once, running ones through PREEMPT(cancel)), those placed on other hosts are cancelled
+checked every `check_ms`) is dropped: its tasks held here are cancelled (queued ones
+first, CLIENT_CANCEL_SLICE a loop pass so that no pass takes long, then running ones
+through PREEMPT(cancel)), those placed on other hosts are cancelled
 there (PREEMPT(cancel), record dropped), other nodes' tasks it ran are requeued here,
 it leaves its groups, its down lane is closed, and `stats()["clients_dead"]` counts it.
 """
@@ -78,11 +85,13 @@ from rdmasched.clientproto import (
     OP_SYNC_DONE,
     OP_WELCOME,
     OP_YIELDED,
+    QueueFullError,
     bell_name,
     down_lane,
     endpoint_name,
     error_meta,
     preempt_from_flags,
+    session_group,
     up_lane,
 )
 from rdmasched.daemon.core import SYNC_ID_BASE as _SYNC_ID_BASE
@@ -95,6 +104,7 @@ from rdmasched.errors import (
     PeerDeadError,
     RdmaschedError,
 )
+from rdmasched.limits import CLIENT_CANCEL_SLICE, CLIENT_QUEUED_DEFAULT, CLIENT_QUEUED_MAX
 from rdmasched.messages import Outgoing
 from rdmasched.scheduler import Task
 from rdmasched.scheduler.task import TaskState, task_key
@@ -108,20 +118,35 @@ _log = logging.getLogger("rdmasched.clients")
 __all__ = ["ClientHub"]
 
 _STOPPING = (TaskState.PREEMPTING, TaskState.CANCELLING)
+_ENDED = (TaskState.DONE, TaskState.CANCELLED)
+_NEW_SESSION = (
+    "; a new training session starts its groups again under a session of its own (the "
+    "launcher's run, or Client(session=...)), docs/CLIENT.md"
+)
 
 
 class _Client:
     """One connected client, as the daemon sees it (loop thread only)."""
 
-    def __init__(self, k: int, pid: int, start: int, tx: TxLane) -> None:
+    def __init__(self, k: int, pid: int, start: int, tx: TxLane, session: str) -> None:
         self.k = k
         self.pid = pid
         self.start = start
         self.tx = tx
+        #: the launcher's run this rank belongs to (its HELLO; "" without a launcher)
+        self.session = session
+        #: ids of this node's tasks the client submitted and the node still holds (the
+        #: reverse of `ClientHub.owner`), at most `max_queued`
+        self.owned: set[int] = set()
+        #: when `owned` was last pruned of tasks that ended unseen (cancelled while queued),
+        #: and the hub's count of cancels then
+        self.pruned_ns = 0
+        self.pruned_cancels = -1
         #: messages queued while the lane is full (a client lane is local: no dst, src or
         #: relays, so the messages' own `Outgoing` shape)
         self.outbox: deque[Outgoing] = deque()
-        self.groups: set[int] = set()
+        #: the groups it defined: group (as the client names it) -> wire group
+        self.groups: dict[int, int] = {}
 
 
 class ClientHub:
@@ -135,6 +160,7 @@ class ClientHub:
         max_clients: int | None = None,
         nslots: int = 256,
         check_ms: int = 100,
+        max_queued: int | None = None,
     ) -> None:
         self.node = node
         self.host = host or node.spec.name
@@ -142,6 +168,9 @@ class ClientHub:
         self.max_clients = node.spec.slots if max_clients is None else max_clients
         if not 1 <= self.max_clients <= 255:
             raise ConfigError(f"max_clients must be 1..255, not {self.max_clients}")
+        self.max_queued = CLIENT_QUEUED_DEFAULT if max_queued is None else max_queued
+        if not 1 <= self.max_queued <= CLIENT_QUEUED_MAX:
+            raise ConfigError(f"max_queued must be 1..{CLIENT_QUEUED_MAX}, not {self.max_queued}")
         self.nslots = nslots
         self.check_ns = check_ms * 1_000_000
         self._rx: list[RxLane] = []
@@ -155,7 +184,13 @@ class ClientHub:
         self.owner: dict[int, int] = {}
         #: (origin, id) of a task running here -> the client it was started on
         self.running_on: dict[tuple[int, int], int] = {}
-        #: group -> participants (client indexes); group -> local count the host waits for
+        #: wire group (`session_group`) -> (session, group): every group defined here
+        self.group_names: dict[int, tuple[str, int]] = {}
+        #: groups of this host alone without a session: the wire group of the one in use,
+        #: and how many times each was used (`_wire_group`)
+        self._local_gid: dict[int, int] = {}
+        self._local_uses: dict[int, int] = {}
+        #: wire group -> participants (client indexes); -> local count the host waits for
         self.participants: dict[int, set[int]] = {}
         self.local: dict[int, int] = {}
         self.ready: dict[tuple[int, int], set[int]] = {}
@@ -172,6 +207,14 @@ class ClientHub:
         self.late_answers = 0
         #: tasks of clients that left or died, cancelled here
         self.cancelled = 0
+        #: tasks of departed clients still to cancel (a slice a loop pass), and their ids
+        #: (a start of one of them is kept back, `waiting`, until it is cancelled)
+        self._to_cancel: deque[int] = deque()
+        self._doomed: set[int] = set()
+        self._doomed_running: list[int] = []
+        self._slicing = False
+        #: PREEMPT(cancel)s clients asked for (a queued task ends unseen: `_prune`)
+        self._cancels = 0
         self.rejected: dict[str, int] = {}
         self.msgs_in = 0
         self.msgs_out = 0
@@ -251,6 +294,7 @@ class ClientHub:
             "late_answers": self.late_answers,
             "waiting_starts": len(self.waiting),
             "owned_tasks": len(self.owner),
+            "to_cancel": len(self._doomed),
             "rejected": dict(self.rejected),
             "msgs_in": self.msgs_in,
             "msgs_out": self.msgs_out,
@@ -309,21 +353,38 @@ class ClientHub:
             seen = core.rejections
             try:
                 self._handle(*m)
+            except QueueFullError as exc:
+                self._refuse(m[0], exc, raises=True)
             except RdmaschedError as exc:
-                self._refuse(m[0], exc)
+                self._refuse(m[0], exc, raises=m[1] == OP_READY)
             else:
                 if core.rejections != seen and m[0] in self.clients:
                     # the node refused what the request asked (counted in its `rejected`):
                     # the client counts it too (docs/CLIENT.md)
                     reason, _, detail = core.last_rejection.partition(": ")
+                    if m[1] == OP_READY:  # the rank would wait for ever: it raises
+                        c = self.clients[m[0]]
+                        self._refuse(
+                            m[0],
+                            ArgumentError(
+                                f"sync_ready for group {m[3]} step {m[7]} (session "
+                                f"{c.session!r}) refused by the node: {reason}: {detail}"
+                                + _NEW_SESSION
+                                * (reason == "stale-step")
+                            ),
+                            raises=True,
+                        )
+                        continue
                     self._send(m[0], Kind.HEARTBEAT, hops=OP_ERROR, meta={"err": [reason, detail]})
 
-    def _refuse(self, k: int, exc: BaseException) -> None:
+    def _refuse(self, k: int, exc: BaseException, raises: bool = False) -> None:
+        """Tell client `k` its request was refused (counted on both sides); `raises`: its
+        next call raises it (a full queue, a refused sync_ready: it must not wait on)."""
         name = type(exc).__name__
         self.rejected[name] = self.rejected.get(name, 0) + 1
         _log.warning("node %d: client %d: refused: %s", self.node.id, k, exc)
         if k in self.clients:
-            self._send(k, Kind.HEARTBEAT, hops=OP_ERROR, meta=error_meta(exc))
+            self._send(k, Kind.HEARTBEAT, hops=OP_ERROR, meta=error_meta(exc, raises=raises))
 
     def _handle(
         self,
@@ -346,6 +407,7 @@ class ClientHub:
             self.rejected["no-session"] = self.rejected.get("no-session", 0) + 1
             return
         node = self.node
+        c = self.clients[k]
         if op in (OP_SUBMIT, OP_DISPATCH):
             task = node.new_task(id, job=job, priority=priority, cost_ns=arg0, payload=meta)
             if id in self.owner:
@@ -353,7 +415,16 @@ class ClientHub:
                     f"task {id} of this node is still held (submitted by client "
                     f"{self.owner[id]}); task ids are unique per host while they live"
                 )
+            if id in self._doomed:
+                raise ArgumentError(f"task {id} of a client that left is still being cancelled")
+            if len(c.owned) >= self.max_queued and self._prune(c) >= self.max_queued:
+                raise QueueFullError(
+                    f"client {k} holds {len(c.owned)} tasks on this daemon, its bound "
+                    f"(max_queued, `rdmasched daemon --max-queued-per-client`): task {id} "
+                    "refused; complete or cancel some first"
+                )
             self.owner[id] = k
+            c.owned.add(id)
             if op == OP_SUBMIT:
                 node.carry_out(node.core.submit(task, node.clock()))
             elif arg1 == NONE or arg1 == node.id:
@@ -363,12 +434,14 @@ class ClientHub:
                 node.carry_out(node.core.dispatch_to(arg1, task, node.clock()))
         elif op == OP_PREEMPT:
             cancel, by_job = preempt_from_flags(flags)
-            node.preempt(
-                None if by_job else id,
-                job=job if by_job else None,
-                node=None if arg1 == NONE else arg1,
-                cancel=cancel,
-            )
+            if cancel and not by_job:
+                self._check_owner(k, id, "cancel")
+            self._cancels += cancel
+            tid, j = (None, job) if by_job else (id, None)
+            if arg1 == NONE or arg1 == node.id:  # here, now: before the client's next call
+                node.carry_out(node.core.preempt(tid, j, cancel, node.clock()))
+            else:
+                node.preempt(tid, job=j, node=arg1, cancel=cancel)
         elif op == OP_READY:
             self._ready(k, id, arg0)
         elif op == OP_COMPLETE:
@@ -376,9 +449,18 @@ class ClientHub:
             if id >= _SYNC_ID_BASE:  # a participant's sync work that went on after on_sync
                 self._sync_done(k, id)
                 return
-            if (origin is None or origin == node.id) and self.owner.get(id) == k:
-                del self.owner[id]
-            self.running_on.pop((node.id if origin is None else origin, id), None)
+            here = origin is None or origin == node.id
+            key = (node.id if origin is None else origin, id)
+            if here:
+                self._check_owner(k, id, "complete")
+            elif self.running_on.get(key, k) != k:
+                raise ArgumentError(
+                    f"task {id} of node {origin} runs on client {self.running_on[key]}, not "
+                    f"this one: a rank completes only the tasks it runs"
+                )
+            if here and self.owner.get(id) == k:
+                self._disown(id)
+            self.running_on.pop(key, None)
             node.carry_out(node.core.complete(id, origin, arg0, node.clock()))
         elif op == OP_YIELDED:
             self.running_on.pop((arg2, id), None)
@@ -398,6 +480,41 @@ class ClientHub:
         else:
             raise ArgumentError(f"unknown client request {op} (kind {kind})")
 
+    def _check_owner(self, k: int, task_id: int, what: str) -> None:
+        """Refuse client `k` to `what` (complete, cancel) a task of this node another client
+        submitted: only its owner knows when its work is done or no longer wanted."""
+        owner = self.owner.get(task_id)
+        if owner is not None and owner != k:
+            raise ArgumentError(
+                f"task {task_id} belongs to client {owner}, not this one (client {k}): a rank "
+                f"may {what} only its own tasks"
+            )
+
+    def _disown(self, task_id: int) -> int | None:
+        """Task `task_id` of this node is no longer held for its client: forget whose it was."""
+        k = self.owner.pop(task_id, None)
+        c = self.clients.get(k) if k is not None else None
+        if c is not None:
+            c.owned.discard(task_id)
+        return k
+
+    def _prune(self, c: _Client) -> int:
+        """Forget `c`'s tasks that ended without the hub seeing it (a queued task cancelled
+        by PREEMPT): after a client's cancel, else at most every 100 ms (a rank submitting
+        past its bound costs one look at its tasks, not one per submit). Returns how many
+        it still holds."""
+        now = time.monotonic_ns()
+        if c.pruned_cancels == self._cancels and now - c.pruned_ns < 100_000_000:
+            return len(c.owned)
+        c.pruned_ns, c.pruned_cancels = now, self._cancels
+        node = self.node
+        lookup, holder = node.scheduler.lookup, node.peers.holder
+        for tid in list(c.owned):
+            t = lookup(tid, node.id)
+            if (t is None or t.state in _ENDED) and holder(task_key(node.id, tid)) is None:
+                self._disown(tid)
+        return len(c.owned)
+
     def _hello(self, k: int, meta: dict[str, Any]) -> None:
         if k in self.clients:  # the same index again: the old process is gone
             self.clients_dead += 1
@@ -410,7 +527,7 @@ class ClientHub:
         except LaneError as exc:
             _log.warning("node %d: client %d said hello but: %s", self.node.id, k, exc)
             return
-        self.clients[k] = _Client(k, pid, start, tx)
+        self.clients[k] = _Client(k, pid, start, tx, str(meta.get("session") or ""))
         self.connects += 1
         node = self.node
         self._send(
@@ -471,41 +588,89 @@ class ClientHub:
             self._send(k, Kind.HEARTBEAT, arg0=rid, hops=OP_REPLY, meta=error_meta(exc))
 
     # ---- sync groups ----------------------------------------------------------------------------
+    def _wire_group(self, session: str, group: int, members: list[Any]) -> int:
+        """The node's group for `group` of `session` (`session_group`); a clear error in the
+        unlikely case that two (session, group) pairs hash to one. Without a session (no
+        launcher), a group of this host alone is new again once its last participant left
+        (no other host has to agree): its n-th use is the session `#n`."""
+        gid = session_group(session, group)
+        if not session and all(self.node.cluster.node(m).id == self.node.id for m in members):
+            gid = self._local_gid.get(group, -1)
+            if gid < 0:
+                n = self._local_uses.get(group, 0)
+                self._local_uses[group] = n + 1
+                gid = self._local_gid[group] = session_group(f"#{n}" if n else "", group)
+        name = self.group_names.setdefault(gid, (session, group))
+        if name != (session, group):
+            raise ArgumentError(
+                f"group {group} of session {session!r} shares its wire group {gid} with group "
+                f"{name[1]} of session {name[0]!r}: use another group id"
+            )
+        return gid
+
     def _define_group(self, k: int, group: int, members: list[Any], local: int | None) -> None:
         want = self.max_clients if local is None else int(local)
         if not 1 <= want <= self.max_clients:
             raise ArgumentError(f"local must be 1..{self.max_clients} (clients), not {want}")
-        if self.local.get(group, want) != want:
+        c = self.clients[k]
+        gid = self._wire_group(c.session, group, members)
+        if self.local.get(gid, want) != want:
             raise ArgumentError(
-                f"group {group} waits for {self.local[group]} local participants here, not {want}"
+                f"group {group} waits for {self.local[gid]} local participants here, not {want}"
             )
         # the node's own define_group: its checks, and nothing again for the same members
         # (queued on the loop: it runs before anything the client sends after the answer)
-        self.node.define_group(group, members)
-        self.local[group] = want
-        self.participants.setdefault(group, set()).add(k)
-        self.clients[k].groups.add(group)
+        self.node.define_group(gid, members)
+        self.local[gid] = want
+        self.participants.setdefault(gid, set()).add(k)
+        c.groups[group] = gid
 
     def _ready(self, k: int, group: int, step: int) -> None:
-        if k not in self.participants.get(group, ()):
+        c = self.clients[k]
+        gid = c.groups.get(group)
+        if gid is None:
             raise ArgumentError(
-                f"sync_ready for group {group}, which this client never defined (define_group)"
+                f"sync_ready for group {group} step {step}, which this client never defined "
+                "(define_group)"
             )
-        key = (group, step)
+        key = (gid, step)
         if key in self.announced:
-            raise ArgumentError(f"group {group} step {step} was already announced by this host")
+            raise ArgumentError(
+                f"group {group} step {step} (session {c.session!r}) was already announced by "
+                "this host: sync_ready once a step"
+            )
         self.ready.setdefault(key, set()).add(k)
         self._maybe_announce(key)
 
     def _maybe_announce(self, key: tuple[int, int]) -> None:
-        group, step = key
-        if len(self.ready.get(key, ())) >= self.local.get(group, 1):
+        gid, step = key
+        if len(self.ready.get(key, ())) >= self.local.get(gid, 1):
             del self.ready[key]
             self.announced.add(key)
             if len(self.announced) > 65536:  # steps long done
                 self.announced = {a for a in self.announced if a[1] + 1024 > step}
             node = self.node
-            node.carry_out(node.core.sync_ready(group, step, node.clock()))
+            node.carry_out(node.core.sync_ready(gid, step, node.clock()))
+
+    def _leave_group(self, k: int, gid: int) -> None:
+        """Client `k` stops being a participant of wire group `gid`; the last one to leave
+        frees the hub's state of it (its session is over here)."""
+        parts = self.participants.get(gid, set())
+        parts.discard(k)
+        if not parts:
+            session, group = self.group_names[gid]
+            if not session and self._local_gid.get(group) == gid:
+                del self._local_gid[group]  # its next use is a new group
+            self.participants.pop(gid, None)
+            self.local.pop(gid, None)
+            for key in [key for key in self.ready if key[0] == gid]:
+                del self.ready[key]
+            self.announced = {a for a in self.announced if a[0] != gid}
+            return
+        self.local[gid] = max(1, self.local.get(gid, 1) - 1)
+        for key in [key for key in self.ready if key[0] == gid]:
+            self.ready[key].discard(k)
+            self._maybe_announce(key)
 
     def _sync_done(self, k: int, task_id: int) -> None:
         left = self.syncing.get(task_id)
@@ -528,6 +693,9 @@ class ClientHub:
         return min(self.clients) if self.clients else None
 
     def _on_start(self, task: Task, slot: int) -> None:
+        if task.origin == self.node.id and task.id in self._doomed:  # its client left
+            self.waiting[(task.origin, task.id)] = (task, slot)  # never run; cancelled soon
+            return
         k = self._client_for(task, slot)
         if k is None:
             own = self._own.dispatch
@@ -555,6 +723,9 @@ class ClientHub:
         key = (task.origin, task.id)
         if self.waiting.pop(key, None) is not None:  # it never ran: nothing to stop
             return task.progress_ns
+        if task.origin == self.node.id and task.id in self._doomed:  # its client is gone
+            self.running_on.pop(key, None)  # (a new process as that index never knew it)
+            return task.progress_ns
         k = self.running_on.get(key)
         if k is None or k not in self.clients:
             self.running_on.pop((task.origin, task.id), None)
@@ -575,8 +746,9 @@ class ClientHub:
         return LATER  # its answer comes as OP_YIELDED
 
     def _on_sync(self, task: Task, slot: int) -> Any:
-        group = task.group if task.group is not None else 0
-        parts = [k for k in sorted(self.participants.get(group, ())) if k in self.clients]
+        gid = task.group if task.group is not None else 0
+        parts = [k for k in sorted(self.participants.get(gid, ())) if k in self.clients]
+        group = self.group_names.get(gid, ("", gid))[1]  # the group as its clients name it
         if not parts:
             own = self._own.sync
             return own(task, slot) if own is not None else None
@@ -598,7 +770,7 @@ class ClientHub:
         return LATER
 
     def _on_complete(self, task_id: int, where: int) -> None:
-        k = self.owner.pop(task_id, None)
+        k = self._disown(task_id)
         if k is None or k not in self.clients:
             own = self._own.complete
             if own is not None and k is None:
@@ -610,7 +782,7 @@ class ClientHub:
         node = self.node
         node.carry_out(node.core.preempted(task, progress, node.clock()))
         if task.state is TaskState.CANCELLED and task.origin == node.id:
-            self.owner.pop(task.id, None)
+            self._disown(task.id)
 
     # ---- sending to a client ------------------------------------------------------------------
     def _send(
@@ -685,24 +857,14 @@ class ClientHub:
             if owner == k and t is not None and t.state in _STOPPING:
                 del self.running_on[key]
                 node.carry_out(node.core.preempted(t, t.progress_ns, now))
-        # 2. its own tasks held here: cancelled (running ones through PREEMPT(cancel))
-        owned = [t for t, o in self.owner.items() if o == k]
-        for tid in owned:
-            del self.owner[tid]
-        for state in (TaskState.QUEUED, TaskState.RUNNING):  # queued first: none takes a slot
-            for tid in owned:
-                t = node.scheduler.lookup(tid, node.id)
-                if t is not None and t.state is state:
-                    node.carry_out(node.core.preempt(tid, None, True, now))
-                    self.cancelled += 1
-        for tid in owned:  # placed on another host: cancelled there (PREEMPT(cancel))
-            t = node.scheduler.lookup(tid, node.id)
-            holder = node.peers.holder(task_key(node.id, tid))
-            if holder is not None and (t is None or t.state is TaskState.FORWARDED):
-                node.preempt(tid, node=holder, cancel=True)
-                # no record kept: it must not be placed again should that host die later
-                node.peers.release(holder, task_key(node.id, tid))
-                self.cancelled += 1
+        # 2. its own tasks: cancelled, in slices of a loop pass each (`_cancel_slice`)
+        for tid in c.owned:
+            self.owner.pop(tid, None)
+        self._doomed.update(c.owned)
+        self._to_cancel.extend(c.owned)
+        c.owned = set()
+        if not self._slicing:
+            self._cancel_slice()
         # 3. other nodes' tasks it ran: requeued here, for another client
         for key, owner in list(self.running_on.items()):
             origin, tid = key
@@ -716,12 +878,47 @@ class ClientHub:
                 if not left:
                     del self.syncing[tid]
                     node.carry_out(node.core.complete(tid, node.id, 0, now))
-        for g in c.groups:
-            parts = self.participants.get(g, set())
-            parts.discard(k)
-            self.local[g] = max(1, self.local.get(g, 1) - 1)
-            for key in [key for key in self.ready if key[0] == g]:
-                self.ready[key].discard(k)
-                self._maybe_announce(key)
+        for g in c.groups.values():
+            self._leave_group(k, g)
         with contextlib.suppress(LaneError):
             c.tx.close()
+
+    def _cancel_slice(self) -> None:
+        """Cancel the next CLIENT_CANCEL_SLICE tasks of departed clients, and post the rest
+        to the loop's next pass, so that no pass takes long (docs/DAEMON.md): queued ones
+        at once, those placed on another host there (PREEMPT(cancel)), and, once no queued
+        one is left (none of them may take a freed slot), the running ones through
+        PREEMPT(cancel). A start of one of them meanwhile is kept back (`_on_start`)."""
+        node = self.node
+        now = node.clock()
+        lookup, holder_of = node.scheduler.lookup, node.peers.holder
+        todo, doomed = self._to_cancel, self._doomed
+        for _ in range(min(len(todo), CLIENT_CANCEL_SLICE)):
+            tid = todo.popleft()
+            t = lookup(tid, node.id)
+            if t is not None and t.state is TaskState.QUEUED:
+                node.carry_out(node.core.preempt(tid, None, True, now))
+                self.cancelled += 1
+            elif t is not None and t.state is TaskState.RUNNING:
+                self._doomed_running.append(tid)
+                continue
+            else:  # placed on another host: cancelled there
+                holder = holder_of(task_key(node.id, tid))
+                if holder is not None and (t is None or t.state is TaskState.FORWARDED):
+                    node.preempt(tid, node=holder, cancel=True)
+                    # no record kept: it must not be placed again should that host die later
+                    node.peers.release(holder, task_key(node.id, tid))
+                    self.cancelled += 1
+            doomed.discard(tid)
+        self._slicing = bool(todo)
+        if todo:
+            with contextlib.suppress(RdmaschedError):  # the node is stopping: nothing to do
+                node.call_later(50_000, self._cancel_slice)  # a timer: the next pass
+            return
+        running, self._doomed_running = self._doomed_running, []
+        for tid in running:  # (or queued again, preempted since it was looked at)
+            t = lookup(tid, node.id)
+            if t is not None and t.state in (TaskState.QUEUED, TaskState.RUNNING):
+                node.carry_out(node.core.preempt(tid, None, True, now))
+                self.cancelled += 1
+            doomed.discard(tid)
