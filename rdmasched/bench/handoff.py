@@ -1,5 +1,5 @@
-"""`python -m rdmasched.bench.handoff`: how fast a call made on another thread reaches the
-node's loop, and how many tasks a day's daemon runs for its client ranks.
+"""`rdmasched bench handoff`: how fast a call made on another thread reaches the node's
+loop, and how many tasks a daemon runs for its client ranks.
 
 Two figures (docs/PERFORMANCE-LOG.md, "Hand-off"):
 
@@ -16,10 +16,8 @@ Two figures (docs/PERFORMANCE-LOG.md, "Hand-off"):
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
-import sys
 import threading
 import time
 import uuid
@@ -28,7 +26,7 @@ from typing import Any
 from rdmasched.cluster import ClusterConfig
 from rdmasched.stats import percentile_us
 
-__all__ = ["client_throughput", "main", "run", "submit_latency"]
+__all__ = ["client_throughput", "report", "run", "submit_latency"]
 
 _ctx = mp.get_context("fork")  # ranks are forked before the daemon starts a thread
 
@@ -234,15 +232,3 @@ def report(figures: dict[str, Any]) -> str:
             f"daemon {f['daemon_cpu_pct']:.0f}%, ranks {f['ranks_cpu_pct']:.0f}%)"
         )
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m rdmasched.bench.handoff [--quick] [--json]` (`rdmasched bench handoff`)."""
-    args = sys.argv[1:] if argv is None else argv
-    figures = run(quick="--quick" in args)
-    print(json.dumps(figures, indent=2) if "--json" in args else report(figures))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
