@@ -63,6 +63,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
+class Interrupted(KeyboardInterrupt):
+    """A signal while the node joins its cluster: the CLI says so and exits 128 + signum."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 def configure_logging(level: str, fmt: str) -> _NodeField:
     """The daemon's logging: every rdmasched logger at `level` and above, to stderr, as
     text or JSON lines. Returns the filter whose ``node`` names the node on each line."""
@@ -211,9 +219,12 @@ def main(args: argparse.Namespace) -> int:
         node = launch.host_node(**policy)
     field.node = node.spec.name
     done = threading.Event()
+    joining = True
 
     def stop(signum: int, frame: object) -> None:
         done.set()
+        if joining:  # node.start() waits for the peers' lanes: stop waiting now
+            raise Interrupted(signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop)
@@ -227,6 +238,7 @@ def main(args: argparse.Namespace) -> int:
             host = f"[{host}]" if ":" in host else host
             metrics = f"; metrics at http://{host}:{server.port}/metrics"
         node.start()
+        joining = False
         run(node, args, done, metrics)
     finally:
         try:
