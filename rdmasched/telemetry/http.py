@@ -118,7 +118,12 @@ class Handler(BaseHTTPRequestHandler):
             return False
         if server.token is not None and urlsplit(self.path).path not in server.open_paths:
             got = self.headers.get("Authorization", "").encode("latin-1", "replace")
-            if not hmac.compare_digest(got, server.authorization):
+            scheme, _, credentials = got.strip().partition(b" ")
+            # the scheme's name is case-insensitive (RFC 9110 11.1), the token is not
+            if not (
+                hmac.compare_digest(credentials.strip(), server.token)
+                and scheme.lower() == b"bearer"
+            ):
                 self.send_response(401)
                 self.send_header("WWW-Authenticate", 'Bearer realm="rdmasched"')
                 body = b"401 Unauthorized: send Authorization: Bearer <token>\n"
@@ -158,7 +163,6 @@ class Server(ThreadingHTTPServer):
     ) -> None:
         self.what = what
         self.token = token
-        self.authorization = b"Bearer " + token if token is not None else b""
         self.open_paths = open_paths
         self.max_connections = max_connections
         self.idle_s = idle_s

@@ -215,11 +215,13 @@ def test_a_token_is_required_on_every_path_but_the_probes() -> None:
     try:
         for path in ("/metrics", "/events?since=0", "/nowhere", "/healthz/../metrics"):
             for auth in (None, "", "Bearer", f"Bearer {TOKEN.decode()}x", f"Basic {TOKEN.decode()}",
-                         f"bearer {TOKEN.decode()}", f"Bearer {TOKEN.decode()[:-1]}"):  # fmt: skip
+                         f"Bearer {TOKEN.decode()[:-1]}", f"Bearer {TOKEN.decode().upper()}",
+                         f"Bearer{TOKEN.decode()}", TOKEN.decode()):  # fmt: skip
                 status, headers = get_auth(m.port, path, auth)
                 assert status == 401, (path, auth, status)
                 assert headers["WWW-Authenticate"].startswith("Bearer"), headers
-        assert get_auth(m.port, "/nowhere", f"Bearer {TOKEN.decode()}")[0] == 404  # let through
+        for auth in (f"Bearer {TOKEN.decode()}", f"bearer {TOKEN.decode()}"):  # let through
+            assert get_auth(m.port, "/nowhere", auth)[0] == 404, auth
         for probe in ("/healthz", "/readyz", "/readyz?x=1"):  # no token; the fake node: 503
             assert get_auth(m.port, probe, None)[0] == 503, probe
     finally:
