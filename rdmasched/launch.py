@@ -301,28 +301,35 @@ def serve(
     max_clients: int | None = None,
     metrics_port: int | None = None,
     max_queued: int | None = None,
+    metrics_addr: str = "127.0.0.1",
+    metrics_token: bytes | None = None,
 ) -> ClientHub:
     """Make a started `node` this host's daemon: serve its ranks (a `ClientHub` of
     `max_clients`, default one per slot, each holding at most `max_queued` tasks, default
     `limits.CLIENT_QUEUED_DEFAULT`) and, given `metrics_port` (0: any free port), its
-    Prometheus metrics (`serve_metrics`). Both stop with the node. What `rdmasched daemon`
-    runs."""
+    Prometheus metrics and probes on `metrics_addr` (`serve_metrics`). Both stop with the
+    node. What `rdmasched daemon` runs (it serves the metrics before the node starts, so
+    that /readyz answers while the node joins)."""
     from rdmasched.daemon.clients import ClientHub
 
     hub = ClientHub(node, max_clients=max_clients, max_queued=max_queued).open()
     if metrics_port is not None:
-        serve_metrics(node, metrics_port)
+        serve_metrics(node, metrics_port, metrics_addr, token=metrics_token)
     return hub
 
 
-def serve_metrics(node: Node, port: int, addr: str = "127.0.0.1") -> MetricsServer:
-    """Serve `node`'s Prometheus metrics and live events on `addr:port` (0: any free port;
-    the server is `node.metrics`, its port `node.metrics.port`); it stops with the node
-    (docs/TELEMETRY.md, "Metrics")."""
+def serve_metrics(
+    node: Node, port: int, addr: str = "127.0.0.1", *, token: bytes | None = None
+) -> MetricsServer:
+    """Serve `node`'s Prometheus metrics, live events and probes (/healthz, /readyz) on
+    `addr:port` (0: any free port; the server is `node.metrics`, its port
+    `node.metrics.port`); with `token` (`telemetry.http.read_token`) /metrics and /events
+    need it. It stops with the node (docs/TELEMETRY.md, "Metrics"). A node not started yet
+    may be given one: it answers 503 until the node's loop runs."""
     from rdmasched.telemetry.metrics import serve as serve_http
 
     if node.metrics is None:
-        node.metrics = serve_http(node, port, addr)
+        node.metrics = serve_http(node, port, addr, token=token)
     server: MetricsServer = node.metrics
     return server
 

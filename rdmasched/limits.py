@@ -77,3 +77,7 @@ def check_lane_slots(nslots: object) -> int:
 #: config of MAX_NODES [[node]] tables is about 100 MiB; the bound keeps a wrong path (a
 #: device, a log) from being read into memory whole
 FILE_BYTES_MAX = 256 << 20
+#: a metrics bearer token (`rdmasched daemon --metrics-token-file`, telemetry/http.py): at
+#: least 16 characters (guessing it over HTTP is then hopeless), its file at most 4 KiB
+HTTP_TOKEN_BYTES_MIN = 16
+HTTP_TOKEN_BYTES_MAX = 4096

@@ -20,6 +20,7 @@ exec 1>&2  # set-up chatter, and pip's, goes to stderr
 APT_PACKAGES=(python3 python3-venv python3-dev gcc libc6-dev
               libibverbs-dev rdma-core ibverbs-providers ibverbs-utils python3-pyverbs valgrind
               chromium)  # chromium: the mirror's headless browser test (tests/tier2/test_mirror.py)
+APT_PACKAGES+=(systemd curl)  # systemd-analyze, curl: tests/tier2/test_systemd_unit.py, test_daemon_production.py
 VENV=${RDMASCHED_VENV:-.venv}
 STAMP="$VENV/.rdmasched-setup-stamp"
 

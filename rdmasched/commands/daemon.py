@@ -1,16 +1,25 @@
-"""`rdmasched daemon`: this host's node daemon in the foreground (docs/CLIENT.md)."""
+"""`rdmasched daemon`: this host's node daemon in the foreground (docs/CLIENT.md; in
+production, docs/DAEMON.md, "Running in production": metrics and probes, logs, systemd)."""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import json
+import logging
 import os
 import signal
 import sys
-from typing import Any
+import threading
+import time
+from typing import TYPE_CHECKING, Any
 
 from rdmasched.commands.args import UserError, int_range, us_or_off
 from rdmasched.errors import RdmaschedError
 from rdmasched.limits import CLIENT_QUEUED_DEFAULT, CLIENT_QUEUED_MAX
+
+if TYPE_CHECKING:
+    from rdmasched.daemon.node import Node
 
 HELP = (
     "run this host's node daemon in the foreground; the host's ranks are its clients "
@@ -19,6 +28,67 @@ HELP = (
 )
 #: --starvation-us off: a cap no task reaches (about 12 days)
 STARVATION_OFF_US = 1 << 40
+LOG_LEVELS = ("debug", "info", "warning", "error")
+#: the logger every rdmasched module logs under (``logging.getLogger(__name__)``)
+LOGGER = "rdmasched"
+
+
+class _NodeField(logging.Filter):
+    """Puts the node's name (once known) on every record, as ``record.node``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.node = self.node
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts (UTC, ISO 8601, ms), level, logger, msg, node (its name,
+    null before it is known), and exc (the traceback, when there is one)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        out: dict[str, Any] = {
+            "ts": f"{ts}.{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+            "node": getattr(record, "node", None),
+        }
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal while the node joins its cluster: the CLI says so and exits 128 + signum."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def configure_logging(level: str, fmt: str) -> _NodeField:
+    """The daemon's logging: every rdmasched logger at `level` and above, to stderr, as
+    text or JSON lines. Returns the filter whose ``node`` names the node on each line."""
+    field = _NodeField()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(field)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        text = "%(asctime)s %(levelname)s %(name)s [node %(node)s] %(message)s"
+        handler.setFormatter(logging.Formatter(text))
+    log = logging.getLogger(LOGGER)
+    for old in list(log.handlers):
+        log.removeHandler(old)
+    log.addHandler(handler)
+    log.setLevel(level.upper())
+    log.propagate = False
+    return field
 
 
 def add_arguments(daemon: argparse.ArgumentParser) -> None:
@@ -56,11 +126,63 @@ def add_arguments(daemon: argparse.ArgumentParser) -> None:
         default=None,
         help="the scheduler's aging step, us, or 'off' (default $RDMASCHED_AGING_US, else 100000)",
     )
+    daemon.add_argument(
+        "--metrics-port",
+        type=int_range(0, 65535, "a port"),
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus /metrics, /events and the probes /healthz and /readyz on "
+        "this port (0: any free port; e.g. 9464) (default off)",
+    )
+    daemon.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="the address the metrics server listens on (0.0.0.0: every interface; any "
+        "address not loopback wants --metrics-token-file or a network policy around it)",
+    )
+    daemon.add_argument(
+        "--metrics-token-file",
+        metavar="FILE",
+        default=None,
+        help="a file holding a bearer token that /metrics and /events require "
+        "(Authorization: Bearer TOKEN); the probes need none",
+    )
+    daemon.add_argument(
+        "--log-level", choices=LOG_LEVELS, default="warning", help="the daemon's log level"
+    )
+    daemon.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text lines, or JSON lines (ts, level, logger, msg, node) for a log collector",
+    )
 
 
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from rdmasched.errors import ConfigError
+    from rdmasched.telemetry.http import read_token
+
     if (args.config is None) != (args.node is None):
         parser.error("--config and --node go together")
+    if args.metrics_port is None and (
+        args.metrics_token_file is not None or args.metrics_addr != "127.0.0.1"
+    ):
+        parser.error("--metrics-addr and --metrics-token-file need --metrics-port")
+    if args.metrics_addr not in ("", "localhost"):
+        try:
+            ipaddress.ip_address(args.metrics_addr)
+        except ValueError:
+            parser.error(
+                f"--metrics-addr {args.metrics_addr!r} is not an IP address (127.0.0.1, "
+                "0.0.0.0, ::, the pod's address) or localhost"
+            )
+    args.metrics_token = None
+    if args.metrics_token_file is not None:
+        try:
+            args.metrics_token = read_token(args.metrics_token_file)
+        except ConfigError as exc:
+            parser.error(f"--metrics-token-file: {exc}")
 
 
 def daemon_policy(args: argparse.Namespace) -> dict[str, Any]:
@@ -84,12 +206,10 @@ def daemon_policy(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace) -> int:
-    import threading
-    import time
-
     from rdmasched import launch
     from rdmasched.daemon.node import Node
 
+    field = configure_logging(args.log_level, args.log_format)
     policy = daemon_policy(args)
     if args.config is not None:
         node = Node.from_config(
@@ -97,38 +217,61 @@ def main(args: argparse.Namespace) -> int:
         )
     else:
         node = launch.host_node(**policy)
+    field.node = node.spec.name
     done = threading.Event()
+    joining = True
 
     def stop(signum: int, frame: object) -> None:
         done.set()
+        if joining:  # node.start() waits for the peers' lanes: stop waiting now
+            raise Interrupted(signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop)
-    node.start()
+    metrics = ""
     try:
-        hub = launch.serve(
-            node, max_clients=args.max_clients, max_queued=args.max_queued_per_client
-        )
-        print(
-            f"rdmasched daemon: node {node.id} ({node.spec.name}) of cluster "
-            f"{node.cluster.name!r}, {node.spec.slots} slots, {len(node.cluster.nodes)} nodes; "
-            f"clients 0..{hub.max_clients - 1} at {hub.endpoint}",
-            flush=True,
-        )
-        idle_since: float | None = None
-        started = time.monotonic()
-        while not done.wait(0.1):
-            if not node.healthy:
-                raise RdmaschedError(f"the node's loop failed: {node.error!r}")
-            if args.exit_when_idle and not hub.connects and time.monotonic() - started > 120:
-                print("rdmasched daemon: no client came in 120 s; exiting", file=sys.stderr)
-                break
-            if args.exit_when_idle and hub.connects and not hub.clients:
-                idle_since = idle_since or time.monotonic()
-                if time.monotonic() - idle_since > 1.0:
-                    break
-            else:
-                idle_since = None
+        # served before the node joins: /readyz says "joining" meanwhile (503)
+        if args.metrics_port is not None:
+            token = getattr(args, "metrics_token", None)  # read by check()
+            server = launch.serve_metrics(node, args.metrics_port, args.metrics_addr, token=token)
+            host = args.metrics_addr or "0.0.0.0"
+            host = f"[{host}]" if ":" in host else host
+            metrics = f"; metrics at http://{host}:{server.port}/metrics"
+        node.start()
+        joining = False
+        run(node, args, done, metrics)
     finally:
-        node.stop()
+        try:
+            node.stop()
+        finally:
+            if node.metrics is not None:  # the node never started: stop() had nothing to stop
+                node.metrics.close()
+                node.metrics = None
     return 0
+
+
+def run(node: Node, args: argparse.Namespace, done: threading.Event, metrics: str) -> None:
+    """Serve the started `node`'s ranks until a signal (or, --exit-when-idle, their end)."""
+    from rdmasched import launch
+
+    hub = launch.serve(node, max_clients=args.max_clients, max_queued=args.max_queued_per_client)
+    print(
+        f"rdmasched daemon: node {node.id} ({node.spec.name}) of cluster "
+        f"{node.cluster.name!r}, {node.spec.slots} slots, {len(node.cluster.nodes)} nodes; "
+        f"clients 0..{hub.max_clients - 1} at {hub.endpoint}{metrics}",
+        flush=True,
+    )
+    idle_since: float | None = None
+    started = time.monotonic()
+    while not done.wait(0.1):
+        if not node.healthy:
+            raise RdmaschedError(f"the node's loop failed: {node.error!r}")
+        if args.exit_when_idle and not hub.connects and time.monotonic() - started > 120:
+            print("rdmasched daemon: no client came in 120 s; exiting", file=sys.stderr)
+            break
+        if args.exit_when_idle and hub.connects and not hub.clients:
+            idle_since = idle_since or time.monotonic()
+            if time.monotonic() - idle_since > 1.0:
+                break
+        else:
+            idle_since = None

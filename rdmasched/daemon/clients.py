@@ -200,6 +200,10 @@ class ClientHub:
         self.connects = 0
         self.clients_left = 0
         self.clients_dead = 0
+        #: client index -> tasks it submitted (accepted) / completed, over every process that
+        #: was that index (the metrics per rank, docs/TELEMETRY.md)
+        self.submitted: dict[int, int] = {}
+        self.completed: dict[int, int] = {}
         #: (origin, task) -> (task, slot): started while no client (and no handler of the
         #: daemon's own) could run it; handed to the first client that connects
         self.waiting: dict[tuple[int, int], tuple[Task, int]] = {}
@@ -425,6 +429,7 @@ class ClientHub:
                 )
             self.owner[id] = k
             c.owned.add(id)
+            self.submitted[k] = self.submitted.get(k, 0) + 1
             if op == OP_SUBMIT:
                 node.carry_out(node.core.submit(task, node.clock()))
             elif arg1 == NONE or arg1 == node.id:
@@ -462,6 +467,7 @@ class ClientHub:
                 self._disown(id)
             self.running_on.pop(key, None)
             node.carry_out(node.core.complete(id, origin, arg0, node.clock()))
+            self.completed[k] = self.completed.get(k, 0) + 1
         elif op == OP_YIELDED:
             self.running_on.pop((arg2, id), None)
             t = node.scheduler.lookup(id, arg2)

@@ -13,12 +13,17 @@ for both (docs/TELEMETRY.md, "Serving"):
 * bound to a loopback address, a request whose Host header names another host is refused
   (403): a web page that rebinds its own name to 127.0.0.1 (DNS rebinding) cannot read the
   cluster's state;
-* bound to every interface ("", 0.0.0.0, ::) it says so, once, as a warning.
+* given a bearer token (``token``, read from a file with ``read_token``), every request but
+  those for ``open_paths`` (a daemon's probes) must carry ``Authorization: Bearer <token>``,
+  compared in constant time, or is answered 401;
+* bound to any address that is not loopback with no token it says so, once, in one warning
+  line naming what must protect it (what the deployment puts around it, or the token).
 """
 
 from __future__ import annotations
 
 import errno
+import hmac
 import ipaddress
 import logging
 import socket
@@ -27,10 +32,13 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 from rdmasched.errors import ConfigError
+from rdmasched.files import FileRefused, read_bytes
+from rdmasched.limits import HTTP_TOKEN_BYTES_MAX, HTTP_TOKEN_BYTES_MIN
 
-__all__ = ["IDLE_S", "MAX_CONNECTIONS", "Handler", "Server"]
+__all__ = ["IDLE_S", "MAX_CONNECTIONS", "Handler", "Server", "read_token"]
 
 _log = logging.getLogger("rdmasched.http")
 
@@ -42,6 +50,31 @@ IDLE_S = 10.0
 _EMFILE_PAUSE_S = 0.1
 _ALL = ("", "0.0.0.0", "::")
 _GONE = (ConnectionError, TimeoutError, socket.timeout)
+
+
+def read_token(path: str) -> bytes:
+    """The bearer token in the file at ``path`` (surrounding whitespace dropped): one bounded
+    read of a regular file (rdmasched/files.py); ConfigError, naming the file, for a file that
+    is missing, unreadable, not a regular file, too long, or whose token is shorter than
+    HTTP_TOKEN_BYTES_MIN or not printable ASCII without spaces (it travels in a header)."""
+    what = f"token file {path}"
+    try:
+        raw = read_bytes(path, HTTP_TOKEN_BYTES_MAX)
+    except FileNotFoundError:
+        raise ConfigError(f"{what} does not exist") from None
+    except FileRefused as exc:
+        raise ConfigError(f"token file {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{what}: {exc.strerror or exc}") from None
+    token = raw.strip()
+    if not all(0x21 <= b <= 0x7E for b in token):
+        raise ConfigError(f"{what}: the token must be printable ASCII without spaces")
+    if len(token) < HTTP_TOKEN_BYTES_MIN:
+        raise ConfigError(
+            f"{what}: the token must be at least {HTTP_TOKEN_BYTES_MIN} characters, not "
+            f"{len(token)} (e.g. `openssl rand -hex 32 > {path}`)"
+        )
+    return token
 
 
 def is_loopback(addr: str) -> bool:
@@ -78,10 +111,27 @@ class Handler(BaseHTTPRequestHandler):
     def parse_request(self) -> bool:
         if not super().parse_request():
             return False
+        server = self.server
         host = self.headers.get("Host")
-        if self.server.loopback and host is not None and not host_is_local(host):
+        if server.loopback and host is not None and not host_is_local(host):
             self.send_error(403, "this server answers requests for localhost only")
             return False
+        if server.token is not None and urlsplit(self.path).path not in server.open_paths:
+            got = self.headers.get("Authorization", "").encode("latin-1", "replace")
+            scheme, _, credentials = got.strip().partition(b" ")
+            # the scheme's name is case-insensitive (RFC 9110 11.1), the token is not
+            if not (
+                hmac.compare_digest(credentials.strip(), server.token)
+                and scheme.lower() == b"bearer"
+            ):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Bearer realm="rdmasched"')
+                body = b"401 Unauthorized: send Authorization: Bearer <token>\n"
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return False
         return True
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -90,7 +140,9 @@ class Handler(BaseHTTPRequestHandler):
 
 class Server(ThreadingHTTPServer):
     """A ThreadingHTTPServer bounded as the module says, serving in its own thread;
-    ``what`` names it in errors and logs ("mirror", "metrics")."""
+    ``what`` names it in errors and logs ("mirror", "metrics"). With ``token`` every path
+    but ``open_paths`` needs it; ``token_option`` is how its user gives one (named in the
+    warning of a server that is not loopback and has none)."""
 
     daemon_threads = True
     block_on_close = False
@@ -105,8 +157,13 @@ class Server(ThreadingHTTPServer):
         *,
         max_connections: int = MAX_CONNECTIONS,
         idle_s: float = IDLE_S,
+        token: bytes | None = None,
+        open_paths: frozenset[str] = frozenset(),
+        token_option: str | None = None,
     ) -> None:
         self.what = what
+        self.token = token
+        self.open_paths = open_paths
         self.max_connections = max_connections
         self.idle_s = idle_s
         self.loopback = is_loopback(addr)
@@ -119,12 +176,25 @@ class Server(ThreadingHTTPServer):
         except OverflowError:
             raise ConfigError(f"{what} port {port} is not a port (0..65535)") from None
         self.port: int = self.server_address[1]
-        if addr in _ALL:
+        if not self.loopback and token is None:
+            where = "every interface" if addr in _ALL else addr
+            way = f"or by {token_option}" if token_option else "or bind a loopback address"
             _log.warning(
-                "rdmasched %s: listening on every interface, port %d: anyone who can reach "
-                "this host can read what it serves (give a loopback address to keep it local)",
+                "rdmasched %s: listening on %s, port %d, unauthenticated: anyone who can reach "
+                "it can read what it serves; it must be protected by what the deployment puts "
+                "around it (a Kubernetes NetworkPolicy, a host firewall) %s",
                 what,
+                where,
                 self.port,
+                way,
+            )
+        elif not self.loopback:
+            _log.info(
+                "rdmasched %s: listening on %s, port %d; every path but %s needs the bearer token",
+                what,
+                "every interface" if addr in _ALL else addr,
+                self.port,
+                ", ".join(sorted(open_paths)) or "none",
             )
         self._thread = threading.Thread(
             target=self.serve_forever, name=f"rdmasched-{what}-http", daemon=True

@@ -27,6 +27,8 @@ EVENT = {"t_ns": 5, "decision": "start", "task_id": 7, "reason": "free slot", "b
 
 class FakeNode:
     id = 0
+    loop = None  # not running: the probes answer 503
+    error = None
 
 
 def _mirror(tmp_path: Any, addr: str = "127.0.0.1") -> Any:
@@ -191,3 +193,130 @@ def test_out_of_file_descriptors_the_server_waits_instead_of_spinning() -> None:
         p.wait(30)
         err = p.stderr.read() if p.stderr is not None else ""
         assert "Traceback" not in err, err
+
+
+# ---- the bearer token (issue 22 item 1) ------------------------------------------------------
+TOKEN = b"0123456789abcdef-token"
+
+
+def get_auth(port: int, path: str, auth: str | None) -> tuple[int, dict[str, str]]:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        c.request("GET", path, headers={} if auth is None else {"Authorization": auth})
+        r = c.getresponse()
+        r.read()
+        return r.status, dict(r.getheaders())
+    finally:
+        c.close()
+
+
+def test_a_token_is_required_on_every_path_but_the_probes() -> None:
+    m = metrics.MetricsServer(FakeNode(), 0, token=TOKEN)  # type: ignore[arg-type]
+    try:
+        for path in ("/metrics", "/events?since=0", "/nowhere", "/healthz/../metrics"):
+            for auth in (None, "", "Bearer", f"Bearer {TOKEN.decode()}x", f"Basic {TOKEN.decode()}",
+                         f"Bearer {TOKEN.decode()[:-1]}", f"Bearer {TOKEN.decode().upper()}",
+                         f"Bearer{TOKEN.decode()}", TOKEN.decode()):  # fmt: skip
+                status, headers = get_auth(m.port, path, auth)
+                assert status == 401, (path, auth, status)
+                assert headers["WWW-Authenticate"].startswith("Bearer"), headers
+        for auth in (f"Bearer {TOKEN.decode()}", f"bearer {TOKEN.decode()}"):  # let through
+            assert get_auth(m.port, "/nowhere", auth)[0] == 404, auth
+        for probe in ("/healthz", "/readyz", "/readyz?x=1"):  # no token; the fake node: 503
+            assert get_auth(m.port, probe, None)[0] == 503, probe
+    finally:
+        m.close()
+
+
+def test_the_warning_names_what_must_protect_an_unauthenticated_address(caplog: Any) -> None:
+    with caplog.at_level(logging.INFO):
+        m = metrics.MetricsServer(FakeNode(), 0, "0.0.0.0")  # type: ignore[arg-type]
+    m.close()
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "\n" not in warned[0], warned
+    for word in ("unauthenticated", "NetworkPolicy", "firewall", "--metrics-token-file"):
+        assert word in warned[0], warned
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        m = metrics.MetricsServer(FakeNode(), 0, "0.0.0.0", token=TOKEN)  # type: ignore[arg-type]
+    m.close()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert any("needs the bearer token" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("content", "error"),
+    [
+        (None, "does not exist"),
+        (b"short\n", "at least 16 characters"),
+        (b"has a space in it, 16+ characters", "printable ASCII"),
+        (b"x" * 5000, "larger than"),
+        ("dir", "a directory"),
+        ("fifo", "a FIFO"),
+    ],
+)
+def test_a_bad_token_file_is_one_clear_error(tmp_path: Any, content: Any, error: str) -> None:
+    import os
+
+    from rdmasched.errors import ConfigError
+    from rdmasched.telemetry.http import read_token
+
+    path = tmp_path / "token"
+    if content == "dir":
+        path.mkdir()
+    elif content == "fifo":
+        os.mkfifo(path)
+    elif content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError) as exc:
+        read_token(str(path))
+    assert error in str(exc.value) and str(path) in str(exc.value), exc.value
+
+
+def test_a_token_file_is_read_without_its_newline(tmp_path: Any) -> None:
+    from rdmasched.telemetry.http import read_token
+
+    (tmp_path / "t").write_bytes(b"  " + TOKEN + b"\n")
+    assert read_token(str(tmp_path / "t")) == TOKEN
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["--metrics-port", "9464", "--metrics-token-file", "/nonexistent"], "does not exist"),
+        (["--metrics-token-file", "tok"], "need --metrics-port"),
+        (["--metrics-addr", "0.0.0.0"], "need --metrics-port"),
+        (["--metrics-port", "9464", "--metrics-addr", "my host"], "not an IP address"),
+        (["--metrics-port", "70000"], "a port"),
+        (["--log-level", "loud"], "invalid choice"),
+        (["--log-format", "xml"], "invalid choice"),
+    ],
+)
+def test_bad_daemon_metrics_and_log_flags_are_one_line_and_exit_2(
+    argv: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rdmasched.cli import main
+
+    assert main(["daemon", *argv]) == 2
+    err = capsys.readouterr().err
+    assert error in err and "Traceback" not in err, err
+
+
+def test_json_log_lines_carry_ts_level_logger_msg_node() -> None:
+    import json
+
+    from rdmasched.commands.daemon import JsonFormatter
+
+    rec = logging.LogRecord("rdmasched.x", logging.WARNING, __file__, 1, "a %s", ("b",), None)
+    rec.node = "h0"
+    got = json.loads(JsonFormatter().format(rec))
+    assert got["level"] == "warning" and got["logger"] == "rdmasched.x" and got["msg"] == "a b"
+    assert got["node"] == "h0" and got["ts"].endswith("Z") and "T" in got["ts"]
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        import sys
+
+        rec.exc_info = sys.exc_info()
+    line = JsonFormatter().format(rec)
+    assert "\n" not in line and "boom" in json.loads(line)["exc"]
