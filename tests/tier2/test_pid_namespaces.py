@@ -17,6 +17,7 @@ missing capability fails them instead of skipping.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -95,6 +96,9 @@ with c:
     if len(sys.argv) > 2:  # a forked child that outlives its parent (a dataloader worker)
         if os.fork() == 0:
             os.setsid()
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
             import time
             time.sleep(60)
             os._exit(0)
@@ -108,7 +112,9 @@ import os, sys
 from rdmasched.cluster import ClusterConfig
 from rdmasched.daemon.clients import ClientHub
 from rdmasched.daemon.node import Node
-cfg = ClusterConfig.from_dict({{"cluster": {{"name": sys.argv[1]}}, "node": [{{"name": "h0", "slots": 2}}]}})
+cfg = ClusterConfig.from_dict(
+    {{"cluster": {{"name": sys.argv[1]}}, "node": [{{"name": "h0", "slots": 2}}]}}
+)
 node = Node(cfg, "h0", spin_us=0).start()
 hub = ClientHub(node, check_ms={check}).open()
 print("pid", os.getpid(), "endpoint", hub.endpoint, flush=True)
@@ -218,16 +224,10 @@ def test_a_forked_child_does_not_keep_a_killed_rank_alive(
         wait_for(lambda: hub.stats()["clients"] == [], "the killed rank dropped", BOUND_S)
         assert Path(f"/proc/{child}").exists()  # its child still runs
     finally:
-        _stop(p)
         if child:
-            with_suppressed_kill(child)
-
-
-def with_suppressed_kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+        _stop(p)
 
 
 def test_another_user_can_neither_take_a_token_nor_open_a_lane(
@@ -246,7 +246,8 @@ def test_another_user_can_neither_take_a_token_nor_open_a_lane(
         "        fd = os.open(sys.argv[1], flags)\n"
         "    except PermissionError:\n"
         "        continue\n"
-        "    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack('@hhqqi4x', fcntl.F_RDLCK, 0, 68, 1, 0))\n"
+        "    lock = struct.pack('@hhqqi4x', fcntl.F_RDLCK, 0, 68, 1, 0)\n"
+        "    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, lock)\n"
         "    print('locked'); sys.exit(1)\n"
         "print('refused')\n"
     )
