@@ -267,3 +267,32 @@ def test_another_user_can_neither_take_a_token_nor_open_a_lane(
             shm.attach_lane(f"{hub.endpoint}.c0.up")
     finally:
         c.close()
+
+
+def test_the_jobs_wait_for_the_daemon_sees_a_daemon_of_another_namespace(
+    daemon: tuple[Node, ClientHub],
+) -> None:
+    """deploy/kubernetes/job.yaml's init container, run as it is in its own PID namespace,
+    finds the daemon of this one (launch.daemon_running reads the lane's token)."""
+    yaml = pytest.importorskip("yaml") if os.environ.get("CI") != "true" else __import__("yaml")
+    node, hub = daemon
+    docs = list(yaml.safe_load_all((ROOT / "deploy/kubernetes/job.yaml").read_text()))
+    pod = next(d for d in docs if d["kind"] == "Job")["spec"]["template"]["spec"]
+    init = next(c for c in pod["initContainers"] if c["name"] == "wait-for-daemon")
+    assert init["command"][:2] == ["python3", "-c"]
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        RDMASCHED_CLUSTER=node.cluster.name,
+        RDMASCHED_HOST=node.spec.name,
+    )
+    r = subprocess.run(
+        [*UNSHARE, PY, "-c", init["command"][2]],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert hub.stats()["connects"] == 0  # it only looked
