@@ -20,6 +20,7 @@ previous one, so nothing already written is lost and nothing stale is delivered.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -29,6 +30,7 @@ import pwd
 import re
 import stat
 import struct
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,7 +137,9 @@ def describe_receiver(hdr: dict[str, Any], live: bool | None = None) -> str:
 def _receiver_token_held(pid: int, start: int) -> bool:
     """Whether the receiver (pid, start) of a lane this process sends on holds its token
     (a lane this process has no sender on: its pid, in this PID namespace)."""
-    for lane, t in list(_lane_tokens.items()):
+    with _registry:
+        mine = list(_lane_tokens.items())
+    for lane, t in mine:
         live = isinstance(lane, ShmTxLane) and not lane.closed and t.fd >= 0
         if live and _receiver_of(read_header(lane.segment)) == (pid, start):
             return t.held(RECEIVER_TOKEN)
@@ -200,7 +204,8 @@ class Token:
         self.name = seg.name
         #: the byte whose token this description holds (None: it only tests)
         self.holds: int | None = None
-        _tokens.add(self)
+        with _registry:
+            _tokens.add(self)
 
     def hold(self, offset: int) -> bool:
         """Take this end's token at `offset`; False if another description holds it."""
@@ -224,21 +229,27 @@ class Token:
     def close(self) -> None:
         """Release the token (closing the description). Safe to call twice."""
         fd, self.fd = self.fd, -1
-        _tokens.discard(self)
+        with _registry:
+            _tokens.discard(self)
         if fd >= 0:
             os.close(fd)
 
     def __del__(self) -> None:
-        self.close()
+        with contextlib.suppress(Exception):  # (at interpreter exit the module may be gone)
+            self.close()
 
 
-#: every open Token of this process (a forked child closes its copies: `_forked`)
+#: every open Token of this process (a forked child closes its copies: `_forked`), and the
+#: lock of both registries (lanes are opened on several threads)
 _tokens: weakref.WeakSet[Token] = weakref.WeakSet()
+_registry = threading.RLock()  # (reentrant: a Token collected while it is held)
 #: the Token of each lane end this process opened (released with the lane's last reference)
 _lane_tokens: weakref.WeakKeyDictionary[Any, Token] = weakref.WeakKeyDictionary()
 
 
 def _forked() -> None:
+    global _registry
+    _registry = threading.RLock()  # (another thread may have held it at the fork)
     for t in list(_tokens):
         fd, t.fd = t.fd, -1
         if fd >= 0:
@@ -252,7 +263,9 @@ os.register_at_fork(after_in_child=_forked)
 def _release_closed(seg_name: str) -> None:
     """Release the tokens of this process's closed lane ends of `seg_name` (a closed lane
     still referenced somewhere keeps its description until it is collected)."""
-    for lane, t in list(_lane_tokens.items()):
+    with _registry:
+        mine = list(_lane_tokens.items())
+    for lane, t in mine:
         if t.name == seg_name and lane.closed:
             t.close()
 
@@ -541,7 +554,8 @@ def create_lane(
             token.close()
         seg.close()
         raise
-    _lane_tokens[lane] = token
+    with _registry:
+        _lane_tokens[lane] = token
     return lane
 
 
@@ -621,7 +635,8 @@ def attach_lane(name: str, *, src: int = 0, timeout_us: int = DEFAULT_TIMEOUT_US
         if bell is not None:
             bell.close()
         raise
-    _lane_tokens[lane] = token
+    with _registry:
+        _lane_tokens[lane] = token
     lane.timeout_ns = timeout_us * 1000
     return lane
 
