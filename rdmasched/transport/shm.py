@@ -166,7 +166,7 @@ _FLOCK = struct.Struct("@hhqqi4x")
 
 def _mapped_file(address: int) -> tuple[int, int] | None:
     """(device, inode) of the file this process maps at `address` (/proc/self/maps)."""
-    head = f"{address:x}-"
+    head = f"{address:08x}-"  # (the kernel pads to 8 digits: low addresses, valgrind)
     with open("/proc/self/maps") as f:
         for line in f:
             if line.startswith(head):
