@@ -541,11 +541,12 @@ class Client:
             box.append(None)
 
     def _daemon_alive(self) -> bool:
+        """The daemon holds its up lane's liveness token and has not closed the lane (from
+        any PID namespace: docs/PROTOCOL.md section 9)."""
         tx = self._tx
         if tx is None or self._daemon is None:
             return True
-        hdr = read_header(tx.segment)  # type: ignore[attr-defined]
-        return not hdr["closed"] and shm.alive(*self._daemon)
+        return shm.peer_alive(tx)  # type: ignore[arg-type]
 
     def _send(
         self,

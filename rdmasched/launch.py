@@ -386,23 +386,16 @@ def _from_store(env: Mapping[str, str]) -> tuple[ClusterConfig, int]:
 
 
 def daemon_running(endpoint: str) -> bool:
-    """A live daemon serves `endpoint` on this host (its first client lane is up)."""
-    from rdmasched._shm import MAGIC, ShmSegment, read_header
+    """A live daemon serves `endpoint` on this host (its first client lane is up, or is
+    being created, or something holds its name): by the lane's liveness token, so a daemon
+    of another PID namespace counts (docs/PROTOCOL.md section 9)."""
     from rdmasched.transport import shm
 
     try:
-        seg = ShmSegment.open(shm.lane_segment_name(up_lane(endpoint, 0)))
-    except (FileNotFoundError, OSError, ValueError):
+        e = shm.inspect(shm.lane_segment_name(up_lane(endpoint, 0)))
+    except ValueError:
         return False
-    except Exception:  # an empty segment: still being created
-        return True
-    with seg:
-        if seg.size < shm.HEADER_BYTES:
-            return True
-        hdr = read_header(seg)
-    if hdr["magic"] != MAGIC:
-        return True
-    return not hdr["closed"] and shm.alive(hdr["receiver_pid"], hdr["receiver_start"])
+    return e is not None and e.state != "stale"
 
 
 def spawn_daemon(env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:

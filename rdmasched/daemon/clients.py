@@ -45,12 +45,13 @@ down lane and answers WELCOME. From then on:
 - a preempt answer (the progress) comes back asynchronously; the preempted task stays
   PREEMPTING until it does (the preempting task starts at once).
 
-A client whose process is gone (found by the pid and start time in its up lane's header,
-checked every `check_ms`) is dropped: its tasks held here are cancelled (queued ones
-first, CLIENT_CANCEL_SLICE a loop pass so that no pass takes long, then running ones
-through PREEMPT(cancel)), those placed on other hosts are cancelled
-there (PREEMPT(cancel), record dropped), other nodes' tasks it ran are requeued here,
-it leaves its groups, its down lane is closed, and `stats()["clients_dead"]` counts it.
+A client whose process is gone (found by its up lane's liveness token, which the kernel
+drops when the process dies and any PID namespace sees, checked every `check_ms`) is
+dropped: its tasks held here are cancelled (queued ones first, CLIENT_CANCEL_SLICE a loop
+pass so that no pass takes long, then running ones through PREEMPT(cancel)), those placed on
+other hosts are cancelled there (PREEMPT(cancel), record dropped), other nodes' tasks it ran
+are requeued here, it leaves its groups, its down lane is closed, and
+`stats()["clients_dead"]` counts it.
 """
 
 from __future__ import annotations
@@ -841,8 +842,10 @@ class ClientHub:
 
     # ---- clients that leave or die --------------------------------------------------------------
     def _check_clients(self) -> None:
+        """Drop the clients whose process is gone: no longer holding their up lane's
+        liveness token (seen from any PID namespace: docs/PROTOCOL.md section 9)."""
         for k, c in list(self.clients.items()):
-            if not shm.alive(c.pid, c.start):
+            if not shm.sender_alive(self._rx[k]):  # type: ignore[arg-type]
                 self.clients_dead += 1
                 self._drop(k, f"its process (pid {c.pid}) is gone")
 

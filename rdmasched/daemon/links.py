@@ -141,8 +141,7 @@ class ShmLinks:
         tx = self.outbound.get(peer)
         if not isinstance(tx, ShmTxLane) or tx.closed:
             return
-        hdr = read_header(tx.segment)
-        if not shm.alive(hdr["receiver_pid"], hdr["receiver_start"]):
+        if not shm.peer_alive(tx):  # its liveness token (docs/PROTOCOL.md section 9)
             tx.close()
             del self.outbound[peer]
 

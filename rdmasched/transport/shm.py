@@ -7,9 +7,12 @@ local to both sides, so keeping it there (rather than in a segment of the sender
 no cache traffic and saves a second mapping; the verbs transport keeps it in the sender's
 memory, as the design says.
 
-Crashes: the header records the receiver's and the sender's pid and process start time (a
-doorbell records its creator's the same way). A new receiver that finds a segment whose
-owner is gone (or a zombie) removes it and starts afresh, even while senders of the old
+Crashes: each end of a lane (and a doorbell's creator) holds a **liveness token**: an
+open-file-description lock on one byte of the segment (`Token`), which the kernel drops when
+the process dies, however it dies, and which a process in any PID namespace sharing the
+segment can test (Kubernetes pods, docs/KUBERNETES.md). The header also records each end's
+pid and process start time, to name the process in messages. A new receiver that finds a
+segment whose owner is gone removes it and starts afresh, even while senders of the old
 incarnation still map it; one whose owner is alive gets LaneBusyError naming that process.
 A restarted sender takes the next epoch, and the receiver accepts it once it has drained the
 previous one, so nothing already written is lost and nothing stale is delivered.
@@ -17,13 +20,17 @@ previous one, so nothing already written is lost and nothing stale is delivered.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
+import fcntl
 import logging
 import os
 import pwd
 import re
 import stat
 import struct
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,13 +57,16 @@ __all__ = [
     "ShmRxLane",
     "ShmSegment",
     "ShmTxLane",
+    "Token",
     "attach_lane",
     "cleanup",
     "create_lane",
     "inspect",
     "lane_segment_name",
     "list_segments",
+    "peer_alive",
     "remove_stale",
+    "sender_alive",
 ]
 
 _log = logging.getLogger("rdmasched.shm")
@@ -111,14 +121,171 @@ def describe_pid(pid: int) -> str:
     return f"pid {pid} ({cmd[:120]})" if cmd else f"pid {pid}"
 
 
-def describe_receiver(hdr: dict[str, Any]) -> str:
-    """A note for errors: is the receiver of this lane still running?"""
+def describe_receiver(hdr: dict[str, Any], live: bool | None = None) -> str:
+    """A note for errors: is the receiver of this lane still running? `live`: its token
+    is held (None: test the token of this process's sender on that lane, if it has one)."""
     pid = hdr["receiver_pid"]
     if hdr["closed"]:
         return f"; the receiver (pid {pid}) closed the lane"
-    if not alive(pid, hdr["receiver_start"]):
+    if live is None:
+        live = _receiver_token_held(int(pid), int(hdr["receiver_start"]))
+    if not live:
         return f"; the receiver (pid {pid}) is no longer running"
     return f"; the receiver (pid {pid}) is running but not consuming"
+
+
+def _receiver_token_held(pid: int, start: int) -> bool:
+    """Whether the receiver (pid, start) of a lane this process sends on holds its token
+    (a lane this process has no sender on: its pid, in this PID namespace)."""
+    with _registry:
+        mine = list(_lane_tokens.items())
+    for lane, t in mine:
+        live = isinstance(lane, ShmTxLane) and not lane.closed and t.fd >= 0
+        if live and _receiver_of(read_header(lane.segment)) == (pid, start):
+            return t.held(RECEIVER_TOKEN)
+    return alive(pid, start)
+
+
+def describe_holder(pid: int, start: int) -> str:
+    """'pid N (command line)' of a live token holder if it is a process of this PID
+    namespace (the pid and start time match), else 'pid N of another PID namespace'."""
+    if alive(pid, start):
+        return describe_pid(pid)
+    return f"pid {pid} of another PID namespace"
+
+
+# ---- liveness tokens (docs/PROTOCOL.md section 9, "Liveness tokens") ------------------------
+#: the byte of a segment whose lock is an end's liveness token: a lane's receiver's (its pid
+#: field), a lane's sender's (its pid field), a doorbell's creator's (its pid field)
+RECEIVER_TOKEN = 20
+SENDER_TOKEN = 68
+BELL_TOKEN = 16
+#: struct flock of Linux's 64-bit ABIs: l_type, l_whence, l_start, l_len, l_pid (4 bytes pad)
+_FLOCK = struct.Struct("@hhqqi4x")
+
+
+def _mapped_file(address: int) -> tuple[int, int] | None:
+    """(device, inode) of the file this process maps at `address` (/proc/self/maps)."""
+    head = f"{address:08x}-"  # (the kernel pads to 8 digits: low addresses, valgrind)
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if line.startswith(head):
+                dev, ino = line.split(maxsplit=5)[3:5]
+                major, minor = dev.split(":")
+                return os.makedev(int(major, 16), int(minor, 16)), int(ino)
+    return None
+
+
+class Token:
+    """This process's own open file description of a segment it maps (an open(2) of
+    /dev/shm/<name>, checked to be the very object mapped): on it this end holds its
+    liveness token, a write lock on one byte (`F_OFD_SETLK`), and tests the other end's
+    (`F_OFD_GETLK`). The kernel drops the lock when the description's last descriptor
+    closes: when the process exits, however it exits, before it is a zombie. A lock is on the
+    file, so a process of any PID namespace that shares /dev/shm sees it; a segment is mode
+    0600, so no other user can open it to take or hold a token. A forked child closes its
+    copies at once (`os.register_at_fork`): a rank's dataloader worker does not keep a
+    killed rank alive; an exec'd one never gets them (O_CLOEXEC)."""
+
+    def __init__(self, seg: ShmSegment) -> None:
+        path = SHM_DIR + seg.name
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or _mapped_file(seg.address) != (
+                st.st_dev,
+                st.st_ino,
+            ):
+                raise LaneError(f"{path} was replaced while it was being opened")
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        self.name = seg.name
+        #: the byte whose token this description holds (None: it only tests)
+        self.holds: int | None = None
+        with _registry:
+            _tokens.add(self)
+
+    def hold(self, offset: int) -> bool:
+        """Take this end's token at `offset`; False if another description holds it."""
+        try:
+            fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_WRLCK, 0, offset, 1, 0))
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        self.holds = offset
+        return True
+
+    def held(self, offset: int) -> bool:
+        """Another open file description (a live process's) holds the token at `offset`.
+        Never blocks. False once this description is closed (in a forked child)."""
+        if self.fd < 0:
+            return False
+        got = fcntl.fcntl(self.fd, fcntl.F_OFD_GETLK, _FLOCK.pack(fcntl.F_WRLCK, 0, offset, 1, 0))
+        return bool(_FLOCK.unpack(got)[0] != fcntl.F_UNLCK)
+
+    def close(self) -> None:
+        """Release the token (closing the description). Safe to call twice."""
+        fd, self.fd = self.fd, -1
+        with _registry:
+            _tokens.discard(self)
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # (at interpreter exit the module may be gone)
+            self.close()
+
+
+#: every open Token of this process (a forked child closes its copies: `_forked`), and the
+#: lock of both registries (lanes are opened on several threads)
+_tokens: weakref.WeakSet[Token] = weakref.WeakSet()
+_registry = threading.RLock()  # (reentrant: a Token collected while it is held)
+#: the Token of each lane end this process opened (released with the lane's last reference)
+_lane_tokens: weakref.WeakKeyDictionary[Any, Token] = weakref.WeakKeyDictionary()
+
+
+def _forked() -> None:
+    global _registry
+    _registry = threading.RLock()  # (another thread may have held it at the fork)
+    for t in list(_tokens):
+        fd, t.fd = t.fd, -1
+        if fd >= 0:
+            os.close(fd)
+    _tokens.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def _release_closed(seg_name: str) -> None:
+    """Release the tokens of this process's closed lane ends of `seg_name` (a closed lane
+    still referenced somewhere keeps its description until it is collected)."""
+    with _registry:
+        mine = list(_lane_tokens.items())
+    for lane, t in mine:
+        if t.name == seg_name and lane.closed:
+            t.close()
+
+
+def peer_alive(lane: ShmTxLane) -> bool:
+    """The receiver of the lane this process sends on is alive: it holds its token and has
+    not closed the lane (from any PID namespace)."""
+    t = _lane_tokens.get(lane)
+    if t is None or lane.closed:
+        return False
+    return t.held(RECEIVER_TOKEN) and not read_header(lane.segment)["closed"]
+
+
+def sender_alive(lane: ShmRxLane) -> bool:
+    """The sender of a lane this process receives on is alive: it holds its token and has
+    not closed its end (from any PID namespace)."""
+    t = _lane_tokens.get(lane)
+    if t is None or lane.closed:
+        return False
+    return t.held(SENDER_TOKEN) and read_header(lane.segment)["sender_pid"] != 0
 
 
 #: A doorbell segment: 64 bytes. u32 futex word at 0; at 8 the magic, stored last; at 16 the
@@ -136,9 +303,11 @@ class Doorbell:
     sender that attaches to such a lane wakes the receiver after writing if it is asleep.
     """
 
-    def __init__(self, segment: ShmSegment, name: str) -> None:
+    def __init__(self, segment: ShmSegment, name: str, token: Token | None = None) -> None:
         self.segment = segment
         self.name = name
+        #: the creator's liveness token (BELL_TOKEN)
+        self.token = token
 
     @classmethod
     def create(cls, name: str) -> Doorbell:
@@ -146,12 +315,17 @@ class Doorbell:
         if len(seg_name) > 31:
             raise ValueError(f"doorbell name {name!r} is too long (at most 21 characters)")
         seg = _create_segment(seg_name, BELL_BYTES)
+        try:
+            token = _holding(seg, BELL_TOKEN, "doorbell")
+        except BaseException:
+            seg.close()
+            raise
         pid = os.getpid()
         start = process_start(pid)
         assert start is not None
         ctypes.memmove(seg.address + 16, _BELL_OWNER.pack(pid, 0, start), _BELL_OWNER.size)
         ctypes.c_uint64.from_address(seg.address + 8).value = BELL_MAGIC
-        return cls(seg, name)
+        return cls(seg, name, token)
 
     @property
     def address(self) -> int:
@@ -163,12 +337,23 @@ class Doorbell:
 
     def close(self) -> None:
         self.segment.close()
+        if self.token is not None:
+            self.token.close()
 
     def __enter__(self) -> Doorbell:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _holding(seg: ShmSegment, offset: int, what: str) -> Token:
+    """A new Token on a segment this process just created, holding the token at `offset`."""
+    token = Token(seg)
+    if not token.hold(offset):  # a new object: no one else can hold it
+        token.close()
+        raise LaneBusyError(f"{what} {SHM_DIR}{seg.name}: its liveness token is held already")
+    return token
 
 
 def _create_segment(seg_name: str, size: int) -> ShmSegment:
@@ -186,7 +371,7 @@ def _create_segment(seg_name: str, size: int) -> ShmSegment:
             continue
         if e.state == "live":
             raise LaneBusyError(
-                f"{what} {e.path} belongs to a running process, {describe_pid(e.pid or 0)}: "
+                f"{what} {e.path} belongs to a running process, {e.who}: "
                 "is this node (or this lane's receiver) already running? Stop that process "
                 "first, or use another node id or cluster name. If it is not an rdmasched "
                 "process, remove the segment with `rm` once nothing uses it"
@@ -209,7 +394,8 @@ class Entry:
     ``state``: "live" (an rdmasched segment whose creator runs: ``pid``), "stale" (one whose
     creator is gone, or a creation that died half way: safe to remove) or "foreign" (not an
     rdmasched segment, or not this user's to judge). ``why`` says what it is; ``owner``
-    the user who owns the entry; ``bell`` a lane's doorbell segment name ("" if none).
+    the user who owns the entry; ``bell`` a lane's doorbell segment name ("" if none);
+    ``who`` names a live creator (`describe_holder`).
     """
 
     name: str
@@ -218,6 +404,7 @@ class Entry:
     owner: str
     pid: int | None = None
     bell: str = ""
+    who: str = ""
 
     @property
     def path(self) -> str:
@@ -255,8 +442,8 @@ def inspect(seg_name: str) -> Entry | None:
         return None
     owner = _user(st.st_uid)
 
-    def entry(state: str, why: str, pid: int | None = None, bell: str = "") -> Entry:
-        return Entry(seg_name, state, why, owner, pid, bell)
+    def entry(state: str, why: str, pid: int | None = None, bell: str = "", who: str = "") -> Entry:
+        return Entry(seg_name, state, why, owner, pid, bell, who)
 
     if not stat.S_ISREG(st.st_mode):
         return entry("foreign", _kind(st.st_mode))
@@ -272,30 +459,45 @@ def inspect(seg_name: str) -> Entry | None:
         return entry("foreign", f"cannot be opened ({getattr(exc, 'strerror', None) or exc})")
     hdr: dict[str, Any] | None
     with seg:
-        size = seg.size
-        if size == BELL_BYTES:
-            magic = ctypes.c_uint64.from_address(seg.address + 8).value
-            if magic == BELL_MAGIC:
-                # Senders of the node's lanes map its doorbell too: only the creator owns it.
-                pid, _, start = _BELL_OWNER.unpack(ctypes.string_at(seg.address + 16, 16))
-                if alive(pid, start):
-                    return entry("live", "a doorbell", pid)
-                return entry("stale", "a doorbell whose creator is gone")
-            hdr = {"magic": magic}
-        elif size < HEADER_BYTES:
-            hdr = {"magic": None}
-        else:
-            hdr = read_header(seg)
+        try:
+            token = Token(seg)  # liveness: the creator's token (PROTOCOL.md section 9)
+        except FileNotFoundError:
+            return None
+        except (OSError, LaneError) as exc:
+            return entry("foreign", f"cannot be opened ({getattr(exc, 'strerror', None) or exc})")
+        try:
+            size = seg.size
+            if size == BELL_BYTES:
+                magic = ctypes.c_uint64.from_address(seg.address + 8).value
+                if magic == BELL_MAGIC:
+                    # Senders of the node's lanes map its doorbell too: only the creator owns it.
+                    pid, _, start = _BELL_OWNER.unpack(ctypes.string_at(seg.address + 16, 16))
+                    if token.held(BELL_TOKEN):
+                        return entry("live", "a doorbell", pid, who=describe_holder(pid, start))
+                    return entry("stale", "a doorbell whose creator is gone")
+                hdr = {"magic": magic}
+            elif size < HEADER_BYTES:
+                hdr = {"magic": None}
+            else:
+                hdr = read_header(seg)
+            receiver_live = token.held(RECEIVER_TOKEN)
+        finally:
+            token.close()
     if hdr["magic"] == 0:  # its magic not written yet: a creation under way, or one that died
+        if receiver_live:
+            return entry("live", "being created")
+        # (a creator that died before it took its token, or has not taken it yet: found
+        # through /proc, which sees this PID namespace's processes only)
         user = _any_user(seg_name)
         if user is not None:
-            return entry("live", "being created", user)
+            return entry("live", "being created", user, who=describe_pid(user))
         return entry("stale", "a creation that did not finish")
     if hdr["magic"] != MAGIC or size == BELL_BYTES:
         return entry("foreign", f"not an rdmasched segment ({size} bytes without our magic)")
     bell = str(hdr["bell"])
-    if alive(hdr["receiver_pid"], hdr["receiver_start"]) and not hdr["closed"]:
-        return entry("live", "a lane", int(hdr["receiver_pid"]), bell)
+    if receiver_live and not hdr["closed"]:
+        pid, start = _receiver_of(hdr)
+        return entry("live", "a lane", pid, bell, describe_holder(pid, start))
     return entry("stale", "a lane whose receiver is gone", bell=bell)
 
 
@@ -335,8 +537,10 @@ def create_lane(
     pid = os.getpid()
     start = process_start(pid)
     assert start is not None
+    token = None
     try:
-        return ShmRxLane._create(
+        token = _holding(seg, RECEIVER_TOKEN, "lane segment")  # before the magic is stored
+        lane = ShmRxLane._create(
             seg,
             name,
             nslots,
@@ -346,8 +550,13 @@ def create_lane(
             lane_segment_name(doorbell.name) if doorbell else "",
         )
     except BaseException:
+        if token is not None:
+            token.close()
         seg.close()
         raise
+    with _registry:
+        _lane_tokens[lane] = token
+    return lane
 
 
 def _receiver_of(hdr: dict[str, Any]) -> tuple[int, int]:
@@ -381,11 +590,13 @@ def attach_lane(name: str, *, src: int = 0, timeout_us: int = DEFAULT_TIMEOUT_US
         # one still being created, as a header without its magic is: retryable.
         raise PeerDeadError(f"lane {name!r} is not ready: {exc}") from None
     bell = None
+    token = None
     try:
         hdr = _check_header(seg, name)
-        if not alive(hdr["receiver_pid"], hdr["receiver_start"]) or hdr["closed"]:
+        token = Token(seg)
+        if not token.held(RECEIVER_TOKEN) or hdr["closed"]:
             raise PeerDeadError(
-                f"lane {name!r}{describe_receiver(hdr)[1:]}: its receiver must start again "
+                f"lane {name!r}{describe_receiver(hdr, False)[1:]}: its receiver must start again "
                 "(a new receiver replaces the lane; then attach again). To clean up segments "
                 "whose creators are gone: `rdmasched cleanup`"
             )
@@ -402,15 +613,13 @@ def attach_lane(name: str, *, src: int = 0, timeout_us: int = DEFAULT_TIMEOUT_US
                 "still open); a lane has one sender: send through that one, or close it "
                 "before attaching again"
             )
-        if (
-            hdr["sender_pid"]
-            and hdr["sender_pid"] != os.getpid()
-            and alive(hdr["sender_pid"], hdr["sender_start"])
-        ):
+        _release_closed(seg_name)
+        if not token.hold(SENDER_TOKEN):  # before the epoch is claimed
+            who = describe_holder(hdr["sender_pid"], hdr["sender_start"])
             raise LaneBusyError(
-                f"lane {name!r} already has a live sender, {describe_pid(hdr['sender_pid'])}; "
-                "a lane has one sender. Stop that process first (a sender that was killed "
-                "frees the lane at once, even before it is reaped)"
+                f"lane {name!r} already has a live sender, {who}; a lane has one sender. "
+                "Stop that process first (a sender that was killed frees the lane at once, "
+                "even before it is reaped)"
             )
         if hdr["bell"]:
             bell = ShmSegment.open(hdr["bell"])
@@ -420,10 +629,14 @@ def attach_lane(name: str, *, src: int = 0, timeout_us: int = DEFAULT_TIMEOUT_US
         lane = ShmTxLane._attach(seg, name, src, pid, start, bell)
         _senders[name] = (pid, weakref.ref(lane))
     except BaseException:
+        if token is not None:
+            token.close()
         seg.close()
         if bell is not None:
             bell.close()
         raise
+    with _registry:
+        _lane_tokens[lane] = token
     lane.timeout_ns = timeout_us * 1000
     return lane
 

@@ -405,8 +405,10 @@ def test_second_receiver_is_busy(lane_name: Names) -> None:
 
 
 def test_second_live_sender_is_busy(lane_name: Names) -> None:
-    # The claim is per process: a sender in another live process makes attach fail (tier2);
-    # here a foreign pid is planted in the header to show the check.
+    # The claim is the sender's liveness token (PROTOCOL.md section 9): a sender in another
+    # live process makes attach fail (tier2); here another open file description of the
+    # segment holds the token (as another process's would), with a foreign pid planted in
+    # the header for the message.
     with shm.create_lane(lane_name(), 16) as rx:
         import os
 
@@ -414,8 +416,15 @@ def test_second_live_sender_is_busy(lane_name: Names) -> None:
         parent = os.getppid()
         ctypes.memmove(hdr + 4, struct.pack("<I", parent), 4)
         ctypes.memmove(hdr + 8, struct.pack("<Q", shm.process_start(parent)), 8)
-        with pytest.raises(LaneBusyError, match="already has a live sender"):
-            shm.attach_lane(lane_name())
+        other = shm.Token(rx.segment)
+        try:
+            assert other.hold(shm.SENDER_TOKEN)
+            with pytest.raises(LaneBusyError, match="already has a live sender"):
+                shm.attach_lane(lane_name())
+        finally:
+            other.close()
+        # a pid in the header without the token is no live sender
+        shm.attach_lane(lane_name()).close()
 
 
 def test_restarted_sender_waits_for_the_receiver_to_accept_its_epoch(lane_name: Names) -> None:
