@@ -232,6 +232,11 @@ up() {
     cat "$D/env"
 }
 
+# one run at a time on this host: a second one waits (its `down` would stop the first's cluster)
+mkdir -p "$(dirname "$D")"
+exec 9>"$D.lock"
+flock -w 600 9 || cannot "another run of this script holds $D.lock"
+
 case "${1:-all}" in
 up) up ;;
 down) down ;;

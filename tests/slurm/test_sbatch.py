@@ -69,7 +69,7 @@ def ranks(out: str) -> list[dict[str, Any]]:
 
 
 def check_job(
-    env: dict[str, str], job: int, out: str, hosts: list[str], per_host: int
+    env: dict[str, str], job: int, out: str, hosts: list[str], per_host: int, tasks: int = 4
 ) -> list[dict[str, Any]]:
     state = job_state(env, job)
     assert state["JobState"] == "COMPLETED", out
@@ -78,13 +78,13 @@ def check_job(
     got = ranks(out)
     assert sorted(r["rank"] for r in got) == list(range(len(hosts) * per_host)), out
     for r in got:
-        assert r["tasks"] == 4 and r["done"] == 4, r  # every task of every rank completed
+        assert r["tasks"] == tasks and r["done"] == tasks, r  # every task of every rank done
         assert r["released"] == [0, 1, 2], r  # both steps and the barrier, once each
         assert sorted(r["nodes"]) == list(range(len(hosts))), r
     assert sorted({r["host"] for r in got}) == sorted(hosts)
     # every task ran exactly once, somewhere: each (id, origin) completed by one rank
     ran = [tuple(t) for r in got for t in r["ran"]]
-    assert len(ran) == len(set(ran)) == 4 * len(got), out
+    assert len(ran) == len(set(ran)) == tasks * len(got), out
     return got
 
 
@@ -111,14 +111,16 @@ def test_two_nodes(slurm_env: dict[str, str], tmp_path: Path) -> None:
         "--nodes=2",
         "--export=ALL,RDMASCHED_TRANSPORT=shm",
         str(SBATCH),
+        "--",
+        "--tasks=6",  # the script passes what follows `--` to rank.py
     )
     text = read(out)
-    got = check_job(slurm_env, job, text, ["rs1", "rs2"], 2)
+    got = check_job(slurm_env, job, text, ["rs1", "rs2"], 2, tasks=6)
     # the topology.conf beside slurm.conf lists rs2's leaf first: node ids are positions
     # in the topology, not in the node list (rs[1-2])
     assert {r["host"]: r["node"] for r in got} == {"rs2": 0, "rs1": 1}, text
     assert "node 0 (rs2) of cluster" in text and "node 1 (rs1) of cluster" in text
-    # tasks went from one host to the other (8 tasks per host, 2 slots each)
+    # tasks went from one host to the other (12 tasks per host, 2 slots each)
     assert any(origin != r["node"] for r in got for _, origin in r["ran"]), text
 
 
