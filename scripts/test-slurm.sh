@@ -43,6 +43,8 @@ cannot() {
     say "Slurm tier SKIPPED: $*"
     exit 0
 }
+# `cannot` after `up` started something: stop it (in `all` mode the EXIT trap does)
+on_exit_up() { [ "${MODE:-}" = up ] && [ "${UP_DONE:-0}" != 1 ] && down; return 0; }
 
 # ---- stop: by recorded pid only (never by name: other Slurms may run on this host) -------
 stop_pid() {  # stop_pid FILE: TERM the process it names, KILL it after 5 s
@@ -59,12 +61,21 @@ stop_pid() {  # stop_pid FILE: TERM the process it names, KILL it after 5 s
 
 down() {
     [ -d "$D" ] || return 0
-    local f
+    local f jobs
+    # jobs still running (a run killed mid-test): cancel them while slurmctld is up, so
+    # their steps end with them
+    if [ -s "$D/pids/slurmctld.pid" ] && kill -0 "$(cat "$D/pids/slurmctld.pid")" 2>/dev/null; then
+        jobs=$(SLURM_CONF=$D/etc/slurm.conf timeout 10 squeue -h -o %i 2>/dev/null || true)
+        if [ -n "$jobs" ]; then
+            # shellcheck disable=SC2086
+            SLURM_CONF=$D/etc/slurm.conf timeout 10 scancel $jobs 2>/dev/null || true
+            sleep 2
+        fi
+    fi
     for f in "$D"/pids/slurmd-*.pid; do [ -e "$f" ] && stop_pid "$f"; done
     stop_pid "$D/pids/slurmctld.pid"
     stop_pid "$D/pids/munged.pid"
-    # a job step's processes outlive their slurmd's TERM only if slurmstepd was killed
-    # with it: they are children of the stepd, in the recorded process groups
+    # what is left in our namespaces (a step whose slurmstepd was killed with its slurmd)
     for ns in "${NETNS[@]}"; do
         ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
         ip netns del "$ns" 2>/dev/null || true
@@ -209,18 +220,20 @@ up() {
     export SLURM_CONF=$D/etc/slurm.conf
     dd if=/dev/urandom of="$D/munge/munge.key" bs=1024 count=1 status=none
     chmod 400 "$D/munge/munge.key"
+    # the daemons get neither the lock (fd 9: a next run would wait for them) nor our output
     munged --force --socket="$D/munge/munge.socket" --key-file="$D/munge/munge.key" \
         --pid-file="$D/pids/munged.pid" --log-file="$D/log/munged.log" \
-        --seed-file="$D/munge/munged.seed"
+        --seed-file="$D/munge/munged.seed" 9>&- </dev/null >>"$D/log/start.log" 2>&1
     wait_for 10 "munged's start" test -S "$D/munge/munge.socket" || cannot "munged did not start"
-    slurmctld -f "$SLURM_CONF" -i
+    slurmctld -f "$SLURM_CONF" -i 9>&- </dev/null >>"$D/log/start.log" 2>&1
     wait_for 20 "slurmctld's start" scontrol ping || cannot "slurmctld did not start"
-    slurmd -f "$SLURM_CONF" -N "$HOST"
+    slurmd -f "$SLURM_CONF" -N "$HOST" 9>&- </dev/null >>"$D/log/start.log" 2>&1
     if [ "$two" = 1 ]; then
         # nsenter, not `ip netns exec`: that one mounts a sysfs of the namespace's own, without
         # the /sys/fs/cgroup slurmd looks for
         for i in 1 2; do
-            nsenter --net="/run/netns/rdmasched-rs$i" slurmd -f "$SLURM_CONF" -N "rs$i"
+            nsenter --net="/run/netns/rdmasched-rs$i" slurmd -f "$SLURM_CONF" -N "rs$i" \
+                9>&- </dev/null >>"$D/log/start.log" 2>&1
         done
     fi
     wait_for 60 "every node idle" nodes_idle || {
@@ -237,8 +250,13 @@ mkdir -p "$(dirname "$D")"
 exec 9>"$D.lock"
 flock -w 600 9 || cannot "another run of this script holds $D.lock"
 
-case "${1:-all}" in
-up) up ;;
+MODE=${1:-all}
+trap on_exit_up EXIT
+case "$MODE" in
+up)
+    up
+    UP_DONE=1
+    ;;
 down) down ;;
 all)
     echo "== the Slurm tier: deploy/slurm/ on a real Slurm (slurmctld, slurmd, munged here)"
