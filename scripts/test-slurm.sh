@@ -87,12 +87,12 @@ down() {
 # ---- install ------------------------------------------------------------------------------
 install() {
     local need=() p
-    for p in slurm-wlm munge; do
+    for p in slurm-wlm munge iproute2; do  # iproute2: `ip`, for the network namespaces
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
             need+=("$p")
     done
     ((${#need[@]})) || return 0
-    command -v apt-get >/dev/null || cannot "slurm-wlm and munge are missing and there is no apt-get"
+    command -v apt-get >/dev/null || cannot "${need[*]} missing and there is no apt-get"
     say "installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
     if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mtime -1 2>/dev/null | head -n1)" ]; then
