@@ -18,6 +18,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +54,21 @@ def read(path: Path) -> str:
 
 def job_state(env: dict[str, str], job: int) -> dict[str, str]:
     """`scontrol show job` as a dict (no accounting here: slurmctld keeps finished jobs for
-    MinJobAge)."""
-    text = subprocess.run(
-        ["scontrol", "show", "job", "-o", str(job)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return dict(re.findall(r"(\w+)=(\S*)", text))
+    MinJobAge), once the job is past COMPLETING: `sbatch --wait` returns when the batch
+    script has ended, and the epilog may still be running then."""
+    deadline = time.monotonic() + 60
+    while True:
+        text = subprocess.run(
+            ["scontrol", "show", "job", "-o", str(job)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        state = dict(re.findall(r"(\w+)=(\S*)", text))
+        if "COMPLETING" not in state.get("JobState", "") or time.monotonic() > deadline:
+            return state
+        time.sleep(0.2)
 
 
 def ranks(out: str) -> list[dict[str, Any]]:
