@@ -23,9 +23,10 @@ verbs), RDMASCHED_ADDR (the address other hosts reach this one at; default the h
 address), RDMASCHED_PORT (this host's bootstrap port; torchrun default MASTER_PORT + 100 + its
 group rank), RDMASCHED_DOMAIN (topology domain), RDMASCHED_HEARTBEAT_MS and
 RDMASCHED_DEAD_AFTER_MS (docs/CONFIG.md's heartbeat_ms and dead_after_ms), RDMASCHED_TOPOLOGY
-(under Slurm: a topology.conf, default /etc/slurm/topology.conf if it exists, cut down to
-the job's hosts: the cluster's [topology]; `job_topology`). A rank is
-client LOCAL_RANK (or SLURM_LOCALID) of the daemon at `<cluster>.<host>` (`client_endpoint`).
+(under Slurm: a topology.conf, default the one beside slurm.conf, in SLURM_CONF's directory
+or /etc/slurm, if it exists, cut down to the job's hosts: the cluster's [topology];
+`job_topology`). A rank is client LOCAL_RANK (or SLURM_LOCALID) of the daemon at
+`<cluster>.<host>` (`client_endpoint`).
 
 Starting a host's daemon is this module's too: `host_node()` is this host's `Node`, and
 `serve(node)` what a started node runs to be the host's daemon (`rdmasched daemon` calls
@@ -181,22 +182,29 @@ def _address(env: Mapping[str, str], host: str) -> str:
         return socket.gethostbyname(socket.gethostname())
 
 
-#: where Slurm's topology/tree plugin reads the switch tree from, by default
+#: where Slurm's topology/tree plugin reads the switch tree from, by default (beside
+#: slurm.conf: with SLURM_CONF set, its directory's topology.conf instead)
 SLURM_TOPOLOGY_CONF = "/etc/slurm/topology.conf"
 
 
 def job_topology(env: Mapping[str, str], names: list[str]) -> dict[str, Any] | None:
     """The [topology] of a Slurm job: the switch tree of RDMASCHED_TOPOLOGY (a Slurm
-    topology.conf; default /etc/slurm/topology.conf when it exists) cut down to the job's
+    topology.conf; default the one Slurm reads, beside slurm.conf: in SLURM_CONF's directory
+    when that is set, else /etc/slurm/topology.conf, when it exists) cut down to the job's
     hosts `names`, as `[[topology.switch]]` tables. None without a topology.conf (a full
     mesh: docs/SCALE.md). A job host that no leaf switch lists is an error."""
     from rdmasched.slurm import parse_slurm
 
     path = env.get("RDMASCHED_TOPOLOGY", "")
     if not path:
-        if not os.path.exists(SLURM_TOPOLOGY_CONF):
+        slurm_conf = env.get("SLURM_CONF", "")
+        path = (
+            os.path.join(os.path.dirname(slurm_conf), "topology.conf")
+            if slurm_conf
+            else SLURM_TOPOLOGY_CONF
+        )
+        if not os.path.exists(path):
             return None
-        path = SLURM_TOPOLOGY_CONF
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()

@@ -21,6 +21,7 @@ echo "== lint, format, types"
 
 echo "== tiers 1 and 2: wire, ring, scheduler, shm between processes"
 "$PY" -m pytest tests -m "not tier3" -q --junitxml="$RESULTS/host.xml"
+scripts/test-slurm.sh  # the Slurm tier: deploy/slurm/ on a real Slurm here (docs/SLURM.md)
 
 echo "== tier 3: Soft-RoCE (rdma_rxe) inside a VM"
 scripts/test-tier3.sh
