@@ -922,3 +922,43 @@ def report(doc: dict[str, Any]) -> str:
     else:
         lines.append("no stray process left after any round")
     return "\n".join(lines)
+
+
+def params_from(
+    quick: bool = False,
+    rounds: int | None = None,
+    tasks: int | None = None,
+    slots: int = 4,
+    systems: tuple[str, ...] = SYSTEMS,
+) -> Params:
+    """The run's parameters: the defaults (or `Params.quick()`), with what was given."""
+    p = Params.quick() if quick else Params()
+    p.slots, p.systems = slots, tuple(dict.fromkeys(systems))
+    if rounds is not None:
+        p.rounds = rounds
+    if tasks is not None:
+        p.tasks = max(tasks, slots)
+    return p
+
+
+def cli(args: Any) -> int:
+    """`rdmasched bench peers`: the table (or the JSON, with the run's description)."""
+    from rdmasched.bench.output import run_info
+
+    p = params_from(args.quick, args.rounds, args.tasks, args.slots, tuple(args.systems))
+    lack = missing(p.systems)
+    if lack:
+        print(
+            f"rdmasched bench peers: {', '.join(lack)} not installed: pip install -e '.[peers]' "
+            "(scripts/setup.sh installs it), or leave them out with --systems",
+            file=sys.stderr,
+        )
+        return 2
+    doc = run(p, progress=lambda s: print(f"bench peers: {s}", file=sys.stderr, flush=True))
+    if args.json:
+        import json
+
+        print(json.dumps({**run_info(asdict(p)), **doc}, indent=2))
+    else:
+        print(report(doc))
+    return 0
