@@ -626,7 +626,11 @@ class _Dask:
         logging.getLogger("distributed").setLevel(logging.ERROR)
         self.p = p
         self.cluster: Any = LocalCluster(
-            n_workers=p.slots, threads_per_worker=1, processes=True, dashboard_address=None
+            n_workers=p.slots,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            silence_logs=logging.CRITICAL,  # a worker's heartbeat racing the shutdown
         )
         self.client: Any = Client(self.cluster)
 
@@ -713,6 +717,7 @@ def _round(system: str, p: Params, out: Any) -> None:
         res["start_s"] = time.monotonic() - t
         try:
             for name in WORKLOADS:
+                print(f"bench peers:   {system} {name}", file=sys.stderr, flush=True)
                 w: dict[str, Any] = {}
                 with _measured(cpu, w):
                     w.update(getattr(sysm, name)())
