@@ -82,5 +82,7 @@ echo "setup: installing the Python dependencies and building (about 1.5 minutes)
 # the [torch] extra (rdmasched.integrations.torch, examples/ddp_train.py, its tests): torch
 # 2.13.0 is the CPU build on these machines (elsewhere: your own torch >= 2.3 will do)
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[torch]' 'torch==2.13.0'
+# the [peers] extra: Ray and Dask distributed for `rdmasched bench peers` (docs/BENCH.md)
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[peers]'
 importable
 "$VENV/bin/python" scripts/setup_stamp.py write "$STAMP"

@@ -241,6 +241,36 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     )
     json_flag(hof)
 
+    peers = add_command(
+        bsub,
+        "peers",
+        "rdmasched, Ray and Dask distributed on the same workloads, interleaved rounds "
+        "(needs the [peers] extra; docs/BENCH.md)",
+    )
+    peers.add_argument(
+        "--quick", action="store_true", help="a short run of every system (to check it runs)"
+    )
+    peers.add_argument(
+        "--rounds", type=int_range(1, 100), default=None, help="interleaved rounds (default 3)"
+    )
+    peers.add_argument(
+        "--tasks",
+        type=int_range(1, 10**7),
+        default=None,
+        help="no-op tasks of workload a (default 10000)",
+    )
+    peers.add_argument(
+        "--slots", type=int_range(1, 64), default=4, help="worker slots of every system"
+    )
+    peers.add_argument(
+        "--systems",
+        nargs="+",
+        choices=["rdmasched", "ray", "dask"],
+        default=["rdmasched", "ray", "dask"],
+        help="the systems measured",
+    )
+    json_flag(peers)
+
     ball = add_command(
         bsub,
         "all",
@@ -313,6 +343,7 @@ def main(args: argparse.Namespace) -> int:
         "all": _all,
         "freeze": _freeze,
         "handoff": _handoff,
+        "peers": _peers,
     }
     return run[args.bench](args)
 
@@ -610,3 +641,9 @@ def _handoff(args: argparse.Namespace) -> int:
     else:
         print(handoff.report(figures))
     return 0
+
+
+def _peers(args: argparse.Namespace) -> int:
+    from rdmasched.bench import peers
+
+    return peers.cli(args)
