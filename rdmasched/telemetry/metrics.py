@@ -7,7 +7,9 @@ an HTTP server on that port (0: any free port, see ``MetricsServer.port``) that 
 * ``/metrics``: the Prometheus text format (needs ``prometheus-client``, the ``telemetry``
   extra);
 * ``/events?since=SEQ``: the node's decision events numbered SEQ and after, as trace records
-  (JSON lines, a header first: docs/TELEMETRY.md), for live readers.
+  (JSON lines, a header first: docs/TELEMETRY.md), for live readers;
+* ``/why?task=ID`` (``&origin=N``): the ranked reasons the tasks with that id held here
+  have not started (docs/SCHEDULER.md, "Why is it waiting"), as JSON, for ``rdmasched why``.
 
 Nothing is measured on the hot path for it: a scrape reads the node's counters, and the
 events recorded since the previous scrape (the decision ring), on the node's loop thread.
@@ -24,7 +26,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
-from rdmasched.limits import COMPUTE_PRIORITY_MAX
+from rdmasched.limits import COMPUTE_PRIORITY_MAX, U64_MAX
 from rdmasched.scheduler.events import Decision
 from rdmasched.scheduler.task import SYNC_PRIORITY
 from rdmasched.telemetry import http
@@ -33,6 +35,7 @@ from rdmasched.wire import Kind
 
 if TYPE_CHECKING:
     from rdmasched.daemon.node import Node
+    from rdmasched.scheduler.core import Scheduler
 
 #: upper bounds of the histogram buckets, seconds (wait time, preemption reaction)
 TIME_BUCKETS = (
@@ -118,6 +121,7 @@ class NodeCollector:
                 "events": evs,
                 "missed": missed,
                 "queued": queued,
+                "waiting": sched.waiting_counts(),
                 "lanes": lanes,
                 "alive": sum(1 for p, v in n.members.views.items() if v.alive and p != n.id),
                 "peers": sum(1 for p in n.members.views if p != n.id),
@@ -195,6 +199,16 @@ class NodeCollector:
             )
             for cls, n in snap["queued"].items():
                 g.add_metric([node, cls], n)
+            yield g
+
+            g = GaugeMetricFamily(
+                "rdmasched_tasks_waiting",
+                "queued tasks by the reason they have not started (a task counts under each "
+                "of its reasons: docs/SCHEDULER.md)",
+                labels=["node", "reason"],
+            )
+            for reason, n in snap["waiting"].items():
+                g.add_metric([node, reason], n)
             yield g
 
             g = GaugeMetricFamily("rdmasched_running", "tasks running now", labels=["node"])
@@ -303,8 +317,10 @@ class MetricsServer:
                     server._metrics(self)
                 elif url.path == "/events":
                     server._events(self, parse_qs(url.query))
+                elif url.path == "/why":
+                    server._why(self, parse_qs(url.query))
                 else:
-                    self.send_error(404, "try /metrics or /events?since=SEQ")
+                    self.send_error(404, "try /metrics, /events?since=SEQ or /why?task=ID")
 
         self.httpd = http.Server(addr, port, Handler, "metrics")
         self.port: int = self.httpd.port
@@ -359,8 +375,52 @@ class MetricsServer:
         h.end_headers()
         h.wfile.write(body)
 
+    def _why(self, h: BaseHTTPRequestHandler, q: dict[str, list[str]]) -> None:
+        try:
+            task_id = int(q["task"][0])
+            origin = int(q["origin"][0]) if "origin" in q else None
+            if not 0 <= task_id <= U64_MAX or (origin is not None and origin < 0):
+                raise ValueError
+        except (KeyError, ValueError):
+            h.send_error(400, "task must be a task id (a u64), origin a node id")
+            return
+        node = self.node
+        try:
+            tasks = node.inspect(lambda n: waiting_of(n.scheduler, task_id, origin))
+        except Exception as exc:
+            h.send_error(503, f"node {node.id}: {exc}")
+            return
+        body = (json.dumps({"node": node.id, "task_id": task_id, "tasks": tasks}) + "\n").encode()
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
     def close(self) -> None:
         self.httpd.close()
+
+
+def waiting_of(sched: Scheduler, task_id: int, origin: int | None) -> list[dict[str, Any]]:
+    """The tasks ``task_id`` (of ``origin``; None: of any origin) held by ``sched``, each
+    with its state and the ranked reasons it waits (``Scheduler.why``): ``/why``'s answer."""
+    found = sched.find(task_id) if origin is None else [sched.lookup(task_id, origin)]
+    out = []
+    for t in found:
+        if t is None:
+            continue
+        out.append(
+            {
+                "task_id": t.id,
+                "origin": t.origin,
+                "job": t.job,
+                "priority": t.priority,
+                "state": t.state.name.lower(),
+                "slot": t.slot,
+                "reasons": [r.as_dict() for r in sched.why(t.id, t.origin)],
+            }
+        )
+    return out
 
 
 def serve(node: Node, port: int, addr: str = "127.0.0.1") -> MetricsServer:
