@@ -56,7 +56,12 @@ class Reason(NamedTuple):
 
 
 def _ms(ns: int) -> str:
-    return f"{ns / 1e6:.3g} ms"
+    """A duration as people read it: 750 us, 7.5 ms, 60 s."""
+    if ns >= 1_000_000_000:
+        return f"{ns / 1e9:.3g} s"
+    if ns >= 1_000_000 or ns == 0:
+        return f"{ns / 1e6:.3g} ms"
+    return f"{ns / 1e3:.3g} us"
 
 
 def gang_incomplete(gang: int, have: int, need: int) -> Reason:

@@ -97,7 +97,7 @@ def test_preemption_budget_exhausted_for_a_task_and_for_a_job() -> None:
     s.dispatch(T(4, 60))
     got = s.why(4)
     assert [str(r.code) for r in got] == ["NoFreeSlot", "PreemptionBudgetExhausted"]
-    assert "job 7 preempted 1/1 times in 1e+03 ms" in got[1].message
+    assert "job 7 preempted 1/1 times in 1 s" in got[1].message
 
 
 def _with_peer() -> tuple[Scheduler, FakeClock, PeerTable]:
