@@ -214,3 +214,16 @@ def test_off_by_default_nothing_is_governed(make: Any) -> None:
     s.dispatch(T(1, 10))
     assert isinstance(s.dispatch(T(2, 11))[0], Preempt)
     assert s.yielded(1, 0) == [] and s.wake_at() is None and s.tick() == []
+
+
+def test_a_task_id_used_again_starts_with_a_fresh_budget(make: Any) -> None:
+    """Ids are unique among the tasks held: once task 1 completed, a new task 1 is another
+    task, and the preemptions of the first do not count against it."""
+    s, _ = make(task_budget=1)
+    s.dispatch(T(1, 10))
+    s.dispatch(T(2, 100))  # preempts task 1: its one preemption
+    s.yielded(1, 0)
+    s.complete(2)
+    s.complete(1)  # task 1 ran again and is done
+    s.dispatch(T(1, 10))  # a new task 1
+    assert kinds(s.dispatch(T(3, 100))) == [("Preempt", 1), ("Start", 3)]
