@@ -1563,6 +1563,8 @@ class Scheduler:
         task.enqueued_ns = now
         self._tasks[key] = task
         task.held_key = key
+        if self._guarded and self._npreempt:  # a new task: no preemption counted yet
+            self._npreempt.pop(key, None)
         if self._ev_cap:
             self._tel(task)
         return key
