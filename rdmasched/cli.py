@@ -1,5 +1,5 @@
-"""The `rdmasched` command: demo, daemon, sim, bench, trace, mirror, top, doctor, cleanup,
-topology.
+"""The `rdmasched` command: demo, daemon, sim, bench, trace, mirror, top, why, doctor,
+cleanup, topology.
 
 This module is the shell: it builds the parser from the commands and runs the one asked for.
 Each command is a module of rdmasched/commands/ that registers its own arguments
@@ -32,6 +32,7 @@ from rdmasched.commands import (
     topology,
     trace,
     trace_export,
+    why,
 )
 from rdmasched.commands.args import Help, Parser, UserError, add_command
 from rdmasched.errors import RdmaschedError
@@ -52,6 +53,7 @@ COMMANDS: dict[str, ModuleType] = {
     "trace export": trace_export,
     "mirror": mirror,
     "top": top,
+    "why": why,
     "doctor": doctor,
     "cleanup": cleanup,
     "topology": topology,

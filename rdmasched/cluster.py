@@ -38,7 +38,12 @@ from typing import Any
 
 from rdmasched.errors import ConfigError
 from rdmasched.files import read_text, read_toml
-from rdmasched.limits import EXEC_SLOTS_MAX, LANE_SLOTS_DEFAULT, check_lane_slots
+from rdmasched.limits import (
+    EXEC_SLOTS_MAX,
+    LANE_SLOTS_DEFAULT,
+    check_lane_slots,
+    check_preemption,
+)
 from rdmasched.limits import MAX_NODES as MAX_NODES  # (named here too: older callers)
 from rdmasched.topology import Topology
 
@@ -59,6 +64,10 @@ CLUSTER_KEYS = frozenset(
     )
 )
 NODE_KEYS = frozenset(("name", "address", "slots", "domain"))
+#: the [preemption] table's keys: the scheduler's no-thrash settings (docs/PREEMPTION.md)
+PREEMPTION_KEYS = frozenset(
+    ("quantum_us", "task_budget", "job_budget", "job_window_us", "critical_priority")
+)
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,8 @@ class ClusterConfig:
     #: the `[topology]`: which nodes hold lanes to which, and the routes between the others.
     #: None: every node holds a lane to every other (a full mesh, for small clusters)
     topology: Topology | None = None
+    #: the `[preemption]` table: the keys it gives (PREEMPTION_KEYS), for the scheduler
+    preemption: Mapping[str, Any] = field(default_factory=dict)
 
     def node(self, key: int | str) -> NodeSpec:
         """A node by id or by name."""
@@ -121,12 +132,13 @@ class ClusterConfig:
     ) -> ClusterConfig:
         """`base`: the directory a relative `topology.slurm` path is taken from (the config
         file's; None: the working directory)."""
-        unknown = set(data) - {"cluster", "node", "topology"}
+        unknown = set(data) - {"cluster", "node", "topology", "preemption"}
         if unknown:
             raise ConfigError(
                 f"{source}: unknown top-level key(s) {sorted(unknown)}; "
-                "expected [cluster], [[node]] and [topology]"
+                "expected [cluster], [[node]], [topology] and [preemption]"
             )
+        preemption = _preemption(data.get("preemption", {}), source)
         c = data.get("cluster", {})
         if not isinstance(c, Mapping):
             raise ConfigError(f"{source}: [cluster] must be a table")
@@ -233,7 +245,17 @@ class ClusterConfig:
             nodes.append(NodeSpec(i, nname, slots, domain, address))
         if topology is not None:
             nodes = _topology_order(nodes, topology, source)
-        return cls(name, tuple(nodes), transport, lane, token, hb, dead, topology=topology)
+        return cls(
+            name,
+            tuple(nodes),
+            transport,
+            lane,
+            token,
+            hb,
+            dead,
+            topology=topology,
+            preemption=preemption,
+        )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> tuple[ClusterConfig, int]:
@@ -403,6 +425,22 @@ def _str(
     if not isinstance(v, str):
         raise ConfigError(f"{source}: {label} must be a string, not {type(v).__name__}")
     return v
+
+
+def _preemption(p: object, source: str) -> dict[str, int]:
+    """The [preemption] table, checked by the scheduler's one rule (limits.check_preemption)."""
+    if not isinstance(p, Mapping):
+        raise ConfigError(f"{source}: [preemption] must be a table")
+    if set(p) - PREEMPTION_KEYS:
+        raise ConfigError(
+            f"{source}: unknown [preemption] key(s) {sorted(set(p) - PREEMPTION_KEYS)}"
+        )
+    got = {k: _int(p, k, source, f"preemption.{k}") for k in sorted(p)}
+    try:
+        check_preemption(**got)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: preemption.{exc}") from None
+    return got
 
 
 def _int(

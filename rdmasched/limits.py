@@ -35,6 +35,49 @@ GROUP_MAX = (1 << 31) - 1
 #: steps are 0..2**32-1 (a sync task's id holds the step in its low 32 bits)
 STEP_MAX = (1 << 32) - 1
 
+# ---- no thrash: the run quantum and the preemption budgets (docs/PREEMPTION.md) ----------------
+#: the run quantum, us: 0 (off) by default, so that every higher-priority task preempts at
+#: once, as the scheduler always did (the microsecond reaction is the project's figure);
+#: a cluster whose ordinary work churns sets it (docs/PREEMPTION.md, "No thrash")
+QUANTUM_US_DEFAULT = 0
+#: at most a minute: a quantum longer than that is a reservation, not a guard
+QUANTUM_US_MAX = 60_000_000
+#: preemption budgets are counts; None (the default) is no budget
+BUDGET_MAX = 1 << 32
+#: the window a job's budget counts over, us: one second by default
+JOB_WINDOW_US_DEFAULT = 1_000_000
+#: at most an hour
+JOB_WINDOW_US_MAX = 3_600_000_000
+#: tasks at or above this priority (and sync tasks, 255) preempt at once, never governed: 200
+#: is the PyTorch integration's training compute task (COMPUTE_PRIORITY), whose step must
+#: push co-located work off its slot without a wait
+CRITICAL_PRIORITY_DEFAULT = 200
+
+
+def check_preemption(
+    quantum_us: object = QUANTUM_US_DEFAULT,
+    task_budget: object = None,
+    job_budget: object = None,
+    job_window_us: object = JOB_WINDOW_US_DEFAULT,
+    critical_priority: object = CRITICAL_PRIORITY_DEFAULT,
+) -> None:
+    """The one rule for the no-thrash settings (the scheduler, the cluster config and the
+    daemon's options check with it); raises ValueError naming the setting."""
+
+    def whole(name: str, v: object, lo: int, hi: int, none: bool = False) -> None:
+        if v is None and none:
+            return
+        if type(v) is not int or not lo <= v <= hi:
+            extra = " or none" if none else ""
+            raise ValueError(f"{name} must be an integer in {lo}..{hi}{extra}, not {v!r}")
+
+    whole("quantum_us", quantum_us, 0, QUANTUM_US_MAX)
+    whole("task_budget", task_budget, 0, BUDGET_MAX, none=True)
+    whole("job_budget", job_budget, 0, BUDGET_MAX, none=True)
+    whole("job_window_us", job_window_us, 1, JOB_WINDOW_US_MAX)
+    whole("critical_priority", critical_priority, 0, PRIORITY_MAX)
+
+
 # ---- a host's clients (its ranks) ---------------------------------------------------------------
 #: tasks one rank may hold on its daemon (queued, running, or placed on another host) when
 #: the daemon is not told otherwise (`rdmasched daemon --max-queued-per-client`): a task costs

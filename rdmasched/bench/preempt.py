@@ -14,6 +14,17 @@ only when both loops have stopped do they close their lanes, so neither sees the
 dead peer.
 
 Baseline in the same run: the C floor's one-way time (half its round trip).
+
+`--quantum-us Q` (`quantum()`): what the run quantum (docs/PREEMPTION.md, "No thrash")
+costs in reaction time. A peer's PREEMPT is never governed by it, so here node 0 sends
+urgent DISPATCHes instead, one every `interval_us`, alternately ordinary (priority 100) and
+critical (220, above the default critical priority 200), each stamped with node 0's clock
+(in its `cost_ns`, which the scheduler does not rank on); node 1's slots run background
+tasks (priority 10) and each urgent task completes as soon as it starts, so the background
+task is back on its slot, its quantum started again. Reaction: the stamp -> the urgent
+task's dispatch handler entered (its victim's preempt handler has returned by then). The
+same run with quantum 0 first, then with Q, on the same two daemons' code; node 1 has one
+slot, so each urgent task's victim is the task the previous one displaced (`quantum()`).
 """
 
 from __future__ import annotations
@@ -29,6 +40,11 @@ from rdmasched.daemon.probe import StageClock
 from rdmasched.daemon.tuning import LoopTuning
 from rdmasched.stats import Histogram
 
+#: `--quantum-us`: the urgent tasks' job and priorities (ordinary, then critical: above the
+#: default critical priority, limits.CRITICAL_PRIORITY_DEFAULT)
+URGENT_JOB = 2
+ORDINARY, CRITICAL = 100, 220
+
 
 def _victim(cfg: dict[str, Any]) -> dict[str, Any]:
     from rdmasched.cluster import local_cluster
@@ -36,7 +52,17 @@ def _victim(cfg: dict[str, Any]) -> dict[str, Any]:
 
     cluster = local_cluster(2, cfg["slots"], name=cfg["cluster"])
     tuning = LoopTuning(**cfg["tuning"]) if cfg.get("tuning") else None
-    node = Node(cluster, 1, spin_us=cfg["spin_us"], events=cfg["events"], tuning=tuning)
+    quantum = cfg.get("quantum_us")
+    node = Node(
+        cluster,
+        1,
+        spin_us=cfg["spin_us"],
+        events=cfg["events"],
+        tuning=tuning,
+        preemption=None if quantum is None else {"quantum_us": quantum},
+    )
+    if quantum is not None:
+        return _victim_urgent(node, cfg)
     node.on_dispatch(lambda task, slot: None)  # "runs" until preempted
     node.on_preempt(lambda task, slot, cancel: task.progress_ns + 1000)
     probe = StageClock(node.clock) if cfg.get("stages") else None
@@ -64,6 +90,32 @@ def _victim(cfg: dict[str, Any]) -> dict[str, Any]:
         node.stop()
 
 
+def _victim_urgent(node: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """`--quantum-us`: the urgent DISPATCHes' reactions, ordinary and critical apart."""
+    got: dict[str, list[int]] = {"ordinary": [], "critical": []}
+
+    def on_dispatch(task: Any, slot: int) -> None:
+        if task.job == URGENT_JOB:
+            kind = "critical" if task.priority == CRITICAL else "ordinary"
+            got[kind].append(node.clock() - task.cost_ns)
+            node.complete(task.id, origin=task.origin)  # done: the background task is back
+
+    node.on_dispatch(on_dispatch)
+    node.on_preempt(lambda task, slot, cancel: task.progress_ns + 1000)
+    node.open()
+    done, total = cfg["done"], cfg["n"] + cfg["warmup"]
+    try:
+        for k in range(cfg["slots"]):
+            node.dispatch(k + 1, job=1, priority=10, cost_ns=10**12)
+        assert node.loop is not None
+        node.loop.call_later(1_000_000, lambda: done.__setitem__(2, 1))
+        node.run(until=lambda: min(len(v) for v in got.values()) >= total or bool(done[0]))
+        keep = slice(cfg["warmup"], total)
+        return {"samples": {k: v[keep] for k, v in got.items()}, "stats": _end(node, 1, cfg)}
+    finally:
+        node.stop()
+
+
 def _end(node: Any, side: int, cfg: dict[str, Any]) -> dict[str, Any]:
     """A side's loop has stopped: say so, and close only once the other's has stopped too
     (a node closing its lanes while its peer still sends is, to the peer, a dead node)."""
@@ -82,6 +134,9 @@ def _preemptor(cfg: dict[str, Any]) -> dict[str, Any]:
     node.open()
     sent = 0
     total = cfg["n"] + cfg["warmup"]
+    urgent = cfg.get("quantum_us") is not None
+    if urgent:  # as many of each kind
+        total *= 2
     done = cfg["done"]
     interval = cfg["interval_us"] * 1000
 
@@ -93,8 +148,16 @@ def _preemptor(cfg: dict[str, Any]) -> dict[str, Any]:
         if not done[2]:  # the victim's loop is not running yet
             node.loop.call_later(interval, fire)
             return
-        if sent < total + 50 and not done[1]:  # a few spare, in case some find the slot changing
-            node.preempt(1 + sent % cfg["slots"], node=1)
+        # a few spare, in case some find the slot changing (urgent: until the victim has
+        # its samples of both kinds, however many a stalled loop lost)
+        if (urgent or sent < total + 50) and not done[1]:
+            if urgent:  # stamped with the clock now, in its cost (not ranked on)
+                prio = CRITICAL if sent % 2 else ORDINARY
+                node.dispatch(
+                    1000 + sent, to=1, job=URGENT_JOB, priority=prio, cost_ns=node.clock()
+                )
+            else:
+                node.preempt(1 + sent % cfg["slots"], node=1)
             sent += 1
             last_sent[0] = time.monotonic()
             assert node.loop is not None
@@ -103,7 +166,8 @@ def _preemptor(cfg: dict[str, Any]) -> dict[str, Any]:
     def finished() -> bool:
         # the victim has its samples; or all are sent and it had 5 s to read them
         now = time.monotonic()
-        return bool(done[1]) or now > deadline or (sent >= total + 50 and now > last_sent[0] + 5)
+        spent = not urgent and sent >= total + 50
+        return bool(done[1]) or now > deadline or (spent and now > last_sent[0] + 5)
 
     try:
         assert node.loop is not None
@@ -124,12 +188,16 @@ def run_daemons(
     tuning: dict[str, Any] | None = None,
     pin: bool = True,
     events: int = 4096,
+    quantum_us: int | None = None,
 ) -> dict[str, Any]:
     """The two node daemons only: the reaction samples, and how each side ended; with
     `stages`, the victim's stage probe too (rdmasched/daemon/probe.py); `tuning`: the
     victim's LoopTuning fields; `pin`: the two processes pinned to two cores; `events`:
-    each node's decision event ring (0 turns the telemetry off)."""
+    each node's decision event ring (0 turns the telemetry off); `quantum_us`: urgent
+    DISPATCHes instead of PREEMPTs, the victim's run quantum that (module doc); its
+    samples are then {"ordinary": [...], "critical": [...]}."""
     cfg = {
+        "quantum_us": quantum_us,
         "stages": stages,
         "tuning": tuning,
         "n": n,
@@ -189,6 +257,41 @@ def run(
         if not res["stages"]
         else {name: _stage(v) for name, v in res["stages"].items()},
     }
+
+
+def quantum(
+    n: int = 5_000,
+    interval_us: int = 200,
+    spin_us: int = 5_000,
+    slots: int = 1,
+    quantum_us: int = 1_000,
+) -> dict[str, Any]:
+    """`--quantum-us`: the urgent DISPATCH reaction with quantum 0 and with `quantum_us`,
+    in one run (0 first), ordinary and critical tasks apart (p50/p99/p99.9/max, us), and
+    the ratios against quantum 0. One slot by default: every urgent task then has the same
+    victim, whose quantum starts again after each urgent task, so an ordinary one arriving
+    `interval_us` after the last waits about `quantum_us - interval_us` (the worst case;
+    with more slots another background task has usually run its quantum already)."""
+    out: dict[str, Any] = {
+        "interval_us": interval_us,
+        "spin_us": spin_us,
+        "quantum_us": quantum_us,
+        "per_kind": n,
+        "runs": {},
+    }
+    for q in (0, quantum_us):
+        res = run_daemons(n, interval_us, spin_us, slots, quantum_us=q)
+        row = {}
+        for kind, samples in res["samples"].items():
+            s = Histogram(samples).summary()
+            row[kind] = {k: s[k] for k in ("n", "p50", "p99", "p999", "max", "mean")}
+        out["runs"][str(q)] = row
+    base, gov = out["runs"]["0"], out["runs"][str(quantum_us)]
+    out["ratio"] = {
+        kind: {k: gov[kind][k] / base[kind][k] if base[kind][k] else None for k in ("p50", "p99")}
+        for kind in ("ordinary", "critical")
+    }
+    return out
 
 
 def _stage(samples_ns: list[int]) -> dict[str, float]:
@@ -290,6 +393,8 @@ def telemetry_cost(
 def from_args(args: argparse.Namespace) -> dict[str, Any]:
     """`rdmasched bench preempt`'s figures from its parsed options (the command prints them,
     `bench all` stores them)."""
+    if getattr(args, "quantum_us", None) is not None:
+        return quantum(args.preempts, args.interval_us, args.spin_us, quantum_us=args.quantum_us)
     if args.telemetry_cost:
         return telemetry_cost(
             args.preempts, args.interval_us, args.spin_us, rounds=args.rounds, events=args.events

@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from rdmasched.commands.args import (
     MAX_SECONDS,
@@ -195,6 +196,14 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also time each stage of the path (written -> polled -> taken -> decided -> "
         "handler) with a probe on the node (a few clock reads per message)",
+    )
+    pre.add_argument(
+        "--quantum-us",
+        type=int_range(1, 60_000_000, "a run quantum, us"),
+        default=None,
+        help="instead: what a run quantum costs in reaction time: urgent DISPATCHes "
+        "(ordinary and critical) against background work, with quantum 0 and with this "
+        "one, in one run (--preempts of each kind)",
     )
     json_flag(pre)
 
@@ -503,6 +512,8 @@ def _preempt(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
+    if getattr(args, "quantum_us", None) is not None:
+        return _quantum(r)
     if args.telemetry_cost:
         print(
             f"rdmasched bench preempt --telemetry-cost: {r['rounds']} rounds of "
@@ -553,6 +564,26 @@ def _preempt(args: argparse.Namespace) -> int:
                 f"    {name:<22} {st['p50']:8.2f} {st['p99']:8.2f} {st['p999']:9.2f} "
                 f"{st['mean']:8.2f}"
             )
+    return 0
+
+
+def _quantum(r: dict[str, Any]) -> int:
+    q = r["quantum_us"]
+    print(
+        f"rdmasched bench preempt --quantum-us {q}: urgent DISPATCHes, one every "
+        f"{r['interval_us']} us, ordinary (priority 100) and critical (220) alternating, "
+        f"{r['per_kind']} of each; stamp -> the urgent task's dispatch handler entered"
+    )
+    for qq, row in r["runs"].items():
+        for kind, x in row.items():
+            print(
+                f"  quantum {qq:>7} us  {kind:<9} p50 {x['p50']:9.2f} us  p99 {x['p99']:9.2f} us"
+                f"  p99.9 {x['p999']:9.2f} us  max {x['max']:9.1f} us ({x['n']} samples)"
+            )
+    for kind, x in r["ratio"].items():
+        p50 = "-" if x["p50"] is None else f"{x['p50']:.2f}x"
+        p99 = "-" if x["p99"] is None else f"{x['p99']:.2f}x"
+        print(f"  quantum {q} us / quantum 0, {kind}: p50 {p50}, p99 {p99}")
     return 0
 
 

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from rdmasched import limits
 from rdmasched.commands.args import UserError, int_range, us_or_off
 from rdmasched.errors import RdmaschedError
 from rdmasched.limits import CLIENT_QUEUED_DEFAULT, CLIENT_QUEUED_MAX
@@ -157,6 +158,47 @@ def add_arguments(daemon: argparse.ArgumentParser) -> None:
         default="text",
         help="text lines, or JSON lines (ts, level, logger, msg, node) for a log collector",
     )
+    add_preemption_arguments(daemon)
+
+
+#: the no-thrash options: flag -> (Scheduler keyword, type, help) (docs/PREEMPTION.md)
+PREEMPTION_FLAGS = {
+    "--quantum-us": (
+        "quantum_us",
+        int_range(0, limits.QUANTUM_US_MAX, "a run quantum, us"),
+        "a task runs at least this long before an ordinary task may preempt it (default "
+        "the config's [preemption] quantum_us, else 0: off)",
+    ),
+    "--task-budget": (
+        "task_budget",
+        int_range(0, limits.BUDGET_MAX, "a number of preemptions"),
+        "ordinary preemptions one task may suffer here, at most (default the config's, else "
+        "no bound)",
+    ),
+    "--job-budget": (
+        "job_budget",
+        int_range(0, limits.BUDGET_MAX, "a number of preemptions"),
+        "ordinary preemptions of one job's tasks per --job-window-us, at most (default the "
+        "config's, else no bound)",
+    ),
+    "--job-window-us": (
+        "job_window_us",
+        int_range(1, limits.JOB_WINDOW_US_MAX, "a window, us"),
+        f"the window of --job-budget (default the config's, else {limits.JOB_WINDOW_US_DEFAULT})",
+    ),
+    "--critical-priority": (
+        "critical_priority",
+        int_range(0, 255, "a priority"),
+        "tasks at or above it (and sync tasks) preempt at once, ungoverned (default the "
+        f"config's, else {limits.CRITICAL_PRIORITY_DEFAULT})",
+    ),
+}
+
+
+def add_preemption_arguments(p: argparse.ArgumentParser) -> None:
+    """The no-thrash options; each overrides the cluster config's [preemption] key."""
+    for flag, (dest, kind, text) in PREEMPTION_FLAGS.items():
+        p.add_argument(flag, dest=dest, type=kind, default=None, help=text)
 
 
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -202,6 +244,13 @@ def daemon_policy(args: argparse.Namespace) -> dict[str, Any]:
         if value == 0:  # off
             value = STARVATION_OFF_US if name == "starvation_us" else None
         kw[name] = value
+    preemption = {
+        dest: getattr(args, dest)
+        for dest, _, _ in PREEMPTION_FLAGS.values()
+        if getattr(args, dest, None) is not None
+    }
+    if preemption:
+        kw["preemption"] = preemption
     return kw
 
 

@@ -68,6 +68,8 @@ cdef class NodeCore:
     cdef long long _fx_load0, _fx_load1
     cdef object _fx0, _fx1
     cdef bint _opened
+    cdef bint _no_thrash
+    cdef object _wake_armed
     # a bound method the hot path calls (made once, not per message)
     cdef object _seen
 

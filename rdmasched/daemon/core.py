@@ -26,6 +26,9 @@ Effects (docs/DAEMON.md, "The node core", is the contract):
 * `CompleteNotice(task_id, node)`: a task of this node completed on `node`: call the
   complete handler.
 * `SetTimer(at_ns)`: call `tick(now)` at `at_ns` (the heartbeat period).
+* `Wake(at_ns)`: call `wake(now)` at `at_ns`: a running task's run quantum (or a job's
+  preemption window) ends then, and a queued task may preempt (docs/PREEMPTION.md, "No
+  thrash"). Only with a quantum or a budget set; a wake at any time is harmless.
 * `MarkDead(peer, why)`: stop sending to `peer` (heartbeats aside), drop its queue.
 * `Revive(peer, again)`: send to `peer` again (`again`: an earlier incarnation of it was
   known, so its transport may need re-attaching).
@@ -177,6 +180,12 @@ class SetTimer(NamedTuple):
     at_ns: int
 
 
+class Wake(NamedTuple):
+    """Call `wake(now)` at `at_ns` (a run quantum or a job's preemption window ends)."""
+
+    at_ns: int
+
+
 class MarkDead(NamedTuple):
     """Stop sending to `peer` (heartbeats aside); drop what is queued for it."""
 
@@ -205,6 +214,7 @@ Effect = (
     | RunSync
     | CompleteNotice
     | SetTimer
+    | Wake
     | MarkDead
     | Revive
     | SetLoad
@@ -234,11 +244,14 @@ class NodeCore:
         max_hops: int = 2,
         topology: Topology | None = None,
         max_relays: int = MAX_RELAYS,
+        preemption: Mapping[str, Any] | None = None,
     ) -> None:
         """`nodes`: every node of the cluster (this one too) -> its topology domain.
         `topology`: the cluster's links and routes; None: every node is linked to every
         other (a full mesh: tests, small clusters, the central baseline). `max_relays`:
-        a message relayed that many times is not relayed again (docs/PROTOCOL.md 10)."""
+        a message relayed that many times is not relayed again (docs/PROTOCOL.md 10).
+        `preemption`: the scheduler's no-thrash settings (`Scheduler`'s `quantum_us`,
+        `task_budget`, `job_budget`, `job_window_us`, `critical_priority`)."""
         self.me = me
         self.topology = topology
         if topology is not None and topology.plan.hops - 1 > max_relays:
@@ -335,7 +348,11 @@ class NodeCore:
             peers=self.peers,
             domain=nodes.get(me, ""),
             max_hops=max_hops,
+            **(preemption or {}),
         )
+        #: a quantum or a budget governs preemption: the scheduler may ask for a `Wake`
+        self._no_thrash = self.scheduler.governs()
+        self._wake_armed = 0  # the earliest Wake asked for and not yet come (0: none)
         #: peers whose messages are ignored (their incarnation ended)
         self._shunned: set[int] = set()
         #: peers that have not acknowledged this node's current incarnation
@@ -399,9 +416,18 @@ class NodeCore:
                 self._sweep(out)
             # a sync report not answered by a release for a dead_after: sent again
             out += self._sync(self.sync.tick(self._sync_every))
+        if self._no_thrash:  # (a backstop for a driver that does not carry out Wake)
+            out += self._act(self.scheduler.tick())
         out += self._heartbeats(None)
         out.append(SetTimer(now + self.heartbeat_ns))
         return out
+
+    def wake(self, now: int) -> list[Effect]:
+        """A `Wake` came due: the scheduler lets the queue preempt what it now may."""
+        self.now = now
+        if now >= self._wake_armed:
+            self._wake_armed = 0
+        return self._act(self.scheduler.tick())
 
     def peer_lost(self, peer: int, why: str, now: int) -> list[Effect]:
         """The transport says `peer` is gone (it closed its lane)."""
@@ -909,7 +935,10 @@ class NodeCore:
         return _new(PreemptTask, (a.victim, a.slot, a.cancel, self._trigger_ns))
 
     def _load_changed(self, out: list[Effect]) -> list[Effect]:
-        """`out`, with a `SetLoad` appended if the load hint changed."""
+        """`out`, with a `SetLoad` appended if the load hint changed (and a `Wake`, if
+        the scheduler wants one earlier than the one asked for)."""
+        if self._no_thrash:
+            self._arm(out)
         load = self.scheduler.load_hint()
         if load != self._load:
             self._load = load
@@ -923,6 +952,12 @@ class NodeCore:
                 self._fx0 = _new(SetLoad, (load,))
                 out.append(self._fx0)
         return out
+
+    def _arm(self, out: list[Effect]) -> None:
+        at = self.scheduler.wake_at()
+        if at is not None and (self._wake_armed == 0 or at < self._wake_armed):
+            self._wake_armed = at
+            out.append(Wake(at))
 
     def _heartbeats(self, peers: Iterable[int] | None) -> list[Effect]:
         """A HEARTBEAT to every peer (also ones declared dead: its metadata says which
@@ -1302,5 +1337,6 @@ __all__ = [
     "SetLoad",
     "SetTimer",
     "Start",
+    "Wake",
     "sync_task_id",
 ]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rdmasched import messages as msg
@@ -60,6 +60,7 @@ from rdmasched.daemon.core import (
     Send,
     SetLoad,
     SetTimer,
+    Wake,
     sync_task_id,
 )
 from rdmasched.daemon.links import Links, ShmLinks, VerbsLinks, close_quietly
@@ -129,6 +130,7 @@ class Node:
         max_hops: int = 2,
         clock: Callable[[], int] = time.monotonic_ns,
         tuning: LoopTuning | None = None,
+        preemption: Mapping[str, Any] | None = None,
     ) -> None:
         self.cluster = cluster
         #: the loop thread's CPU, SCHED_FIFO priority and gc freeze (daemon/tuning.py)
@@ -155,6 +157,8 @@ class Node:
             sync_cost_ns=sync_cost_ns,
             max_hops=max_hops,
             topology=cluster.topology,
+            # no thrash: the cluster's [preemption], overridden key by key by `preemption`
+            preemption={**cluster.preemption, **(preemption or {})},
         )
         self.sync_cost_ns = sync_cost_ns
         self.reactions = Reactions()
@@ -800,6 +804,8 @@ class Node:
                     loop.revive(e.peer)
             elif t is SetTimer:
                 self._loop().call_at(e.at_ns, self._tick)
+            elif t is Wake:
+                self._loop().call_at(e.at_ns, self._wake)
 
     def _tick(self) -> None:
         """The heartbeat timer (armed by the core's SetTimer)."""
@@ -810,6 +816,10 @@ class Node:
         loop.lost.clear()
         effects += self.core.tick(self.clock(), loop.listened_ns)
         self.carry_out(effects)
+
+    def _wake(self) -> None:
+        """A run quantum or a job's preemption window ended (armed by the core's Wake)."""
+        self.carry_out(self.core.wake(self.clock()))
 
     def _stalled(self, gap_ns: int) -> None:
         """The loop did not run for `gap_ns`: maybe declared dead meanwhile."""

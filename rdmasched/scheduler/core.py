@@ -41,6 +41,13 @@ from dataclasses import dataclass, field, fields
 from heapq import heapify, heappop, heappush
 from typing import Any, NoReturn
 
+from rdmasched.limits import (
+    CRITICAL_PRIORITY_DEFAULT,
+    JOB_WINDOW_US_DEFAULT,
+    QUANTUM_US_DEFAULT,
+    check_preemption,
+)
+from rdmasched.scheduler import reasons
 from rdmasched.scheduler.actions import Action, Cancel, Forward, Preempt, Start
 from rdmasched.scheduler.errors import (
     DuplicateTaskError,
@@ -190,6 +197,8 @@ R_PLACED_ON = int(Rule.PLACED_ON)
 R_BACK_TO_ORIGIN = int(Rule.BACK_TO_ORIGIN)
 R_DONE_ON_PEER = int(Rule.DONE_ON_PEER)
 R_DONE_QUEUED = int(Rule.DONE_QUEUED)
+R_QUANTUM = int(Rule.QUANTUM)
+R_BUDGET = int(Rule.BUDGET)
 #: the ring's words are u64; a value that does not fit is recorded as absent
 _U64 = U64_MAX
 # the event layout (events.py, its one definition) as C constants when compiled (core.pxd
@@ -321,11 +330,13 @@ class Scheduler:
     """
 
     __slots__ = (
+        "_blocked",
         "_by_rule",
         "_cause_kind",
         "_cause_ns",
         "_cause_w",
         "_clock",
+        "_critical",
         "_domain",
         "_ev",
         "_ev_b",
@@ -336,7 +347,11 @@ class Scheduler:
         "_fifo",
         "_free",
         "_groups",
+        "_guarded",
         "_heap",
+        "_job_budget",
+        "_job_preempts",
+        "_job_window_ns",
         "_max_hops",
         "_n_cancels",
         "_n_completions",
@@ -352,20 +367,26 @@ class Scheduler:
         "_n_starved_starts",
         "_n_sync_releases",
         "_n_sync_reports",
+        "_npreempt",
         "_nqueued",
         "_offset",
         "_outranked",
         "_peers",
+        "_quantum_ns",
         "_rejected",
         "_requeued",
+        "_returned",
         "_rng",
         "_run",
         "_run_cap",
         "_seq",
         "_slots",
         "_starve_at",
+        "_task_budget",
         "_tasks",
+        "_wake_ns",
         "aging_ns",
+        "gang_wait",
         "node_id",
         "nslots",
         "starvation_ns",
@@ -384,7 +405,13 @@ class Scheduler:
         domain: str = "",
         max_hops: int = DEFAULT_MAX_HOPS,
         rng: random.Random | None = None,
+        quantum_us: int = QUANTUM_US_DEFAULT,
+        task_budget: int | None = None,
+        job_budget: int | None = None,
+        job_window_us: int = JOB_WINDOW_US_DEFAULT,
+        critical_priority: int = CRITICAL_PRIORITY_DEFAULT,
     ) -> None:
+        check_preemption(quantum_us, task_budget, job_budget, job_window_us, critical_priority)
         if nslots < 1:
             raise ValueError(f"nslots must be >= 1, not {nslots}")
         if starvation_us <= 0:
@@ -454,6 +481,26 @@ class Scheduler:
         self._starve_at = _NEVER
         self._run_cap = 2 * nslots + 16
         self._rejected: dict[str, int] = {}
+        # no thrash (docs/PREEMPTION.md): the run quantum and the preemption budgets govern
+        # the preemptions by ordinary tasks (below ``critical_priority``); off, none is
+        # governed and the hot path tests one flag
+        self._quantum_ns = quantum_us * 1000
+        self._task_budget = task_budget
+        self._job_budget = job_budget
+        self._job_window_ns = job_window_us * 1000
+        self._critical = critical_priority
+        self._guarded = quantum_us > 0 or task_budget is not None or job_budget is not None
+        #: task key -> its governed preemptions here; job -> times of its tasks' ones
+        self._npreempt: dict[int, int] = {}
+        self._job_preempts: dict[int, deque[int]] = {}
+        #: the rule that kept the last governed preemption from happening (queue event)
+        self._blocked = R_QUANTUM
+        #: when ``tick()`` has something to do (a quantum or a job's window ends); 0: never
+        self._wake_ns = 0
+        #: this node's tasks a peer handed back: key -> that peer (``why``: PeerRefused)
+        self._returned: dict[int, int] = {}
+        #: the gangs' hook (reasons.py): ``(task) -> Reason | None``, asked first by ``why``
+        self.gang_wait: Callable[[Task], reasons.Reason | None] | None = None
 
     # --- inputs ---------------------------------------------------------------------------
 
@@ -569,9 +616,11 @@ class Scheduler:
             # to the queue head, a task this one outranks: as on arrival, it preempts that.
             victim = self._lowest_running()
             if task.priority > victim[0] and self._heads_queue(task, now, key):
-                self._n_requeues += 1
-                self._rec(now, D_REQUEUE, R_YIELDED, task, -1, None, 0, 0)
-                return self._preempt_for(task, victim, now)
+                chosen = self._may_preempt(task, victim, now)
+                if chosen is not None:
+                    self._n_requeues += 1
+                    self._rec(now, D_REQUEUE, R_YIELDED, task, -1, None, 0, 0)
+                    return self._preempt_for(task, chosen, now)
         self._enqueue(task, now, key)
         requeued = self._requeued
         requeued.add(key)
@@ -839,7 +888,9 @@ class Scheduler:
         if origin == self.node_id:
             peers = self._peers
             if peers is not None:
-                peers.release(peer, (origin << 64) | task.id)
+                key = (origin << 64) | task.id
+                if peers.release(peer, key) is not None:
+                    self._note_returned(key, peer)
             return self.submit(task) if submitted else self.dispatch(task)
         try:
             return self.submit(task) if submitted else self.dispatch(task)
@@ -931,6 +982,238 @@ class Scheduler:
         self._n_completions += 1
         self._note(now, D_COMPLETE, R_DONE_ON_PEER, None, task_id, None)
         self._peer_note(peer, -1, 0, 0, 0)
+
+    def tick(self) -> list[Action]:
+        """Time passed: a running task's quantum (or a job's budget window) that kept a
+        preemption back may have ended; the head of the queue now preempts what it may.
+
+        Call it at ``wake_at()`` (the node core arms a timer for it: a ``Wake`` effect); a
+        call at any other time does nothing wrong, and nothing at all before ``wake_at()``.
+        No input ever waits for this: the blocked task simply queues meanwhile."""
+        now = self._clock()
+        out: list[Action] = []
+        wake = self._wake_ns
+        if wake == 0 or now < wake:
+            return out
+        self._wake_ns = 0
+        while not self._free:
+            head = self._head()
+            if head is None:
+                break
+            if self._oldest_starved(now) is not None:
+                break  # a starved task waits: no compute preemption (it starts first)
+            task = head[4]
+            victim = self._lowest_running()
+            if task.priority <= victim[0]:
+                break
+            chosen = self._may_preempt(task, victim, now)
+            if chosen is None:
+                break  # (``_may_preempt`` armed the next wake, if any)
+            self._unqueue(task)
+            out.extend(self._preempt_for(task, chosen, now))
+        return out
+
+    def governs(self) -> bool:
+        """A run quantum or a preemption budget is set (some preemptions are governed)."""
+        return bool(self._guarded)
+
+    def wake_at(self) -> int | None:
+        """When ``tick()`` next has something to do (clock ns), or None."""
+        return self._wake_ns or None
+
+    def _may_preempt(self, task: Task, victim: REntry, now: int) -> REntry | None:
+        """The running task ``task`` (it outranks ``victim``, the lowest running, and heads
+        the queue) may preempt now: ``victim`` when nothing governs it (no guard, a sync or
+        critical task), else the lowest-ranked running task below it whose quantum is over
+        and whose budgets are not spent (charged to them), else None (``_blocked`` says
+        why, ``_wake_ns`` when to look again)."""
+        if not self._guarded or task.priority >= self._critical:
+            return victim
+        best, blocked = self._candidates(task.priority, now)
+        if best is None:
+            rule = R_BUDGET
+            wake = 0
+            for _t, at, r, _f in blocked:
+                if r == R_QUANTUM:
+                    rule = R_QUANTUM
+                if at and (wake == 0 or at < wake):
+                    wake = at
+            self._blocked = rule
+            if wake and (self._wake_ns == 0 or wake < self._wake_ns):
+                self._wake_ns = wake
+            return None
+        t = best[3]
+        if self._task_budget is not None:
+            npre = self._npreempt
+            npre[t.held_key] = npre.get(t.held_key, 0) + 1
+            if len(npre) > 2 * len(self._tasks) + 64:
+                self._npreempt = {k: n for k, n in npre.items() if k in self._tasks}
+        if self._job_budget is not None:
+            jobs = self._job_preempts
+            times = jobs.get(t.job)
+            if times is None:
+                if len(jobs) > 4096:  # drop the jobs whose window has emptied
+                    edge = now - self._job_window_ns
+                    for j in [j for j, q in jobs.items() if not q or q[len(q) - 1] <= edge]:
+                        del jobs[j]
+                times = jobs[t.job] = deque()
+            times.append(now)
+        return best
+
+    def _candidates(
+        self, priority: int, now: int
+    ) -> tuple[REntry | None, list[tuple[Task, int, int, dict[str, Any]]]]:
+        """The running tasks below ``priority``: the one a governed preemption takes
+        (lowest priority, then most recently started, among those free to go), and the
+        others, each with when it is free to go (0: never), the rule that holds it and
+        the figures."""
+        best: REntry | None = None
+        blocked: list[tuple[Task, int, int, dict[str, Any]]] = []
+        q = self._quantum_ns
+        kb = self._task_budget
+        jb = self._job_budget
+        win = self._job_window_ns
+        for t in self._slots:
+            if t is None or t.priority >= priority:
+                continue
+            ran = now - t.started_ns
+            at = 0
+            rule = 0
+            fig: dict[str, Any] = {"ran_ns": ran}
+            if ran < q:
+                at = t.started_ns + q
+                rule = R_QUANTUM
+            used = self._npreempt.get(t.held_key, 0) if kb is not None else 0
+            if kb is not None and used >= kb:
+                at, rule = -1, R_BUDGET
+                fig["task_used"] = used
+            if jb is not None:
+                times = self._job_preempts.get(t.job)
+                if times is not None:
+                    while times and times[0] <= now - win:
+                        times.popleft()
+                    if len(times) >= jb:
+                        fig["job_used"] = len(times)
+                        if at >= 0:
+                            at, rule = max(at, times[0] + win), R_BUDGET
+            if rule == 0:
+                e: REntry = t.rentry  # type: ignore[assignment]  # a running task has one
+                if best is None or e < best:
+                    best = e
+            else:
+                blocked.append((t, max(at, 0), rule, fig))
+        return best, blocked
+
+    def _note_returned(self, key: int, peer: int) -> None:
+        """A peer handed this node's task ``key`` back (``why``: PeerRefused)."""
+        returned = self._returned
+        returned[key] = peer
+        if len(returned) > 2 * len(self._tasks) + 64:
+            self._returned = {k: p for k, p in returned.items() if k in self._tasks}
+
+    def why(self, task_id: int, origin: int | None = None) -> list[reasons.Reason]:
+        """The ranked reasons the queued task ``task_id`` (of ``origin``) has not started
+        (reasons.py; empty for a task that runs or is being preempted)."""
+        task = self.get(task_id, origin)
+        if task.state is not _QUEUED:
+            return []
+        order = self.queued()
+        return self._why(task, order.index(task), order, self._clock())
+
+    def waiting_counts(self) -> dict[str, int]:
+        """Reason code -> queued tasks that wait for it (a task counts under each of its
+        reasons; every code is a key): the ``rdmasched_tasks_waiting`` gauge."""
+        counts = dict.fromkeys((str(c) for c in reasons.Code), 0)
+        order = self.queued()
+        now = self._clock()
+        for i, t in enumerate(order):
+            for r in self._why(t, i, order, now):
+                counts[str(r.code)] += 1
+        return counts
+
+    def _why(self, task: Task, ahead: int, order: list[Task], now: int) -> list[reasons.Reason]:
+        out: list[reasons.Reason] = []
+        if self.gang_wait is not None:
+            g = self.gang_wait(task)
+            if g is not None:
+                out.append(g)
+        running = self.nslots - len(self._free)
+        if not self._free:
+            out.append(reasons.no_free_slot(running, self.nslots, self._nqueued))
+            low = self._lowest_running()
+            lt = low[3]
+            if task.priority <= low[0]:
+                out.append(
+                    reasons.does_not_outrank(task.priority, low[0], lt.id, running, self.nslots)
+                )
+            elif ahead:
+                head = order[0]
+                starved = head.priority != SYNC_PRIORITY and (
+                    now - head.waiting_since_ns >= self.starvation_ns
+                )
+                out.append(reasons.queued_behind(ahead, head.id, head.priority, starved))
+            elif self._guarded and task.priority < self._critical:
+                _best, blocked = self._candidates(task.priority, now)
+                blocked.sort(key=lambda b: (b[0].priority, -b[0].started_ns))
+                for t, _at, rule, fig in blocked[:1]:
+                    if rule == R_QUANTUM:
+                        out.append(
+                            reasons.run_quantum(t.id, t.priority, fig["ran_ns"], self._quantum_ns)
+                        )
+                    else:
+                        out.append(
+                            reasons.budget_exhausted(
+                                t.id,
+                                t.priority,
+                                fig.get("task_used"),
+                                self._task_budget,
+                                t.job,
+                                fig.get("job_used"),
+                                self._job_budget,
+                                self._job_window_ns,
+                            )
+                        )
+        peer = self._returned.get(task.held_key)
+        if peer is not None:
+            out.append(reasons.peer_refused(peer, task.hops))
+        out.extend(self._topology(task))
+        return out
+
+    def _topology(self, task: Task) -> list[reasons.Reason]:
+        """Why placement leaves ``task`` here (a queued task: submit() found no peer)."""
+        peers = self._peers
+        if peers is None or not peers.domains:  # no peer at all: nowhere else to go
+            return []
+        if not can_spill(task.hops, self._max_hops):
+            return [
+                reasons.topology(
+                    f"made {task.hops}/{self._max_hops} hops: it stays here",
+                    hops=task.hops,
+                    max_hops=self._max_hops,
+                )
+            ]
+        mine = self._load(0)
+        loads = peers.loads()
+        if task.origin != self.node_id:
+            loads = {task.origin: loads[task.origin]} if task.origin in loads else {}
+        peer = choose_peer(
+            loads,
+            peers.domains,
+            self._domain,
+            random.Random(0),
+            self_id=self.node_id,
+            max_load=mine,
+        )
+        if peer is not None:
+            return []
+        where = f" in domain {self._domain!r}" if self._domain else ""
+        return [
+            reasons.topology(
+                f"no live peer{where} has a load below this node's {mine}",
+                load=mine,
+                peers=len(loads),
+            )
+        ]
 
     # --- views ----------------------------------------------------------------------------
 
@@ -1280,6 +1563,8 @@ class Scheduler:
         task.enqueued_ns = now
         self._tasks[key] = task
         task.held_key = key
+        if self._guarded and self._npreempt:  # a new task: no preemption counted yet
+            self._npreempt.pop(key, None)
         if self._ev_cap:
             self._tel(task)
         return key
@@ -1307,8 +1592,14 @@ class Scheduler:
             vt = victim[3]
         if task.priority > victim[0]:
             if self._heads_queue(task, now, key):
-                return self._preempt_for(task, victim, now)
-            reason = R_BEHIND
+                if not self._guarded:
+                    return self._preempt_for(task, victim, now)
+                chosen = self._may_preempt(task, victim, now)  # the no-thrash hook
+                if chosen is not None:
+                    return self._preempt_for(task, chosen, now)
+                reason = self._blocked
+            else:
+                reason = R_BEHIND
         else:
             reason = R_NO_SLOT
         self._enqueue(task, now, key)

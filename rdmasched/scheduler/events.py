@@ -63,6 +63,8 @@ class Rule(enum.IntEnum):
     BACK_TO_ORIGIN = 18  #: forward: refused here, sent back to its origin (text: why)
     DONE_ON_PEER = 19  #: complete: a task this node forwarded completed on the peer
     DONE_QUEUED = 20  #: complete: finished after it yielded, before it started again
+    QUANTUM = 21  #: queue: outranks only running tasks still within their run quantum
+    BUDGET = 22  #: queue: outranks only running tasks whose preemption budget is spent
 
 
 RULE_TEXT: dict[Rule, str] = {
@@ -87,6 +89,8 @@ RULE_TEXT: dict[Rule, str] = {
     Rule.BACK_TO_ORIGIN: "back to origin",
     Rule.DONE_ON_PEER: "completed on peer {peer}",
     Rule.DONE_QUEUED: "completed after it yielded, before it started again",
+    Rule.QUANTUM: "no free slot; outranks only tasks within their run quantum",
+    Rule.BUDGET: "no free slot; outranks only tasks whose preemption budget is spent",
 }
 
 #: ``task_id`` of events that are about no task (e.g. a SYNC_READY for an unknown group)

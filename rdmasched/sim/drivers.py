@@ -31,6 +31,7 @@ from rdmasched.daemon.core import (
     SetLoad,
     SetTimer,
     Start,
+    Wake,
 )
 from rdmasched.demo.job import GROUP, Trainer, WorkloadConfig
 from rdmasched.demo.taskid import KIND_BACKGROUND, task_kind
@@ -227,6 +228,10 @@ class CoreNode:
         """`m` came in on the lane from `writer` (its last hop; `m.src` made it)."""
         self.do(self.core.receive(m, writer, self.engine.now))
 
+    def wake(self) -> None:
+        if self.ep.alive:
+            self.do(self.core.wake(self.engine.now))
+
     def tick(self) -> None:
         if self.ep.alive:
             now = self.engine.now
@@ -282,6 +287,8 @@ class CoreNode:
                 self.load = e.load
             elif t is SetTimer:
                 engine.at(e.at_ns, self.tick)
+            elif t is Wake:  # (only with a run quantum or a preemption budget set)
+                engine.at(e.at_ns, self.wake)
             elif t is MarkDead:
                 self.dead.add(e.peer)
             elif t is Revive:

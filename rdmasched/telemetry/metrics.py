@@ -10,13 +10,15 @@ port, see ``MetricsServer.port``) that answers
   extra);
 * ``/events?since=SEQ``: the node's decision events numbered SEQ and after, as trace records
   (JSON lines, a header first: docs/TELEMETRY.md), for live readers;
+* ``/why?task=ID`` (``&origin=N``): the ranked reasons the tasks with that id held here
+  have not started (docs/SCHEDULER.md, "Why is it waiting"), as JSON, for ``rdmasched why``;
 * ``/healthz``: 200 while the node's loop runs and last listened to its lanes less than
   ``HEALTH_STALE_S`` ago, else 503 and why, in one line (``health``);
 * ``/readyz``: 200 once the node has joined its cluster (its loop runs and every peer it
   has a lane to was heard from, or declared dead) and serves its clients (its hub is open),
   else 503 and why, in one line (``readiness``).
 
-Given a bearer token (``token``) the first two need it (``Authorization: Bearer <token>``,
+Given a bearer token (``token``) the first three need it (``Authorization: Bearer <token>``,
 else 401); the probes never do (a kubelet probes them), and tell nothing but the line.
 
 Nothing is measured on the hot path for it: a scrape reads the node's counters, and the
@@ -38,7 +40,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
-from rdmasched.limits import COMPUTE_PRIORITY_MAX
+from rdmasched.limits import COMPUTE_PRIORITY_MAX, U64_MAX
 from rdmasched.scheduler.events import Decision
 from rdmasched.scheduler.task import SYNC_PRIORITY
 from rdmasched.telemetry import http
@@ -47,6 +49,7 @@ from rdmasched.wire import Kind
 
 if TYPE_CHECKING:
     from rdmasched.daemon.node import Node
+    from rdmasched.scheduler.core import Scheduler
 
 #: upper bounds of the histogram buckets, seconds (wait time, preemption reaction)
 TIME_BUCKETS = (
@@ -222,6 +225,7 @@ class NodeCollector:
                 "events": evs,
                 "missed": missed,
                 "queued": queued,
+                "waiting": sched.waiting_counts(),
                 "lanes": lanes,
                 "alive": sum(1 for p, v in n.members.views.items() if v.alive and p != n.id),
                 "peers": sum(1 for p in n.members.views if p != n.id),
@@ -321,6 +325,17 @@ class NodeCollector:
             )
             for cls, count in snap["queued"].items():
                 g.add_metric([*me, cls], count)
+            yield g
+
+            g = family(
+                GaugeMetricFamily,
+                "rdmasched_tasks_waiting",
+                "queued tasks by the reason they have not started (a task counts under each "
+                "of its reasons: docs/SCHEDULER.md)",
+                "reason",
+            )
+            for reason, count in snap["waiting"].items():
+                g.add_metric([*me, reason], count)
             yield g
 
             g = family(GaugeMetricFamily, "rdmasched_running", "tasks running now")
@@ -498,12 +513,16 @@ class MetricsServer:
                     server._metrics(self)
                 elif url.path == "/events":
                     server._events(self, parse_qs(url.query))
+                elif url.path == "/why":
+                    server._why(self, parse_qs(url.query))
                 elif url.path == "/healthz":
                     server._probe(self, health(server.node))
                 elif url.path == "/readyz":
                     server._probe(self, readiness(server.node))
                 else:
-                    self.send_error(404, "try /metrics, /events?since=SEQ, /healthz or /readyz")
+                    self.send_error(
+                        404, "try /metrics, /events?since=SEQ, /why?task=ID, /healthz or /readyz"
+                    )
 
         self.httpd = http.Server(
             addr,
@@ -590,8 +609,52 @@ class MetricsServer:
         h.end_headers()
         h.wfile.write(body)
 
+    def _why(self, h: BaseHTTPRequestHandler, q: dict[str, list[str]]) -> None:
+        try:
+            task_id = int(q["task"][0])
+            origin = int(q["origin"][0]) if "origin" in q else None
+            if not 0 <= task_id <= U64_MAX or (origin is not None and origin < 0):
+                raise ValueError
+        except (KeyError, ValueError):
+            h.send_error(400, "task must be a task id (a u64), origin a node id")
+            return
+        node = self.node
+        try:
+            tasks = node.inspect(lambda n: waiting_of(n.scheduler, task_id, origin))
+        except Exception as exc:
+            h.send_error(503, f"node {node.id}: {exc}")
+            return
+        body = (json.dumps({"node": node.id, "task_id": task_id, "tasks": tasks}) + "\n").encode()
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
     def close(self) -> None:
         self.httpd.close()
+
+
+def waiting_of(sched: Scheduler, task_id: int, origin: int | None) -> list[dict[str, Any]]:
+    """The tasks ``task_id`` (of ``origin``; None: of any origin) held by ``sched``, each
+    with its state and the ranked reasons it waits (``Scheduler.why``): ``/why``'s answer."""
+    found = sched.find(task_id) if origin is None else [sched.lookup(task_id, origin)]
+    out = []
+    for t in found:
+        if t is None:
+            continue
+        out.append(
+            {
+                "task_id": t.id,
+                "origin": t.origin,
+                "job": t.job,
+                "priority": t.priority,
+                "state": t.state.name.lower(),
+                "slot": t.slot,
+                "reasons": [r.as_dict() for r in sched.why(t.id, t.origin)],
+            }
+        )
+    return out
 
 
 def serve(

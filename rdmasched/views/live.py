@@ -1,6 +1,7 @@
 """Reading a running node's events over its metrics port (``/events``, docs/TELEMETRY.md).
 
-A live reader (``rdmasched trace export --live``, ``rdmasched mirror --live`` and ``rdmasched top``)
+A live reader (``rdmasched trace export --live``, ``rdmasched mirror --live``, ``rdmasched top``;
+``rdmasched why`` asks ``/why?task=ID`` the same way: ``why()``)
 polls ``/events?since=SEQ`` with the last ``seq`` it saw + 1: it gets every event after it
 still in the node's ring, and the header's ``missed`` counts what the ring overwrote first.
 
@@ -12,8 +13,10 @@ type or range is one ``TraceError`` naming the node's address, like no answer at
 from __future__ import annotations
 
 import http.client
+import json
 import urllib.error
 import urllib.request
+from typing import Any
 
 from rdmasched.telemetry.records import NodeTrace, TraceError, read_records
 
@@ -39,3 +42,25 @@ def fetch(addr: str, since: int = 0, timeout_s: float = 10.0) -> NodeTrace:
         raise TraceError(f"{addr}: not a node's /events (its header names no node)")
     node = int(head["node"])
     return NodeTrace(node, f"live-node{node}", head, events)
+
+
+def why(addr: str, task_id: int, origin: int | None = None, timeout_s: float = 10.0) -> Any:
+    """The node at ``addr``'s answer to ``/why?task=ID``: its tasks with that id, each with
+    its state and ranked reasons (rdmasched.telemetry.metrics.waiting_of); a node that does
+    not answer, or answers something else, is one ``TraceError`` naming the address."""
+    url = addr if "://" in addr else f"http://{addr}"
+    url = url.rstrip("/") + f"/why?task={task_id}" + ("" if origin is None else f"&origin={origin}")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            answer = json.loads(r.read(1 << 24))
+    except urllib.error.HTTPError as exc:
+        raise TraceError(f"{addr}: its /why answered {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        raise TraceError(f"{addr}: no node's /why there ({exc})") from None
+    if (
+        not isinstance(answer, dict)
+        or not isinstance(answer.get("node"), int)
+        or not isinstance(answer.get("tasks"), list)
+    ):
+        raise TraceError(f"{addr}: not a node's /why answer")
+    return answer

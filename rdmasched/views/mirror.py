@@ -32,6 +32,7 @@ from urllib.parse import parse_qs, urlparse
 from rdmasched.demo.taskid import KIND_BACKGROUND, KIND_COMPUTE, task_kind, task_node, task_seq
 from rdmasched.errors import ConfigError
 from rdmasched.scheduler.events import NO_TASK, Decision, Event
+from rdmasched.scheduler.reasons import RULE_CODES
 from rdmasched.telemetry import http
 from rdmasched.telemetry.records import NodeTrace, TraceError, read_dir
 from rdmasched.views import live
@@ -166,7 +167,12 @@ class NodeView:
                     self.slots = ev.slot + 1
         elif d in (Decision.QUEUE, Decision.REQUEUE):
             self._unslot(k, ev.slot)
-            self.queue[k] = self.task(k, ev)
+            t = self.task(k, ev)
+            # why it waits, as its queue event said (reasons.py; `rdmasched why` says it now)
+            code = RULE_CODES.get(ev.rule or "")
+            t["reason"] = str(code) if code is not None else None
+            t["reason_text"] = ev.reason if d is Decision.QUEUE else "requeued after a preemption"
+            self.queue[k] = t
         elif d in (Decision.PREEMPT, Decision.CANCEL, Decision.COMPLETE):
             if ev.rule != "done_on_peer":
                 self._unslot(k, ev.slot)

@@ -45,7 +45,12 @@ function drawNodes(s) {
     });
     const q = el("div", {class: "queue"}, el("b", {text: `queue (${n.queue.length}): `}));
     if (!n.queue.length) q.append(el("span", {class: "idle", text: "empty"}));
-    n.queue.forEach((t, i) => { if (i) q.append(", "); q.append(taskLink(t.key, t.label), el("span", {class: "prio", text: ` p${t.priority ?? "?"}`})); });
+    n.queue.forEach((t, i) => {
+      if (i) q.append(", ");
+      q.append(taskLink(t.key, t.label), el("span", {class: "prio", text: ` p${t.priority ?? "?"}`}));
+      // why it waits (its queue event's reason code; `rdmasched why` gives the ranked reasons now)
+      if (t.reason) q.append(el("span", {class: "reason", title: t.reason_text || "", text: ` ${t.reason}`}));
+    });
     card.append(q);
     box.append(card);
   }
