@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any
 from rdmasched import Kind
 from rdmasched._ring import Batch, LaneSet, RxLane, TxLane
 from rdmasched._shm import read_header
-from rdmasched.api import LATER, Handlers
+from rdmasched.api import LATER, Handlers, check_gang
 from rdmasched.clientproto import (
     NONE,
     OP_BYE,
@@ -410,6 +410,7 @@ class ClientHub:
         c = self.clients[k]
         if op in (OP_SUBMIT, OP_DISPATCH):
             task = node.new_task(id, job=job, priority=priority, cost_ns=arg0, payload=meta)
+            gang = check_gang(arg1) if op == OP_SUBMIT else 0  # (docs/GANGS.md)
             if id in self.owner:
                 raise ArgumentError(
                     f"task {id} of this node is still held (submitted by client "
@@ -426,7 +427,7 @@ class ClientHub:
             self.owner[id] = k
             c.owned.add(id)
             if op == OP_SUBMIT:
-                node.carry_out(node.core.submit(task, node.clock()))
+                node.carry_out(node.core.submit(task, node.clock(), gang))
             elif arg1 == NONE or arg1 == node.id:
                 node.carry_out(node.core.dispatch(task, node.clock()))
             else:

@@ -932,6 +932,35 @@ class Scheduler:
         self._note(now, D_COMPLETE, R_DONE_ON_PEER, None, task_id, None)
         self._peer_note(peer, -1, 0, 0, 0)
 
+    # --- gangs: the slots rdmasched/scheduler/gang.py holds (docs/GANGS.md) ---------------
+
+    def hold_slot(self) -> int:
+        """Take a free slot without starting anything on it (a gang member's reservation);
+        -1 if none is free. It counts as busy until ``start_held`` or ``release_slot``."""
+        free = self._free
+        return free.pop() if free else -1
+
+    def start_held(self, task: Task, slot: int) -> list[Action]:
+        """Start ``task`` on ``slot``, a slot ``hold_slot`` returned: checked and taken in
+        as ``dispatch`` takes a task in. Rejected (raises), the slot stays held."""
+        now = self._clock()
+        self._admit(task, now, False)
+        self._run_on(task, slot, now)
+        self._rec(now, D_START, R_FREE, task, slot, None, 0, 0)
+        return [_new(Start, (task, slot))]
+
+    def release_slot(self, slot: int) -> list[Action]:
+        """Give back a slot ``hold_slot`` returned: to the head of the queue, or free."""
+        out: list[Action] = []
+        self._fill(slot, self._clock(), out)
+        return out
+
+    def note(self, task: Task, why: str) -> None:
+        """Record a ``redispatch`` event about ``task`` with ``why`` as its reason (a gang
+        placed again as a whole)."""
+        self._n_redispatches += 1
+        self._note(self._clock(), D_REDISPATCH, R_OTHER, task, NO_TASK, why)
+
     # --- views ----------------------------------------------------------------------------
 
     def get(self, task_id: int, origin: int | None = None) -> Task:
