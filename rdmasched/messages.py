@@ -50,9 +50,9 @@ _SYNC_FLAGS = 0x10 | 0x20 | 0x40
 DONE = 0
 #: COMPLETE status (central baseline only, PROTOCOL.md 4.1): a preempted task's progress
 YIELDED = 1
-#: COMPLETE status (a gang's answer, PROTOCOL.md 11): not a completion; the member's slot is held
+#: COMPLETE status (a gang's answer, PROTOCOL.md 12): not a completion; the member's slot is held
 HELD = 2
-#: COMPLETE status (a gang's answer, PROTOCOL.md 11): not a completion; no slot for the member
+#: COMPLETE status (a gang's answer, PROTOCOL.md 12): not a completion; no slot for the member
 REFUSED = 3
 
 
@@ -95,7 +95,7 @@ class Dispatch:
     arg2 carries the slot, not the origin (the task is the receiver's own: `origin` is 0).
     `resent` (flag RESENT): its origin sends it again (docs/PROTOCOL.md 10, "Nothing lost").
     `gang` (flag GANG): a gang member's reservation, or with `commit` (flag COMMIT) its start
-    (docs/PROTOCOL.md 11).
+    (docs/PROTOCOL.md 12).
     """
 
     task: int  #: id
@@ -164,7 +164,7 @@ class Preempt:
     """PREEMPT: stop task `task` (or, `whole_job`, every task of `job`); `cancel` drops it
     instead of requeueing it. `trigger_ns`: CLOCK_MONOTONIC of the event that made the
     preemption necessary (the send time for a plain PREEMPT). `gang` (flag GANG, with JOB
-    and CANCEL): abort the sender's gang `job` on the receiver (docs/PROTOCOL.md 11)."""
+    and CANCEL): abort the sender's gang `job` on the receiver (docs/PROTOCOL.md 12)."""
 
     task: int  #: id (0 with whole_job)
     job: int = 0  #: job

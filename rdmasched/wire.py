@@ -70,7 +70,7 @@ class Flag(IntFlag):
     #                answer): the target runs it only if it neither holds nor completed it
     GANG = 0x20  # DISPATCH: a gang member's reservation (hold a free slot, do not start);
     #              with COMMIT: start the member held. PREEMPT (with JOB, CANCEL): abort the
-    #              sender's gang `job` here (docs/PROTOCOL.md section 11)
+    #              sender's gang `job` here (docs/PROTOCOL.md section 12)
     COMMIT = 0x40  # DISPATCH with GANG: start the member whose slot is held
 
 

@@ -510,9 +510,14 @@ class ClientHub:
         c.pruned_ns, c.pruned_cancels = now, self._cancels
         node = self.node
         lookup, holder = node.scheduler.lookup, node.peers.holder
+        gang_of = node.core.gangs.gang_of  # a gang's member waits there, in no queue
         for tid in list(c.owned):
             t = lookup(tid, node.id)
-            if (t is None or t.state in _ENDED) and holder(task_key(node.id, tid)) is None:
+            if (
+                (t is None or t.state in _ENDED)
+                and holder(task_key(node.id, tid)) is None
+                and gang_of(tid) is None
+            ):
                 self._disown(tid)
         return len(c.owned)
 

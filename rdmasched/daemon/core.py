@@ -480,7 +480,7 @@ class NodeCore:
                 self._trigger_ns = sent
                 flags = m.flags
                 cancel = (flags & _CANCEL) != 0
-                if flags & _GANG:  # a gang's abort (docs/PROTOCOL.md 11)
+                if flags & _GANG:  # a gang's abort (docs/PROTOCOL.md 12)
                     return self._gang(self.gangs.abort(src, m.job, now), out)
                 if flags & _JOB:
                     return self._act(sched.preempt(job=m.job, cancel=cancel))
@@ -504,7 +504,7 @@ class NodeCore:
                 task = Task(
                     m.id, m.job, m.priority, m.arg0, m.arg1, m.meta, origin=origin, hops=m.hops
                 )
-                if m.flags & _GANG:  # a gang's reservation or commit (docs/PROTOCOL.md 11)
+                if m.flags & _GANG:  # a gang's reservation or commit (docs/PROTOCOL.md 12)
                     return self._gang_dispatch(task, src, m.flags, now, out)
                 # Placed work may move on (back to its origin); work sent here is for here.
                 return self._act(sched.receive(task, src, bool(m.flags & _SUBMITTED)))
@@ -512,7 +512,7 @@ class NodeCore:
                 return self._sync_msg(m.id, m.flags, m.arg0, m.arg1, m.arg2)
             elif kind == _COMPLETE:  # Complete: id=task (this node's), job, runtime, ...
                 tid = m.id
-                if m.arg2 >= _HELD:  # not a completion: a gang's answer (PROTOCOL.md 11)
+                if m.arg2 >= _HELD:  # not a completion: a gang's answer (PROTOCOL.md 12)
                     return self._gang(self.gangs.answer(src, tid, m.arg2 == _HELD, now), out)
                 holder = self.peers.holder(self._my_key | tid)
                 if holder is None:  # a repeat (the answer to a RESENT DISPATCH): done once
@@ -840,7 +840,7 @@ class NodeCore:
         self, task: Task, src: int, flags: int, now: int, out: list[Effect]
     ) -> list[Effect]:
         """A DISPATCH with GANG from `src`: a reservation, or with COMMIT the start of the
-        member held (docs/PROTOCOL.md 11). Only the member's coordinator sends either."""
+        member held (docs/PROTOCOL.md 12). Only the member's coordinator sends either."""
         if task.origin != src:
             self._reject(
                 "bad-gang", f"gang DISPATCH of task {task.id} of node {task.origin} from node {src}"
@@ -852,7 +852,7 @@ class NodeCore:
 
     def _gang(self, outs: list[GangOut], out: list[Effect] | None = None) -> list[Effect]:
         """The gang table's outputs as effects (appended to `out`), in order: messages
-        to send (docs/PROTOCOL.md 11), and the scheduler's actions."""
+        to send (docs/PROTOCOL.md 12), and the scheduler's actions."""
         if out is None:
             out = []
         o: Any

@@ -4,7 +4,7 @@ A gang is a job id with a member count, declared on the node its members are sub
 (`submit(task_id, job=J, gang=N)`): that node, the gang's **coordinator**, owns it. Its
 identity is (coordinator, job). Pure and clock-driven like the scheduler: `GangTable` takes
 inputs (a member declared, an answer, a peer lost, a tick) and returns `GangOut`s, which the
-node core (rdmasched/daemon/core.py) turns into messages (docs/PROTOCOL.md section 11) and
+node core (rdmasched/daemon/core.py) turns into messages (docs/PROTOCOL.md section 12) and
 effects. Both roles live here:
 
 * the coordinator's: members collected (`GangIncomplete` while fewer than N), a placement

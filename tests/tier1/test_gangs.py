@@ -1,4 +1,4 @@
-"""Gangs (docs/GANGS.md, docs/PROTOCOL.md section 11): a job's tasks placed all or nothing
+"""Gangs (docs/GANGS.md, docs/PROTOCOL.md section 12): a job's tasks placed all or nothing
 across nodes, on the sans-IO node cores of tests/corenet.py (every message through the real
 codec), the compiled core and the same file run as plain Python."""
 
