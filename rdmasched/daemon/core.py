@@ -1075,6 +1075,7 @@ class NodeCore:
                 )
                 self.peers.refresh()  # their silence was ours
                 self.peers.mark_stale()  # what they hold now, they drop (Replace below)
+                self._gang(self.gangs.drop_origin(None), out)
                 self._act(sched.drop_origin(None), out)
                 out += self._heartbeats(None)
                 if self._far:  # far holders of its tasks: see _notice_in

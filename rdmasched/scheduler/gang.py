@@ -33,7 +33,7 @@ from rdmasched.scheduler.actions import Action
 from rdmasched.scheduler.core import Scheduler
 from rdmasched.scheduler.errors import SchedulerError
 from rdmasched.scheduler.placement import PeerTable
-from rdmasched.scheduler.task import Task, TaskState
+from rdmasched.scheduler.task import COMPUTE_PRIORITY_MAX, U64_MAX, Task, TaskState
 
 #: a member waits: its gang has fewer members declared than its count
 GANG_INCOMPLETE = "GangIncomplete"
@@ -239,9 +239,16 @@ class GangTable:
             raise GangError(f"gang size must be 1..{GANG_MAX}, not {size!r}")
         if task.origin != self.me:
             raise GangError(f"task {task.id}: a gang's members are its coordinator's tasks")
+        if (
+            not 0 <= task.id <= U64_MAX
+            or not 0 <= task.priority <= COMPUTE_PRIORITY_MAX
+            or task.cost_ns < 0
+            or task.progress_ns < 0
+        ):  # (what the scheduler would refuse when the gang starts)
+            raise GangError(f"task {task.id}: an id, priority, cost or progress out of range")
         key = task.key
-        if key in self._member or self.sched.lookup(task.id) is not None:
-            raise GangError(f"task {task.id} is already held here")
+        if key in self._member or self.sched.lookup(task.id) is not None or self.peers.holds(key):
+            raise GangError(f"task {task.id} is already held here or by a peer")
         job = task.job
         g = self.gangs.get(job)
         if g is None:
@@ -402,11 +409,10 @@ class GangTable:
         out: list[GangOut] = []
         for g in list(self.gangs.values()):
             if g.phase is Phase.RESERVING:
-                mine = [k for k in g.pending if g.placed.get(k) == peer]
-                if mine:
-                    g.pending.difference_update(mine)
-                    g.refused = True
+                if peer in g.placed.values():  # (held or not yet answered: it is gone)
+                    g.pending.difference_update([k for k in g.pending if g.placed[k] == peer])
                     g.held.discard(peer)
+                    g.refused = True
                     if not g.pending:
                         out += self._conclude(g, now)
             elif g.phase is Phase.RUNNING and any(
@@ -495,9 +501,10 @@ class GangTable:
                 out += sched.preempt_task(t, True)
         return out
 
-    def drop_origin(self, origin: int) -> list[GangOut]:
-        """Node `origin` is gone: the holds for its gangs are given back."""
-        return self._release(lambda h: h.task.origin == origin)
+    def drop_origin(self, origin: int | None) -> list[GangOut]:
+        """Node `origin` is gone (None: this node rejoined, every other node's): the holds
+        for its gangs are given back."""
+        return self._release(lambda h: origin is None or h.task.origin == origin)
 
     def _release(self, which: Any) -> list[GangOut]:
         out: list[GangOut] = []

@@ -292,3 +292,31 @@ def test_gang_flags_on_the_wire() -> None:
     bad = msg.Preempt(0, 7, 11, cancel=True, whole_job=False, gang=True)
     with pytest.raises(MessageError):
         msg.decode(through_codec(bad, src=2, load=0, dst=1))
+
+
+def test_a_target_that_held_and_died_before_the_commit_gets_none(core: ModuleType) -> None:
+    """Node 2 answers HELD, then its lane closes; node 1's HELD comes after: the attempt is
+    refused (no COMMIT to the dead node), node 1's hold given back, and the gang, larger
+    than what is left, waits GangTooLarge."""
+    c = Cluster(3, slots=2, core=core)
+    c.advance(3 * HEARTBEAT_NS)
+    for i in range(1, 6):
+        c.do(0, c.cores[0].submit(member(i, 0, 4), c.now, 5))
+    to1 = [w for w in c.wire if w[1] == 1]
+    assert to1 and len(to1) < len(c.wire)  # reservations for both peers
+    c.wire = type(c.wire)(w for w in c.wire if w[1] != 1)
+    c.deliver()  # node 2 holds its member and answers
+    assert len(c.cores[2].gangs.holds) == 1
+    c.down.add(2)
+    c.do(0, c.cores[0].peer_lost(2, "lane closed", c.now))
+    c.wire.extend(to1)
+    c.deliver()
+    dispatch = msg.Dispatch(0, 0).encode()[0]
+    assert c.sent[0, 2, dispatch] == 1  # its reservation, and no COMMIT after it
+    assert not [x for x in c.arrived[2] if x[1].flags & 0x40]
+    g = c.cores[0].gangs
+    c.advance(5 * HEARTBEAT_NS)
+    assert wait_reason(g, 1) == GANG_TOO_LARGE
+    assert c.cores[1].gangs.holds == {} and c.cores[1].scheduler.free_slots() == 2
+    assert c.cores[0].scheduler.free_slots() == 2
+    assert starts(c, 0, range(1, 6)) == {i: [] for i in range(1, 6)}
