@@ -530,7 +530,7 @@ class NodeCore:
                     )
                 sched.remote_complete(src, tid)
                 out.append(_new(CompleteNotice, (tid, src)))
-                if self.gangs._member:
+                if self.gangs.member_of:
                     self.gangs.member_done(self._my_key | tid)
             elif kind != _HEARTBEAT:  # a heartbeat is all in `seen` above
                 self._reject("unknown-kind", f"kind {kind} from node {src}")
@@ -761,7 +761,7 @@ class NodeCore:
             self._reject(type(exc).__name__, str(exc))
             return []
         out: list[Effect] = []
-        if task.origin == self.me and self.gangs._member:
+        if task.origin == self.me and self.gangs.member_of:
             self.gangs.member_done(task.key)
         if task.origin != self.me:
             done = msg.Complete(task_id, task.job, runtime_ns, task.progress_ns)

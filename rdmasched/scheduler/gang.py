@@ -208,8 +208,8 @@ class GangTable:
         self.max_restarts = max_restarts
         #: job -> gang coordinated here
         self.gangs: dict[int, Gang] = {}
-        #: member key -> its gang's job
-        self._member: dict[int, int] = {}
+        #: member key -> its gang's job (empty: no gang here, the node core's hot paths skip)
+        self.member_of: dict[int, int] = {}
         #: member key -> reservation held here for another node's gang
         self.holds: dict[int, _Hold] = {}
         #: job -> why it failed (bounded, oldest first out)
@@ -247,7 +247,7 @@ class GangTable:
         ):  # (what the scheduler would refuse when the gang starts)
             raise GangError(f"task {task.id}: an id, priority, cost or progress out of range")
         key = task.key
-        if key in self._member or self.sched.lookup(task.id) is not None or self.peers.holds(key):
+        if key in self.member_of or self.sched.lookup(task.id) is not None or self.peers.holds(key):
             raise GangError(f"task {task.id} is already held here or by a peer")
         job = task.job
         g = self.gangs.get(job)
@@ -260,7 +260,7 @@ class GangTable:
         elif g.phase is not Phase.INCOMPLETE:
             raise GangError(f"gang {job} has all its {g.size} members already")
         g.members.append(task)
-        self._member[key] = job
+        self.member_of[key] = job
         if len(g.members) < size:
             return []
         g.phase = Phase.WAITING
@@ -335,7 +335,7 @@ class GangTable:
     def answer(self, peer: int, task_id: int, held: bool, now: int) -> list[GangOut]:
         """Node `peer` answered the reservation (or the commit: REFUSED) of member `task_id`."""
         key = (self.me << 64) | task_id
-        job = self._member.get(key)
+        job = self.member_of.get(key)
         g = None if job is None else self.gangs.get(job)
         if g is None or g.placed.get(key) != peer:
             self.n["stale_answers"] += 1
@@ -388,7 +388,7 @@ class GangTable:
 
     def member_done(self, key: int) -> None:
         """A member of a gang of this node completed (here, or on the node it was placed on)."""
-        job = self._member.get(key)
+        job = self.member_of.get(key)
         g = None if job is None else self.gangs.get(job)
         if g is None or g.phase is not Phase.RUNNING:
             return
@@ -400,7 +400,7 @@ class GangTable:
     def _forget(self, g: Gang) -> None:
         del self.gangs[g.job]
         for t in g.members:
-            self._member.pop(t.key, None)
+            self.member_of.pop(t.key, None)
 
     def lost(self, peer: int, now: int) -> list[GangOut]:
         """Node `peer` is gone: an attempt counts its reservations as refused; a placed
@@ -531,7 +531,7 @@ class GangTable:
     # ---- views ---------------------------------------------------------------------------
     def gang_of(self, task_id: int) -> Gang | None:
         """The gang of this node's task `task_id`, if it is a member of one."""
-        job = self._member.get((self.me << 64) | task_id)
+        job = self.member_of.get((self.me << 64) | task_id)
         return None if job is None else self.gangs.get(job)
 
     def stats(self) -> dict[str, Any]:
