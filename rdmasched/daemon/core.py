@@ -700,6 +700,12 @@ class NodeCore:
                 self._trigger_ns = 0
                 return []
             origin = t.origin
+        elif cancel and job in self.gangs.gangs:  # a gang of this node: cancelled everywhere
+            out = self._gang(self.gangs.cancel(job, now))
+            sched = self.scheduler
+            if any(t.job == job for t in (*sched.running(), *sched.queued())):
+                self._act(self._guard(lambda: sched.preempt(job=job, cancel=True)), out)
+            return out
         return self._act(
             self._guard(
                 lambda: self.scheduler.preempt(task_id, job=job, cancel=cancel, origin=origin)

@@ -227,6 +227,7 @@ class GangTable:
                 "holds_expired",
                 "stale_answers",
                 "finished",
+                "cancelled",
             ),
             0,
         )
@@ -396,6 +397,29 @@ class GangTable:
         if len(g.done) == g.size:
             self._forget(g)
             self.n["finished"] += 1
+
+    def cancel(self, job: int, now: int) -> list[GangOut]:
+        """Gang `job` of this node is cancelled (`preempt(job=J, cancel=True)` here): its
+        slots held here given back, an ABORT to every live node it has members or holds on,
+        and the gang forgotten. Its members running here the caller cancels (they are
+        ordinary tasks of the scheduler by then)."""
+        g = self.gangs.get(job)
+        if g is None:
+            return []
+        out: list[GangOut] = []
+        for slot in g.local.values():
+            out += self.sched.release_slot(slot)
+        g.local.clear()
+        for node in sorted(set(g.placed.values()) - {self.me}):
+            if g.phase is Phase.RUNNING:
+                for key, n in g.placed.items():
+                    if n == node:
+                        self.peers.release(node, key)
+            if not self.peers.is_dead(node):
+                out.append(Abort(node, job))
+        self._forget(g)
+        self.n["cancelled"] += 1
+        return out + self.poll(now)
 
     def _forget(self, g: Gang) -> None:
         del self.gangs[g.job]

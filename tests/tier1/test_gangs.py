@@ -320,3 +320,24 @@ def test_a_target_that_held_and_died_before_the_commit_gets_none(core: ModuleTyp
     assert c.cores[1].gangs.holds == {} and c.cores[1].scheduler.free_slots() == 2
     assert c.cores[0].scheduler.free_slots() == 2
     assert starts(c, 0, range(1, 6)) == {i: [] for i in range(1, 6)}
+
+
+def test_cancelling_a_gang_on_its_coordinator_stops_it_everywhere(core: ModuleType) -> None:
+    """`preempt(job=J, cancel=True)` on the coordinator: every member cancelled where it
+    runs, the gang forgotten (its job can be a new gang), nothing held."""
+    c = Cluster(2, slots=2, core=core)
+    c.advance(3 * HEARTBEAT_NS)
+    declare(c, 0, 3, [1, 2, 3], 3)
+    first = starts(c, 0, [1, 2, 3])
+    assert sorted(n for v in first.values() for n in v) == [0, 0, 1]
+    c.do(0, c.cores[0].preempt(None, 3, True, c.now))
+    c.deliver()
+    for i, (n,) in first.items():
+        assert any(s[2] == i and s[3] for s in c.of(n, "preempt")), (i, n)
+    assert free(c) == {0: 2, 1: 2} and held_anywhere(c) == 0
+    g = c.cores[0].gangs
+    assert 3 not in g.gangs and g.n["cancelled"] == 1 and c.cores[0].rejections == 0
+    assert c.cores[0].peers.held_count() == 0
+    c.advance(3 * HEARTBEAT_NS)
+    declare(c, 0, 3, [4, 5], 2)  # the job is free for a new gang
+    assert all(len(v) == 1 for v in starts(c, 0, [4, 5]).values())
