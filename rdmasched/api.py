@@ -25,7 +25,7 @@ from typing import Any, NamedTuple, Protocol
 from rdmasched.daemon.checks import check_bool, check_int, check_payload
 from rdmasched.daemon.core import SYNC_ID_BASE
 from rdmasched.errors import ArgumentError, ArgumentTypeError
-from rdmasched.limits import COMPUTE_PRIORITY_MAX, GROUP_MAX, JOB_MAX, STEP_MAX
+from rdmasched.limits import COMPUTE_PRIORITY_MAX, GANG_MAX, GROUP_MAX, JOB_MAX, STEP_MAX
 from rdmasched.scheduler import Event, Task
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "PreemptHandler",
     "SyncHandler",
     "check_complete",
+    "check_gang",
     "check_group",
     "check_members",
     "check_preempt",
@@ -91,6 +92,12 @@ def check_task(
     )
     check_payload(payload)
     return checked
+
+
+def check_gang(gang: object) -> int:
+    """`submit`'s gang count: 0 (no gang) or the members of gang `job`, 1..GANG_MAX
+    (docs/GANGS.md)."""
+    return check_int("gang", gang, 0, GANG_MAX)
 
 
 def check_preempt(task_id: object, job: object, cancel: object) -> tuple[int | None, int | None]:
@@ -156,6 +163,7 @@ class NodeAPI(Protocol):
         priority: int = 0,
         cost_ns: int = 0,
         payload: dict[str, Any] | None = None,
+        gang: int = 0,
     ) -> None: ...
 
     def dispatch(

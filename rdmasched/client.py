@@ -51,6 +51,7 @@ from rdmasched.api import (
     PreemptHandler,
     SyncHandler,
     check_complete,
+    check_gang,
     check_group,
     check_members,
     check_preempt,
@@ -370,11 +371,14 @@ class Client:
         priority: int = 0,
         cost_ns: int = 0,
         payload: dict[str, Any] | None = None,
+        gang: int = 0,
     ) -> None:
         """Run a task of this rank on this host if a slot is free, else on a lighter node,
-        else queue it here. Its callbacks come to this rank."""
+        else queue it here. Its callbacks come to this rank. `gang` > 0: a member of gang
+        `job` of `gang` members, placed all or nothing by this host's daemon (docs/GANGS.md)."""
         a = check_task(task_id, job, priority, cost_ns, payload)
-        self._send(Kind.DISPATCH, a[0], a[1], a[2], 0, a[3], hops=OP_SUBMIT, meta=payload)
+        n = check_gang(gang)
+        self._send(Kind.DISPATCH, a[0], a[1], a[2], 0, a[3], n, hops=OP_SUBMIT, meta=payload)
 
     def dispatch(
         self,

@@ -60,7 +60,7 @@ NONE = (1 << 64) - 1
 # client -> daemon
 OP_HELLO = 1  # HEARTBEAT meta {"pid", "rank", "session"}
 OP_BYE = 2  # HEARTBEAT
-OP_SUBMIT = 3  # DISPATCH id job priority arg0=cost meta=payload
+OP_SUBMIT = 3  # DISPATCH id job priority arg0=cost arg1=gang count (0: none) meta=payload
 OP_DISPATCH = 4  # DISPATCH ... arg1=to node (NONE: here)
 OP_PREEMPT = 5  # PREEMPT id job flags (preempt_flags) arg1=node (NONE: here)
 OP_READY = 6  # SYNC_READY id=group arg0=step

@@ -34,6 +34,9 @@ JOB_MAX = 0xFFFFFFFF
 GROUP_MAX = (1 << 31) - 1
 #: steps are 0..2**32-1 (a sync task's id holds the step in its low 32 bits)
 STEP_MAX = (1 << 32) - 1
+#: members of one gang, at most (docs/GANGS.md): a gang is placed on its node and that node's
+#: links, so it never needs more than a node's slots times its lanes
+GANG_MAX = 1 << 16
 
 # ---- no thrash: the run quantum and the preemption budgets (docs/PREEMPTION.md) ----------------
 #: the run quantum, us: 0 (off) by default, so that every higher-priority task preempts at

@@ -42,6 +42,7 @@ _DISPATCH, _PREEMPT, _SYNC_READY = int(Kind.DISPATCH), int(Kind.PREEMPT), int(Ki
 _COMPLETE, _HEARTBEAT = int(Kind.COMPLETE), int(Kind.HEARTBEAT)
 _CANCEL, _JOB = int(Flag.CANCEL), int(Flag.JOB)
 _SUBMITTED, _START, _RESENT = int(Flag.SUBMITTED), int(Flag.START), int(Flag.RESENT)
+_GANG, _COMMIT = int(Flag.GANG), int(Flag.COMMIT)
 #: SYNC_READY's flags: hierarchical sync's (rdmasched.daemon.sync: COMBINED, POD, RELEASE)
 _SYNC_FLAGS = 0x10 | 0x20 | 0x40
 
@@ -49,6 +50,10 @@ _SYNC_FLAGS = 0x10 | 0x20 | 0x40
 DONE = 0
 #: COMPLETE status (central baseline only, PROTOCOL.md 4.1): a preempted task's progress
 YIELDED = 1
+#: COMPLETE status (a gang's answer, PROTOCOL.md 12): not a completion; the member's slot is held
+HELD = 2
+#: COMPLETE status (a gang's answer, PROTOCOL.md 12): not a completion; no slot for the member
+REFUSED = 3
 
 
 class Relayed(NamedTuple):
@@ -89,6 +94,8 @@ class Dispatch:
     its origin. `slot` (flag START, central baseline only): run it now on that slot; then
     arg2 carries the slot, not the origin (the task is the receiver's own: `origin` is 0).
     `resent` (flag RESENT): its origin sends it again (docs/PROTOCOL.md 10, "Nothing lost").
+    `gang` (flag GANG): a gang member's reservation, or with `commit` (flag COMMIT) its start
+    (docs/PROTOCOL.md 12).
     """
 
     task: int  #: id
@@ -102,13 +109,18 @@ class Dispatch:
     slot: int | None = None  #: flag START, arg2 (central baseline only)
     payload: dict[Any, Any] | None = None  #: metadata
     resent: bool = False  #: flag RESENT
+    gang: bool = False  #: flag GANG
+    commit: bool = False  #: flag COMMIT (with GANG)
 
     def __post_init__(self) -> None:
         if self.slot is not None and self.origin:
             raise MessageError("a DISPATCH with START carries the slot in arg2, not an origin")
+        if self.commit and not self.gang:
+            raise MessageError("a DISPATCH with COMMIT is a gang's: it needs GANG")
 
     def encode(self) -> Outgoing:
         flags = (_SUBMITTED if self.submitted else 0) | (_RESENT if self.resent else 0)
+        flags |= (_GANG if self.gang else 0) | (_COMMIT if self.commit else 0)
         arg2 = self.origin
         if self.slot is not None:
             flags |= _START
@@ -128,7 +140,7 @@ class Dispatch:
 
     @classmethod
     def decode(cls, m: Message) -> Dispatch:
-        _expect(m, _DISPATCH, _SUBMITTED | _START | _RESENT)
+        _expect(m, _DISPATCH, _SUBMITTED | _START | _RESENT | _GANG | _COMMIT)
         start = bool(m.flags & _START)
         return cls(
             m.id,
@@ -142,6 +154,8 @@ class Dispatch:
             m.arg2 if start else None,
             m.meta,
             bool(m.flags & _RESENT),
+            bool(m.flags & _GANG),
+            bool(m.flags & _COMMIT),
         )
 
 
@@ -149,13 +163,15 @@ class Dispatch:
 class Preempt:
     """PREEMPT: stop task `task` (or, `whole_job`, every task of `job`); `cancel` drops it
     instead of requeueing it. `trigger_ns`: CLOCK_MONOTONIC of the event that made the
-    preemption necessary (the send time for a plain PREEMPT)."""
+    preemption necessary (the send time for a plain PREEMPT). `gang` (flag GANG, with JOB
+    and CANCEL): abort the sender's gang `job` on the receiver (docs/PROTOCOL.md 12)."""
 
     task: int  #: id (0 with whole_job)
     job: int = 0  #: job
     trigger_ns: int = 0  #: arg0
     cancel: bool = False  #: flag CANCEL
     whole_job: bool = False  #: flag JOB
+    gang: bool = False  #: flag GANG (with JOB and CANCEL)
 
     def encode(self) -> Outgoing:
         return self.stamped(self.trigger_ns)
@@ -165,12 +181,18 @@ class Preempt:
         message ahead and stamps it at the moment it sends (building one takes about a
         microsecond, which would otherwise count in the preemption reaction)."""
         flags = (_CANCEL if self.cancel else 0) | (_JOB if self.whole_job else 0)
+        if self.gang:
+            flags |= _GANG
         return (_PREEMPT, self.task, self.job, 0, flags, trigger_ns, 0, 0, 0, None)
 
     @classmethod
     def decode(cls, m: Message) -> Preempt:
-        _expect(m, _PREEMPT, _CANCEL | _JOB)
-        return cls(m.id, m.job, m.arg0, bool(m.flags & _CANCEL), bool(m.flags & _JOB))
+        _expect(m, _PREEMPT, _CANCEL | _JOB | _GANG)
+        flags = m.flags
+        gang = bool(flags & _GANG)
+        if gang and flags & (_CANCEL | _JOB) != _CANCEL | _JOB:
+            raise MessageError("a PREEMPT with GANG is a gang's abort: it needs JOB and CANCEL")
+        return cls(m.id, m.job, m.arg0, bool(flags & _CANCEL), bool(flags & _JOB), gang)
 
 
 @dataclass(frozen=True, slots=True)

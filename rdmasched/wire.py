@@ -68,6 +68,10 @@ class Flag(IntFlag):
     START = 0x08  # DISPATCH: run now on slot arg2 (the central baseline's coordinator only)
     RESENT = 0x10  # DISPATCH: sent again by its origin (a relay on its route died, or no
     #                answer): the target runs it only if it neither holds nor completed it
+    GANG = 0x20  # DISPATCH: a gang member's reservation (hold a free slot, do not start);
+    #              with COMMIT: start the member held. PREEMPT (with JOB, CANCEL): abort the
+    #              sender's gang `job` here (docs/PROTOCOL.md section 12)
+    COMMIT = 0x40  # DISPATCH with GANG: start the member whose slot is held
 
 
 # ---- CRC-32C, bit by bit from its definition ----------------------------------------------------

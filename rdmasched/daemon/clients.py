@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 from rdmasched import Kind
 from rdmasched._ring import Batch, LaneSet, RxLane, TxLane
 from rdmasched._shm import read_header
-from rdmasched.api import LATER, Handlers
+from rdmasched.api import LATER, Handlers, check_gang
 from rdmasched.clientproto import (
     NONE,
     OP_BYE,
@@ -415,6 +415,7 @@ class ClientHub:
         c = self.clients[k]
         if op in (OP_SUBMIT, OP_DISPATCH):
             task = node.new_task(id, job=job, priority=priority, cost_ns=arg0, payload=meta)
+            gang = check_gang(arg1) if op == OP_SUBMIT else 0  # (docs/GANGS.md)
             if id in self.owner:
                 raise ArgumentError(
                     f"task {id} of this node is still held (submitted by client "
@@ -432,7 +433,7 @@ class ClientHub:
             c.owned.add(id)
             self.submitted[k] = self.submitted.get(k, 0) + 1
             if op == OP_SUBMIT:
-                node.carry_out(node.core.submit(task, node.clock()))
+                node.carry_out(node.core.submit(task, node.clock(), gang))
             elif arg1 == NONE or arg1 == node.id:
                 node.carry_out(node.core.dispatch(task, node.clock()))
             else:
@@ -516,9 +517,14 @@ class ClientHub:
         c.pruned_ns, c.pruned_cancels = now, self._cancels
         node = self.node
         lookup, holder = node.scheduler.lookup, node.peers.holder
+        gang_of = node.core.gangs.gang_of  # a gang's member waits there, in no queue
         for tid in list(c.owned):
             t = lookup(tid, node.id)
-            if (t is None or t.state in _ENDED) and holder(task_key(node.id, tid)) is None:
+            if (
+                (t is None or t.state in _ENDED)
+                and holder(task_key(node.id, tid)) is None
+                and gang_of(tid) is None
+            ):
                 self._disown(tid)
         return len(c.owned)
 

@@ -15,7 +15,8 @@ from rdmasched.scheduler.core cimport Scheduler
 
 # the wire's kinds and flags, and _next_hop's "off the route", as C constants
 cdef int _DISPATCH, _PREEMPT, _SYNC_READY, _COMPLETE, _HEARTBEAT, _CANCEL, _JOB, _SUBMITTED
-cdef int _RESENT
+cdef int _RESENT, _GANG, _COMMIT
+cdef unsigned int _HELD
 cdef long long _OFF_ROUTE
 cdef unsigned long long _SYNC_BASE
 
@@ -53,6 +54,7 @@ cdef class NodeCore:
     cdef dict _leaf_gw
     cdef dict _pending_far
     cdef public Scheduler scheduler
+    cdef public object gangs
     cdef set _shunned
     cdef set _unacked
     cdef unsigned long long[::1] _recv

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import random
 from array import array
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
@@ -80,6 +81,7 @@ from rdmasched.scheduler import (
     Task,
 )
 from rdmasched.scheduler.core import Scheduler
+from rdmasched.scheduler.gang import Abort, Answer, Commit, GangOut, GangTable, Reserve
 from rdmasched.topology import Topology
 from rdmasched.wire import Flag, Kind
 
@@ -94,6 +96,7 @@ _DISPATCH, _PREEMPT, _SYNC_READY = int(Kind.DISPATCH), int(Kind.PREEMPT), int(Ki
 _COMPLETE, _HEARTBEAT = int(Kind.COMPLETE), int(Kind.HEARTBEAT)
 _CANCEL, _JOB, _SUBMITTED = int(Flag.CANCEL), int(Flag.JOB), int(Flag.SUBMITTED)
 _RESENT = int(Flag.RESENT)
+_GANG, _COMMIT, _HELD = int(Flag.GANG), int(Flag.COMMIT), msg.HELD
 _NOT_SYNC_FLAGS = ~_SYNC_FLAGS  # (a negative int: computed per message, it was a new object)
 
 #: _next_hop: this node is not on the route of the pair (a message sent around a dead node)
@@ -245,8 +248,11 @@ class NodeCore:
         topology: Topology | None = None,
         max_relays: int = MAX_RELAYS,
         preemption: Mapping[str, Any] | None = None,
+        capacity: Mapping[int, int] | None = None,
     ) -> None:
         """`nodes`: every node of the cluster (this one too) -> its topology domain.
+        `capacity`: node -> its slots, for gangs (docs/GANGS.md); None: every node has
+        `slots`.
         `topology`: the cluster's links and routes; None: every node is linked to every
         other (a full mesh: tests, small clusters, the central baseline). `max_relays`:
         a message relayed that many times is not relayed again (docs/PROTOCOL.md 10).
@@ -353,6 +359,18 @@ class NodeCore:
         #: a quantum or a budget governs preemption: the scheduler may ask for a `Wake`
         self._no_thrash = self.scheduler.governs()
         self._wake_armed = 0  # the earliest Wake asked for and not yet come (0: none)
+        #: gangs: those this node coordinates, the slots it holds for others' (docs/GANGS.md)
+        self.gangs = GangTable(
+            self.scheduler,
+            self.peers,
+            me,
+            self.links,
+            capacity if capacity is not None else dict.fromkeys(nodes, slots),
+            hold_ns=2 * dead_after_ns,
+            answer_ns=dead_after_ns,
+            backoff_ns=heartbeat_ns,
+            rng=random.Random(me),
+        )
         #: peers whose messages are ignored (their incarnation ended)
         self._shunned: set[int] = set()
         #: peers that have not acknowledged this node's current incarnation
@@ -418,6 +436,7 @@ class NodeCore:
             out += self._sync(self.sync.tick(self._sync_every))
         if self._no_thrash:  # (a backstop for a driver that does not carry out Wake)
             out += self._act(self.scheduler.tick())
+        self._gang(self.gangs.tick(now), out)
         out += self._heartbeats(None)
         out.append(SetTimer(now + self.heartbeat_ns))
         return out
@@ -487,6 +506,8 @@ class NodeCore:
                 self._trigger_ns = sent
                 flags = m.flags
                 cancel = (flags & _CANCEL) != 0
+                if flags & _GANG:  # a gang's abort (docs/PROTOCOL.md 12)
+                    return self._gang(self.gangs.abort(src, m.job, now), out)
                 if flags & _JOB:
                     return self._act(sched.preempt(job=m.job, cancel=cancel))
                 t = self.resolve(m.id, None, src)
@@ -509,12 +530,16 @@ class NodeCore:
                 task = Task(
                     m.id, m.job, m.priority, m.arg0, m.arg1, m.meta, origin=origin, hops=m.hops
                 )
+                if m.flags & _GANG:  # a gang's reservation or commit (docs/PROTOCOL.md 12)
+                    return self._gang_dispatch(task, src, m.flags, now, out)
                 # Placed work may move on (back to its origin); work sent here is for here.
                 return self._act(sched.receive(task, src, bool(m.flags & _SUBMITTED)))
             elif kind == _SYNC_READY:  # SyncReady: id=group, arg0=step, arg1=sent, arg2=member
                 return self._sync_msg(m.id, m.flags, m.arg0, m.arg1, m.arg2)
             elif kind == _COMPLETE:  # Complete: id=task (this node's), job, runtime, ...
                 tid = m.id
+                if m.arg2 >= _HELD:  # not a completion: a gang's answer (PROTOCOL.md 12)
+                    return self._gang(self.gangs.answer(src, tid, m.arg2 == _HELD, now), out)
                 holder = self.peers.holder(self._my_key | tid)
                 if holder is None:  # a repeat (the answer to a RESENT DISPATCH): done once
                     self.dup_completes += 1
@@ -531,6 +556,8 @@ class NodeCore:
                     )
                 sched.remote_complete(src, tid)
                 out.append(_new(CompleteNotice, (tid, src)))
+                if self.gangs.member_of:
+                    self.gangs.member_done(self._my_key | tid)
             elif kind != _HEARTBEAT:  # a heartbeat is all in `seen` above
                 self._reject("unknown-kind", f"kind {kind} from node {src}")
         except (SchedulerError, ValueError) as exc:
@@ -657,9 +684,18 @@ class NodeCore:
         return nxt
 
     # ---- the API (what the user asks) ----------------------------------------------------------
-    def submit(self, task: Task, now: int) -> list[Effect]:
-        """Run `task` here, on a lighter peer, or queue it here."""
+    def submit(self, task: Task, now: int, gang: int = 0) -> list[Effect]:
+        """Run `task` here, on a lighter peer, or queue it here. `gang` > 0: `task` is a
+        member of gang `task.job` of `gang` members, placed with the others all or nothing
+        (docs/GANGS.md)."""
         self.now = now
+        if gang:
+            try:
+                outs = self.gangs.declare(task, gang, now)
+            except (SchedulerError, ValueError) as exc:
+                self._reject(type(exc).__name__, str(exc))
+                return []
+            return self._gang(outs)
         return self._act(self._guard(lambda: self.scheduler.submit(task)))
 
     def dispatch(self, task: Task, now: int) -> list[Effect]:
@@ -690,6 +726,12 @@ class NodeCore:
                 self._trigger_ns = 0
                 return []
             origin = t.origin
+        elif cancel and job in self.gangs.gangs:  # a gang of this node: cancelled everywhere
+            out = self._gang(self.gangs.cancel(job, now))
+            sched = self.scheduler
+            if any(t.job == job for t in (*sched.running(), *sched.queued())):
+                self._act(self._guard(lambda: sched.preempt(job=job, cancel=True)), out)
+            return out
         return self._act(
             self._guard(
                 lambda: self.scheduler.preempt(task_id, job=job, cancel=cancel, origin=origin)
@@ -751,6 +793,8 @@ class NodeCore:
             self._reject(type(exc).__name__, str(exc))
             return []
         out: list[Effect] = []
+        if task.origin == self.me and self.gangs.member_of:
+            self.gangs.member_done(task.key)
         if task.origin != self.me:
             done = msg.Complete(task_id, task.job, runtime_ns, task.progress_ns)
             out.append(self._send(task.origin, done))
@@ -823,6 +867,54 @@ class NodeCore:
         except (SchedulerError, ValueError) as exc:
             self._reject(type(exc).__name__, str(exc))
             return []
+
+    def _gang_dispatch(
+        self, task: Task, src: int, flags: int, now: int, out: list[Effect]
+    ) -> list[Effect]:
+        """A DISPATCH with GANG from `src`: a reservation, or with COMMIT the start of the
+        member held (docs/PROTOCOL.md 12). Only the member's coordinator sends either."""
+        if task.origin != src:
+            self._reject(
+                "bad-gang", f"gang DISPATCH of task {task.id} of node {task.origin} from node {src}"
+            )
+            return out
+        if flags & _COMMIT:
+            return self._gang(self.gangs.commit(src, task, now), out)
+        return self._gang(self.gangs.reserve(src, task, now), out)
+
+    def _gang(self, outs: list[GangOut], out: list[Effect] | None = None) -> list[Effect]:
+        """The gang table's outputs as effects (appended to `out`), in order: messages
+        to send (docs/PROTOCOL.md 12), and the scheduler's actions."""
+        if out is None:
+            out = []
+        o: Any
+        for o in outs:
+            t = type(o)
+            if t is Reserve or t is Commit:
+                m = self._dispatch_msg(o.task, False)
+                g = msg.Dispatch(
+                    m.task,
+                    m.job,
+                    m.priority,
+                    m.cost_ns,
+                    m.progress_ns,
+                    m.origin,
+                    m.hops,
+                    payload=m.payload,
+                    gang=True,
+                    commit=t is Commit,
+                )
+                out.append(self._send(o.peer, g))
+            elif t is Abort:
+                ab = msg.Preempt(0, o.job, self.now, cancel=True, whole_job=True, gang=True)
+                out.append(self._send(o.peer, ab))
+            elif t is Answer:
+                st = msg.HELD if o.held else msg.REFUSED
+                out.append(self._send(o.origin, msg.Complete(o.task.id, o.task.job, 0, 0, st)))
+            else:
+                self._act([o], out)
+        self._trigger_ns = 0
+        return self._load_changed(out)  # a slot held or given back moves the hint too
 
     def _sync_msg(self, group: int, flags: int, step: int, sent: int, node: int) -> list[Effect]:
         """A SYNC_READY (id=group, flags, arg0=step, arg1=sent, arg2=member or sender):
@@ -999,6 +1091,9 @@ class NodeCore:
                     "node %d: node %d (incarnation %d) is gone: %s", self.me, c.peer, c.inc, c.why
                 )
                 out.append(MarkDead(c.peer, c.why))
+                # its gangs' members first, as a whole (docs/GANGS.md), then the rest
+                self._gang(self.gangs.lost(c.peer, self.now), out)
+                self._gang(self.gangs.drop_origin(c.peer), out)
                 self._act(sched.peer_gone(c.peer), out)
                 out += self._sync(self.sync.node_gone(c.peer))
             elif isinstance(c, PeerJoined):
@@ -1021,6 +1116,7 @@ class NodeCore:
                 )
                 self.peers.refresh()  # their silence was ours
                 self.peers.mark_stale()  # what they hold now, they drop (Replace below)
+                self._gang(self.gangs.drop_origin(None), out)
                 self._act(sched.drop_origin(None), out)
                 out += self._heartbeats(None)
                 if self._far:  # far holders of its tasks: see _notice_in
@@ -1029,6 +1125,7 @@ class NodeCore:
                             self.members.replace_pending.add(p)
                             out.append(self._notice(p))
             elif isinstance(c, Replace):
+                self._gang(self.gangs.lost(c.peer, self.now), out)
                 self._act(sched.replace_held(c.peer, f"node {c.peer} dropped it (rejoin)"), out)
         views = self.members.views
         shunned = {p for p, v in views.items() if not v.alive}
@@ -1049,6 +1146,7 @@ class NodeCore:
                 "node %d: far node %d (incarnation %d) is gone: %s", self.me, peer, c.inc, c.why
             )
             self._pending_far.pop(peer, None)
+            self._gang(self.gangs.drop_origin(peer), out)
             self.peers.drop_far(peer)
             if self.peers.known(peer):  # its records: placed again
                 self._act(sched.peer_gone(peer), out)

@@ -38,6 +38,7 @@ from rdmasched.api import (
     PreemptHandler,
     SyncHandler,
     check_complete,
+    check_gang,
     check_group,
     check_members,
     check_preempt,
@@ -159,6 +160,7 @@ class Node:
             topology=cluster.topology,
             # no thrash: the cluster's [preemption], overridden key by key by `preemption`
             preemption={**cluster.preemption, **(preemption or {})},
+            capacity={n.id: n.slots for n in cluster.nodes},
         )
         self.sync_cost_ns = sync_cost_ns
         self.reactions = Reactions()
@@ -386,11 +388,15 @@ class Node:
         priority: int = 0,
         cost_ns: int = 0,
         payload: dict[str, Any] | None = None,
+        gang: int = 0,
     ) -> None:
         """Run a task here if a slot is free, else on a lighter peer (power of two choices,
-        same topology domain first), else queue it here."""
+        same topology domain first), else queue it here. `gang` > 0: the task is a member
+        of gang `job` of `gang` members, placed with the others all or nothing, on this node
+        and its links (docs/GANGS.md)."""
         task = self.new_task(task_id, job=job, priority=priority, cost_ns=cost_ns, payload=payload)
-        self._call(lambda: self.carry_out(self.core.submit(task, self.clock())))
+        n = check_gang(gang)
+        self._call(lambda: self.carry_out(self.core.submit(task, self.clock(), n)))
 
     def dispatch(
         self,
@@ -580,6 +586,8 @@ class Node:
             "clients": self.hub.stats() if self.hub is not None else None,
             "bad_slots": bad,
             "scheduler": self.scheduler.stats().as_dict(),
+            # gangs coordinated here and slots held for others' (docs/GANGS.md)
+            "gangs": self.core.gangs.stats(),
         }
 
     # ---- internals: the API's checks and plumbing ---------------------------------------------

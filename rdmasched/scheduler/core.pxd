@@ -60,7 +60,6 @@ cdef class Scheduler:
     cdef unsigned int _blocked
     cdef object _quantum_ns, _task_budget, _job_budget, _job_window_ns, _wake_ns
     cdef dict _npreempt, _job_preempts, _returned
-    cdef public object gang_wait
     cdef readonly long long _n_starts, _n_queued, _n_preemptions, _n_peer_preemptions
     cdef readonly long long _n_requeues, _n_cancels, _n_keeps, _n_completions
     cdef readonly long long _n_sync_releases, _n_sync_reports, _n_forwards

@@ -386,7 +386,6 @@ class Scheduler:
         "_tasks",
         "_wake_ns",
         "aging_ns",
-        "gang_wait",
         "node_id",
         "nslots",
         "starvation_ns",
@@ -500,7 +499,6 @@ class Scheduler:
         #: this node's tasks a peer handed back: key -> that peer (``why``: PeerRefused)
         self._returned: dict[int, int] = {}
         #: the gangs' hook (reasons.py): ``(task) -> Reason | None``, asked first by ``why``
-        self.gang_wait: Callable[[Task], reasons.Reason | None] | None = None
 
     # --- inputs ---------------------------------------------------------------------------
 
@@ -1133,10 +1131,6 @@ class Scheduler:
 
     def _why(self, task: Task, ahead: int, order: list[Task], now: int) -> list[reasons.Reason]:
         out: list[reasons.Reason] = []
-        if self.gang_wait is not None:
-            g = self.gang_wait(task)
-            if g is not None:
-                out.append(g)
         running = self.nslots - len(self._free)
         if not self._free:
             out.append(reasons.no_free_slot(running, self.nslots, self._nqueued))
@@ -1214,6 +1208,35 @@ class Scheduler:
                 peers=len(loads),
             )
         ]
+
+    # --- gangs: the slots rdmasched/scheduler/gang.py holds (docs/GANGS.md) ---------------
+
+    def hold_slot(self) -> int:
+        """Take a free slot without starting anything on it (a gang member's reservation);
+        -1 if none is free. It counts as busy until ``start_held`` or ``release_slot``."""
+        free = self._free
+        return free.pop() if free else -1
+
+    def start_held(self, task: Task, slot: int) -> list[Action]:
+        """Start ``task`` on ``slot``, a slot ``hold_slot`` returned: checked and taken in
+        as ``dispatch`` takes a task in. Rejected (raises), the slot stays held."""
+        now = self._clock()
+        self._admit(task, now, False)
+        self._run_on(task, slot, now)
+        self._rec(now, D_START, R_FREE, task, slot, None, 0, 0)
+        return [_new(Start, (task, slot))]
+
+    def release_slot(self, slot: int) -> list[Action]:
+        """Give back a slot ``hold_slot`` returned: to the head of the queue, or free."""
+        out: list[Action] = []
+        self._fill(slot, self._clock(), out)
+        return out
+
+    def note(self, task: Task, why: str) -> None:
+        """Record a ``redispatch`` event about ``task`` with ``why`` as its reason (a gang
+        placed again as a whole)."""
+        self._n_redispatches += 1
+        self._note(self._clock(), D_REDISPATCH, R_OTHER, task, NO_TASK, why)
 
     # --- views ----------------------------------------------------------------------------
 

@@ -7,11 +7,10 @@ ranked: the reason that would have to go away first comes first (docs/SCHEDULER.
 it waiting"). ``Scheduler.waiting_counts()`` counts the queued tasks under each of their
 reasons (the ``rdmasched_tasks_waiting{reason=...}`` gauge).
 
-Gangs are another module's (rdmasched/scheduler/gang.py, the gangs branch): their two codes
-are defined here, and the scheduler asks its hook ``Scheduler.gang_wait`` (a callable
-``(task) -> Reason | None``, None: no hook) before any other reason; gang.py's
-``wait_reason()`` is that callable, and builds its ``Reason`` with ``gang_incomplete`` or
-``gang_too_large`` below.
+A gang member waiting for its gang is in no queue of the scheduler (rdmasched/scheduler/
+gang.py holds it until the whole gang is placed): its codes are defined here too, and
+``gang.why()`` and ``gang.waiting_counts()`` give its reasons and counts with the builders
+``gang_incomplete``, ``gang_too_large`` and ``gang_waiting`` below.
 """
 
 from __future__ import annotations
@@ -27,6 +26,8 @@ class Code(enum.StrEnum):
     GANG_INCOMPLETE = "GangIncomplete"
     #: the task's gang needs more slots than the cluster could give it (gang.py)
     GANG_TOO_LARGE = "GangTooLarge"
+    #: the task's gang fits the cluster but not its free slots now, or is being reserved
+    GANG_WAITING = "GangWaitingForCapacity"
     #: every slot of the node is busy
     NO_FREE_SLOT = "NoFreeSlot"
     #: its priority is not above the lowest-priority running task's: it may not preempt
@@ -79,6 +80,15 @@ def gang_too_large(gang: int, need: int, capacity: int) -> Reason:
         Code.GANG_TOO_LARGE,
         f"gang {gang} needs {need} slots; the cluster has {capacity}",
         {"gang": gang, "size": need, "capacity": capacity},
+    )
+
+
+def gang_waiting(gang: int, need: int, free: int) -> Reason:
+    """The reason of a gang member whose gang fits the cluster but not its free slots."""
+    return Reason(
+        Code.GANG_WAITING,
+        f"gang {gang} needs {need} slots at once; {free} free here and on its links now",
+        {"gang": gang, "size": need, "free": free},
     )
 
 

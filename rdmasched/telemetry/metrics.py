@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
 from rdmasched.limits import COMPUTE_PRIORITY_MAX, U64_MAX
+from rdmasched.scheduler import gang
 from rdmasched.scheduler.events import Decision
 from rdmasched.scheduler.task import SYNC_PRIORITY
 from rdmasched.telemetry import http
@@ -49,7 +50,6 @@ from rdmasched.wire import Kind
 
 if TYPE_CHECKING:
     from rdmasched.daemon.node import Node
-    from rdmasched.scheduler.core import Scheduler
 
 #: upper bounds of the histogram buckets, seconds (wait time, preemption reaction)
 TIME_BUCKETS = (
@@ -225,7 +225,7 @@ class NodeCollector:
                 "events": evs,
                 "missed": missed,
                 "queued": queued,
-                "waiting": sched.waiting_counts(),
+                "waiting": waiting_counts(n),
                 "lanes": lanes,
                 "alive": sum(1 for p, v in n.members.views.items() if v.alive and p != n.id),
                 "peers": sum(1 for p in n.members.views if p != n.id),
@@ -620,7 +620,7 @@ class MetricsServer:
             return
         node = self.node
         try:
-            tasks = node.inspect(lambda n: waiting_of(n.scheduler, task_id, origin))
+            tasks = node.inspect(lambda n: waiting_of(n, task_id, origin))
         except Exception as exc:
             h.send_error(503, f"node {node.id}: {exc}")
             return
@@ -635,11 +635,37 @@ class MetricsServer:
         self.httpd.close()
 
 
-def waiting_of(sched: Scheduler, task_id: int, origin: int | None) -> list[dict[str, Any]]:
-    """The tasks ``task_id`` (of ``origin``; None: of any origin) held by ``sched``, each
-    with its state and the ranked reasons it waits (``Scheduler.why``): ``/why``'s answer."""
+def waiting_counts(node: Node) -> dict[str, int]:
+    """Reason code -> tasks waiting for it on ``node``: the scheduler's queued tasks and
+    the gang members held for their gangs (the ``rdmasched_tasks_waiting`` gauge)."""
+    counts = node.scheduler.waiting_counts()
+    for code, k in gang.waiting_counts(node.core.gangs).items():
+        counts[code] = counts.get(code, 0) + k
+    return counts
+
+
+def waiting_of(node: Node, task_id: int, origin: int | None) -> list[dict[str, Any]]:
+    """The tasks ``task_id`` (of ``origin``; None: of any origin) held by ``node``, each
+    with its state and the ranked reasons it waits (``Scheduler.why``, or ``gang.why`` for
+    a member held for its gang, state ``gang``): ``/why``'s answer."""
+    sched = node.scheduler
     found = sched.find(task_id) if origin is None else [sched.lookup(task_id, origin)]
     out = []
+    g = node.core.gangs.gang_of(task_id) if origin in (None, node.id) else None
+    if g is not None and not any(t is not None for t in found):
+        for m in g.members:
+            if m.id == task_id:
+                out.append(
+                    {
+                        "task_id": m.id,
+                        "origin": node.id,
+                        "job": m.job,
+                        "priority": m.priority,
+                        "state": "gang",
+                        "slot": None,
+                        "reasons": [r.as_dict() for r in gang.why(node.core.gangs, task_id)],
+                    }
+                )
     for t in found:
         if t is None:
             continue

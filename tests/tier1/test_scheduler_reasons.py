@@ -9,7 +9,7 @@ import pytest
 
 from rdmasched.daemon.core import NodeCore, PreemptTask, SetTimer, Wake
 from rdmasched.scheduler import FakeClock, PeerTable, Scheduler, Task, UnknownTaskError
-from rdmasched.scheduler.reasons import Code, gang_incomplete, gang_too_large
+from rdmasched.scheduler.reasons import Code
 
 MS = 1_000_000
 
@@ -128,22 +128,6 @@ def test_peer_refused_and_topology() -> None:
     assert got[3].message == "no live peer has a load below this node's 2000"
     s.dispatch(T(3, 10, hops=2))  # no hop left
     assert s.why(3)[-1].message == "made 2/2 hops: it stays here"
-
-
-def test_the_gang_hook_is_asked_first() -> None:
-    s, _ = make(1)
-    s.dispatch(T(1, 90))
-    s.dispatch(T(2, 10, job=5))
-    s.dispatch(T(3, 10, job=6))
-    s.gang_wait = lambda t: (
-        gang_incomplete(5, 2, 4) if t.job == 5 else gang_too_large(6, 9, 8) if t.job == 6 else None
-    )
-    got = s.why(2)
-    assert got[0].code is Code.GANG_INCOMPLETE and got[0].message == (
-        "gang 5 has 2/4 members submitted"
-    )
-    assert s.why(3)[0].code is Code.GANG_TOO_LARGE
-    assert s.why(3)[0].message == "gang 6 needs 9 slots; the cluster has 8"
 
 
 def test_waiting_counts_every_code_and_each_task_under_each_reason() -> None:
