@@ -265,6 +265,16 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     )
     bench_freeze.add_arguments(frz)
 
+    from rdmasched.bench import failover as bench_failover
+
+    fov = add_command(
+        bsub,
+        "failover",
+        "a host of a torchrun DDP job frozen: every survivor out, the restart, goodput, with "
+        "rdmasched and without (needs torch)",
+    )
+    bench_failover.add_arguments(fov)
+
 
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """What one option alone cannot say: relations between options, paths."""
@@ -313,6 +323,7 @@ def main(args: argparse.Namespace) -> int:
         "all": _all,
         "freeze": _freeze,
         "handoff": _handoff,
+        "failover": _failover,
     }
     return run[args.bench](args)
 
@@ -610,3 +621,9 @@ def _handoff(args: argparse.Namespace) -> int:
     else:
         print(handoff.report(figures))
     return 0
+
+
+def _failover(args: argparse.Namespace) -> int:
+    from rdmasched.bench import failover
+
+    return failover.cli(args)
