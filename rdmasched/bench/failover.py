@@ -401,9 +401,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "waiting for a hung host (torch's default: 30 min on gloo, 10 min on NCCL)",
     )
     p.add_argument(
-        "--only", choices=("rdmasched", "plain"), help="run one mode only (default: both)"
+        "--only", choices=("rdmasched", "plain"), help="run one mode only (default both)"
     )
-    p.add_argument("--out-dir", metavar="DIR", help="the runs' events, checkpoints and logs")
+    p.add_argument(
+        "--out-dir",
+        metavar="DIR",
+        help="the runs' events, checkpoints and logs (default a new directory under /tmp)",
+    )
     p.add_argument(
         "--quick",
         action="store_true",
