@@ -89,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         dist.broadcast(round_id, src=0)
         name = f"{os.environ.get('RDMASCHED_CLUSTER', 'ff')}r{int(round_id)}"
         os.environ.update(RDMASCHED_CLUSTER=name, RDMASCHED_SESSION=name)
-        client = host_client().open()
+        # the daemon starts beside the rank (a second Python importing torch for the
+        # launcher's store): on a loaded machine that took more than the default 30 s
+        client = host_client(connect_timeout_s=120).open()
         sched = RankScheduler(client, exit_on_lost=True, collective_timeout_s=args.timeout_s)
         ddp.register_comm_hook(None, sched.hook)
     g = torch.Generator().manual_seed(rank)
