@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -58,6 +59,8 @@ from typing import IO, Any
 from rdmasched.integrations.freeze import Freezer
 
 __all__ = ["add_arguments", "cli", "report", "run", "run_mode"]
+
+_log = logging.getLogger("rdmasched.bench.failover")
 
 #: the shell torchrun runs each rank under: it writes the rank's exit status and time
 _SHELL = (
@@ -157,13 +160,47 @@ def _wait(what: str, cond: Any, timeout_s: float, agents: list[_Agent]) -> Any:
     raise TimeoutError(f"{what}: not within {timeout_s:g} s")
 
 
+def _form(
+    agent: Any,
+    latest: Any,
+    agents: list[_Agent],
+    last_call_s: int,
+    out: Path,
+    attempts: int = 3,
+) -> tuple[_Agent, _Agent]:
+    """Start both hosts' agents until the job's first round has both (B first, waiting for
+    the store A hosts; A once B's agent is up). On a loaded machine A's round can still close
+    alone (its last call, `last_call_s`, passing before B connects), and the job's scale-up
+    to B then hung in torchrun's rank assignment here: such a start is ended and made again."""
+    for attempt in range(attempts):
+        t0 = time.time()
+        b = agent("hostB", False)
+        agents.append(b)
+        _wait("host B's agent up", partial(b.mark_after, "rdzv", t0), 300, [b])
+        a = agent("hostA", True)
+        agents.append(a)
+        first = _wait("the job's first rank", partial(latest, "start", after=t0), 300, [a, b])
+        if first["world"] == 2:
+            return a, b
+        _log.warning("attempt %d: the first round had host A alone; starting again", attempt + 1)
+        for x in (a, b):
+            x.close()
+            agents.remove(x)
+        for name in ("events.jsonl", "ckpt.pt"):  # the next start from nothing
+            (out / name).unlink(missing_ok=True)
+    raise RuntimeError(
+        f"the job's first round formed without host B {attempts} times (the machine too slow "
+        f"for last_call_s={last_call_s})"
+    )
+
+
 def episode(
     rdmasched: bool,
     *,
     steps_between: int = 40,
     step_ms: float = 50.0,
     timeout_s: float = 60.0,
-    last_call_s: int = 2,
+    last_call_s: int = 3,
     keep_alive_s: int = 1,
     out_dir: str | None = None,
 ) -> dict[str, Any]:
@@ -224,17 +261,9 @@ def episode(
                 return found
         return None
 
-    # B first: it waits for the store A hosts, so the first round has both hosts
-    b = agent("hostB", False)
-    a = agent("hostA", True)
-    agents = [a, b]
+    agents: list[_Agent] = []
     try:
-        first_two = _wait("the first step", partial(latest, "step"), 300, agents)
-        if first_two["world"] != 2:
-            raise RuntimeError(
-                "the job's first round formed without host B (the machine too slow for "
-                f"last_call_s={last_call_s})"
-            )
+        a, b = _form(agent, latest, agents, last_call_s, out)
         two = _wait(
             f"{steps_between} steps on both hosts",
             partial(latest, "step", world=2, step=steps_between),
@@ -442,7 +471,12 @@ def cli(args: argparse.Namespace) -> int:
         print(f"rdmasched bench failover: {bad[0]}", file=sys.stderr)
         return 2
     modes = {"rdmasched": (True,), "plain": (False,), None: (True, False)}[args.only]
-    figures = run(**conf, modes=modes, out_dir=args.out_dir)
+    try:
+        figures = run(**conf, modes=modes, out_dir=args.out_dir)
+    except (RuntimeError, TimeoutError) as exc:  # a run that went wrong: one line, its files
+        where = args.out_dir or "/tmp/rdmasched-failover-*"
+        print(f"rdmasched bench failover: {exc} (the runs' logs: {where})", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps({**run_info({**conf, "quick": args.quick}), **figures}, indent=2))
     else:
