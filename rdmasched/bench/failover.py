@@ -71,6 +71,7 @@ _SHELL = (
 )
 #: agent log lines whose arrival times split the restart
 _MARKS = {
+    "up": "Starting elastic_operator",  # before it connects to the store
     "rdzv": "Rendezvous'ing worker group",
     "rdzv_done": "Rendezvous complete",
     "failed": "will restart worker group",
@@ -169,14 +170,15 @@ def _form(
     attempts: int = 3,
 ) -> tuple[_Agent, _Agent]:
     """Start both hosts' agents until the job's first round has both (B first, waiting for
-    the store A hosts; A once B's agent is up). On a loaded machine A's round can still close
-    alone (its last call, `last_call_s`, passing before B connects), and the job's scale-up
-    to B then hung in torchrun's rank assignment here: such a start is ended and made again."""
+    the store A hosts; A once B's agent has started, about to connect to it). On a loaded
+    machine A's round can still close alone (its last call, `last_call_s`, passing before B
+    connects), and the job's scale-up to B then hung in torchrun's rank assignment here:
+    such a start is ended and made again."""
     for attempt in range(attempts):
         t0 = time.time()
         b = agent("hostB", False)
         agents.append(b)
-        _wait("host B's agent up", partial(b.mark_after, "rdzv", t0), 300, [b])
+        _wait("host B's agent up", partial(b.mark_after, "up", t0), 300, [b])
         a = agent("hostA", True)
         agents.append(a)
         first = _wait("the job's first rank", partial(latest, "start", after=t0), 300, [a, b])
