@@ -739,7 +739,7 @@ def _abort_groups() -> None:
     with contextlib.suppress(Exception):
         if dist.is_available() and dist.is_initialized():
             abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-            if abort is not None:  # torch >= 2.3: every group, NCCL's in one group call
+            if abort is not None:  # torch 2.13 has it: every group, NCCL's in one group call
                 abort()
             else:
                 dist.group.WORLD.abort()
