@@ -66,6 +66,7 @@ from rdmasched.clientproto import (
     OP_DONE,
     OP_ERROR,
     OP_HELLO,
+    OP_PEER,
     OP_PREEMPT,
     OP_READY,
     OP_REPLY,
@@ -153,6 +154,10 @@ class Client:
         self._preempt: PreemptHandler | None = None
         self._sync: SyncHandler | None = None
         self._complete: CompleteHandler | None = None
+        self._peer: Callable[[int, bool, str], None] | None = None
+        #: the hosts (node ids) the daemon has declared dead and not seen alive again: its
+        #: liveness news (OP_PEER), as it comes, with no request
+        self.dead_peers: set[int] = set()
         self._tx: TxLane | None = None
         self._rx: Any = None
         self._bell: shm.Doorbell | None = None
@@ -228,6 +233,14 @@ class Client:
     def on_complete(self, fn: CompleteHandler) -> CompleteHandler:
         """`fn(task_id, node)`: a task this rank submitted completed on node `node`."""
         self._complete = check_callable("on_complete", fn)
+        return fn
+
+    def on_peer(self, fn: Callable[[int, bool, str], None]) -> Callable[[int, bool, str], None]:
+        """`fn(node, dead, why)`: the daemon declared host `node` dead (`dead`), or alive
+        again, the moment it did (its liveness news; docs/CLIENT.md). On the reader thread;
+        `dead_peers` holds the news so far. Not part of Node's API: a node's own liveness
+        is its loop's (`stats()["dead_peers"]`)."""
+        self._peer = check_callable("on_peer", fn)
         return fn
 
     # ---- lifecycle --------------------------------------------------------------------------
@@ -676,6 +689,14 @@ class Client:
             meta = m.meta or {}
             self.id, self.name, self.slots = meta["node"], meta["name"], meta["slots"]
             self._welcome.set()
+        elif op == OP_PEER:
+            dead = bool(m.arg1)
+            (self.dead_peers.add if dead else self.dead_peers.discard)(m.arg0)
+            if self._peer is not None:
+                try:
+                    self._peer(m.arg0, dead, str((m.meta or {}).get("why", "")))
+                except Exception as exc:
+                    self._failed("on_peer", exc, m.arg0)
         elif op == OP_ERROR:
             kind, text = (m.meta or {}).get("err", ["RdmaschedError", "?"])
             self.rejected[kind] = self.rejected.get(kind, 0) + 1

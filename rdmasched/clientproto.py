@@ -76,6 +76,7 @@ OP_SYNC = 35  # SYNC_READY id=sync task id job flags=slot arg0=group arg2=origin
 OP_DONE = 36  # COMPLETE id=task arg0=node: a task this client submitted completed there
 OP_REPLY = 37  # HEARTBEAT arg0=request id meta {"ok": value} or error_meta
 OP_ERROR = 38  # HEARTBEAT meta error_meta: a request of this client was refused
+OP_PEER = 39  # HEARTBEAT arg0=node arg1=1 declared dead / 0 alive again, meta {"why"}
 
 
 class QueueFullError(RdmaschedError, BufferError):

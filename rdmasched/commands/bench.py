@@ -304,6 +304,16 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     )
     bench_freeze.add_arguments(frz)
 
+    from rdmasched.bench import failover as bench_failover
+
+    fov = add_command(
+        bsub,
+        "failover",
+        "a host of a torchrun DDP job frozen: every survivor out, the restart, goodput, with "
+        "rdmasched and without (needs torch)",
+    )
+    bench_failover.add_arguments(fov)
+
 
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """What one option alone cannot say: relations between options, paths."""
@@ -353,6 +363,7 @@ def main(args: argparse.Namespace) -> int:
         "freeze": _freeze,
         "handoff": _handoff,
         "peers": _peers,
+        "failover": _failover,
     }
     return run[args.bench](args)
 
@@ -678,3 +689,9 @@ def _peers(args: argparse.Namespace) -> int:
     from rdmasched.bench import peers
 
     return peers.cli(args)
+
+
+def _failover(args: argparse.Namespace) -> int:
+    from rdmasched.bench import failover
+
+    return failover.cli(args)

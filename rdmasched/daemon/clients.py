@@ -75,6 +75,7 @@ from rdmasched.clientproto import (
     OP_DONE,
     OP_ERROR,
     OP_HELLO,
+    OP_PEER,
     OP_PREEMPT,
     OP_READY,
     OP_REPLY,
@@ -263,6 +264,8 @@ class ClientHub:
         node.on_preempt(self._on_preempt)
         node.on_sync(self._on_sync)
         node.on_complete(self._on_complete)
+        if node.loop is not None:
+            node.loop.on_peer = self._on_peer
         if self._own.dispatch is None:
             for t in node.scheduler.running():
                 if t.group is None and t.slot is not None:  # not a sync task
@@ -557,7 +560,18 @@ class ClientHub:
             },
         )
         _log.info("node %d: client %d connected (pid %s)", node.id, k, meta.get("pid"))
+        if node.loop is not None:  # the news so far: the hosts declared dead before it came
+            for peer in sorted(node.loop.dead_peers):
+                self._send(k, Kind.HEARTBEAT, arg0=peer, arg1=1, hops=OP_PEER)
         self._hand_over()
+
+    def _on_peer(self, peer: int, dead: bool, why: str) -> None:
+        """A peer declared dead or alive again (the loop's liveness news, loop thread): told
+        to every rank at once (OP_PEER), so a rank need not ask for it."""
+        for k in list(self.clients):
+            self._send(
+                k, Kind.HEARTBEAT, arg0=peer, arg1=int(dead), hops=OP_PEER, meta={"why": why}
+            )
 
     def _hand_over(self) -> None:
         """Start the tasks that waited for a client, now that one is connected."""

@@ -97,6 +97,9 @@ class Loop:
         #: stage probe (rdmasched/daemon/probe.py; benchmarks only): marks around `wait`
         self.probe: Probe | None = None
         self.on_stall: Callable[[int], None] | None = None
+        #: called (peer, dead, why) on the loop thread when a peer is declared dead (dead
+        #: True) or alive again (False): the client hub's news to its ranks
+        self.on_peer: Callable[[int, bool, str], None] | None = None
         self.stalls = 0
         #: the last time every inbound lane had been read (clock of this loop)
         self.listened_ns = clock()
@@ -288,6 +291,8 @@ class Loop:
             lost,
             len(kept),
         )
+        if self.on_peer is not None:
+            self.on_peer(peer, True, why)
 
     def revive(self, peer: int) -> None:
         """Send to `peer` again (a new incarnation of it); re-attach its lane if it is a
@@ -303,6 +308,8 @@ class Loop:
             self.dead_peers.discard(peer)
             self.dead_at.pop(peer, None)
             _log.warning("node %d: peer %d is alive again", self.me, peer)
+            if self.on_peer is not None:
+                self.on_peer(peer, False, "alive again")
 
     def _stalled(self, gap_ns: int) -> None:
         self.stalls += 1

@@ -69,6 +69,12 @@ GROUP_BASE = 1 << 20
 #: task ids of the integration's own tasks start here; ids are unique per host, so each
 #: local rank has its own range: TASK_BASE + (local index << 40) + n
 TASK_BASE = 1 << 48
+#: the exit status of a rank that left because another rank or host of the job was lost
+#: (`RankScheduler(exit_on_lost=True)`): sysexits' EX_TEMPFAIL, "try again"; torchrun's
+#: elastic agent restarts the job on the hosts left (docs/TORCH.md, "Fast failure")
+EXIT_LOST = 75
+#: how long a rank leaving so waits for its process groups' abort before it exits anyway
+ABORT_TIMEOUT_S = 0.5
 
 
 class TorchSyncError(RdmaschedError, RuntimeError):
@@ -98,6 +104,13 @@ class SchedulerClient(NodeAPI, Protocol):
         self, group: int, members: Iterable[int | str], *, local: int | None = None
     ) -> None: ...
 
+    #: the hosts the daemon declared dead (its liveness news so far)
+    dead_peers: set[int]
+
+    def on_peer(self, fn: Callable[[int, bool, str], None]) -> Callable[[int, bool, str], None]:
+        """`fn(node, dead, why)`, the moment the daemon declares a host dead or alive."""
+        ...
+
 
 class _Bucket:
     """One bucket's sync of one step, from the hook to the future."""
@@ -126,6 +139,15 @@ class RankScheduler:
     `priority(index)`: a bucket's priority (default its index: the bucket holding the first
     layers first). `max_inflight`: collectives started at once. `sync_timeout_s`: how long a
     bucket may wait for every rank. `job`: the training job's id in the scheduler.
+
+    A host of the job declared dead by the daemons fails the job's syncs the moment the news
+    reaches this rank (the daemon tells its clients: `Client.on_peer`), as a rank of this
+    machine whose process is gone does (checked every 50 ms while a step runs).
+    `exit_on_lost`: then also abort the process groups and end the process with `EXIT_LOST`
+    (75), at once, whatever the training thread is waiting in: a collective whose peer hangs
+    (a frozen host, a partition) ends only at its timeout, and on gloo even a process
+    group's abort does not end it (docs/TORCH.md, "Fast failure"). Under torchrun's elastic
+    agent (``--max-restarts``, ``--nnodes MIN:MAX``) that restarts the job on the hosts left.
     """
 
     def __init__(
@@ -138,6 +160,7 @@ class RankScheduler:
         collective_timeout_s: float = 60.0,
         job: int = 1,
         compute_priority: int = COMPUTE_PRIORITY,
+        exit_on_lost: bool = False,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise ArgumentError("RankScheduler needs torch.distributed initialised first")
@@ -167,6 +190,7 @@ class RankScheduler:
         self.collective_timeout_s = float(collective_timeout_s)
         self.job = job
         self.compute_priority = compute_priority
+        self.exit_on_lost = bool(exit_on_lost)
         self._lock = threading.Condition()
         self._defined: set[int] = set()  # bucket indexes whose sync group is declared
         # the buckets' all-reduces, and the leader's choices of their order (not the default
@@ -212,6 +236,9 @@ class RankScheduler:
         node.on_sync(self._on_sync)
         node.on_dispatch(self._on_dispatch)
         node.on_preempt(self._on_preempt)
+        node.on_peer(self._on_peer)
+        for peer in sorted(node.dead_peers):  # declared dead before the handler was in place
+            self._on_peer(peer, True, "declared dead before the job started")
         self._comm = threading.Thread(target=self._comm_loop, name="rdmasched-comm", daemon=True)
         self._comm.start()
         self._watch = threading.Thread(target=self._watchdog, name="rdmasched-watch", daemon=True)
@@ -272,6 +299,18 @@ class RankScheduler:
         colo = self._colocated.get(task.id)
         if colo is not None:
             colo._dispatched()
+
+    def _on_peer(self, peer: int, dead: bool, why: str) -> None:
+        """The daemon's liveness news (the client's reader thread): a host of the job
+        declared dead ends the job's syncs now."""
+        if not dead or peer == self.node.id or peer not in self.members:
+            return
+        self._fail(
+            RankLostError(
+                f"rank {self.rank}: host(s) [{peer}] of the job were declared dead ({why}); "
+                "the job's syncs cannot complete"
+            )
+        )
 
     def _on_preempt(self, task: Task, slot: int, cancel: bool) -> int:
         colo = self._colocated.get(task.id)
@@ -385,7 +424,9 @@ class RankScheduler:
 
     # ---- bounded waits -------------------------------------------------------------------
     def _watchdog(self) -> None:
-        next_host_check = 0.0
+        """The bounded waits of this rank: its daemon, the processes of the other ranks on
+        this machine (local reads, every 50 ms while busy), and a bucket not released in
+        time. Another host's death is the daemons' to find; its news comes to `_on_peer`."""
         while True:
             with self._lock:
                 self._lock.wait(0.05)
@@ -396,17 +437,6 @@ class RankScheduler:
             if not busy:
                 continue
             err: TorchSyncError | None = self._lost()
-            if err is None and len(self.members) > 1 and time.monotonic() >= next_host_check:
-                # another host's death is the daemons' to find: ask this host's daemon (a
-                # round trip, so once a second); a rank on another host that dies alone
-                # fails its all-reduce (the backend's connection closes)
-                next_host_check = time.monotonic() + 1.0
-                dead = self._dead_hosts()
-                if dead:
-                    err = RankLostError(
-                        f"rank {self.rank}: host(s) {dead} of the job were declared dead; "
-                        "the job's syncs cannot complete"
-                    )
             now = time.monotonic_ns()
             late = [b for b in waiting if now - b.reported_ns > self.sync_timeout_s * 1e9]
             if err is None and late:
@@ -433,19 +463,16 @@ class RankScheduler:
             )
         return None
 
-    def _dead_hosts(self) -> list[int]:
-        try:
-            dead = self.node.stats().get("dead_peers", [])
-        except Exception:
-            return []
-        return sorted(set(dead) & set(self.members))
-
     def _fail(self, err: TorchSyncError) -> None:
-        """The job cannot go on: fail every outstanding bucket and compute wait with `err`."""
+        """The job cannot go on: fail every outstanding bucket and compute wait with `err`.
+        A rank or host lost (`RankLostError`) with `exit_on_lost`: exit instead, at once
+        (`_exit_lost`), before any waiting thread wakes up to handle the error its own way."""
         with self._lock:
             if self._error is None:
                 self._error = err
                 _log.error("%s", err)
+                if self.exit_on_lost and isinstance(err, RankLostError) and not self._closed:
+                    _exit_lost(self.rank, err)  # does not return
             err = self._error
             buckets = [
                 *self._pending.values(),
@@ -686,6 +713,38 @@ def host_client(
     return Client.from_env(env, start_daemon=start_daemon, **kw)
 
 
+def _exit_lost(rank: int, err: TorchSyncError) -> None:
+    """End this rank's process with `EXIT_LOST`: one line on stderr, the process groups
+    aborted (every group of the job, in one NCCL group call on NCCL:
+    ``ProcessGroupNCCL.abort``; gloo's abort returns at once and leaves a collective waiting
+    for a hung peer waiting), waiting at most `ABORT_TIMEOUT_S` for that, then ``os._exit``:
+    no atexit handler, no destructor waits on a collective that cannot end."""
+    import sys
+
+    with contextlib.suppress(Exception):
+        sys.stderr.write(f"rdmasched: {err}; rank {rank} exits with {EXIT_LOST}\n")
+        sys.stderr.flush()
+    with contextlib.suppress(Exception):
+        for h in logging.getLogger().handlers:
+            h.flush()
+    aborter = threading.Thread(target=_abort_groups, name="rdmasched-abort", daemon=True)
+    aborter.start()
+    aborter.join(ABORT_TIMEOUT_S)
+    os._exit(EXIT_LOST)
+
+
+def _abort_groups() -> None:
+    """Abort every process group of this process (best effort: a failure changes nothing,
+    the process exits next)."""
+    with contextlib.suppress(Exception):
+        if dist.is_available() and dist.is_initialized():
+            abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+            if abort is not None:  # torch 2.13 has it: every group, NCCL's in one group call
+                abort()
+            else:
+                dist.group.WORLD.abort()
+
+
 def _process_start() -> int:
     start = shm.process_start(os.getpid())
     assert start is not None
@@ -712,6 +771,7 @@ def _timedelta(seconds: float) -> Any:
 __all__ = [
     "COLOCATED_PRIORITY",
     "COMPUTE_PRIORITY",
+    "EXIT_LOST",
     "GROUP_BASE",
     "Colocated",
     "RankLostError",
