@@ -5,8 +5,9 @@ Used by `rdmasched bench`; not part of the API.
 """
 
 from libc.stdint cimport uint64_t, uint32_t
+from libc.string cimport memset
 
-from rdmasched._wire cimport rs_msg, rs_now_ns, rs_pause
+from rdmasched._wire cimport rs_msg, rs_now_ns, rs_pause, SRC_LANE
 from rdmasched._ring cimport RxLane, TxLane, rs_rx_poll, rs_tx_put, rs_tx_wait_room, RS_OK
 
 import array
@@ -96,17 +97,13 @@ def ping(RxLane rx not None, TxLane tx not None, uint64_t iters, double timeout_
     cdef uint64_t i = 0, t_prev, t
     cdef uint64_t timeout_ns = <uint64_t>(timeout_s * 1e9)
     cdef int rc = 0
+    # Every field, as msg_from_args and msg_route make them: the routing fields (src, dst,
+    # relays, load) are not left to whatever the stack held.
+    memset(&m, 0, sizeof(m))
     m.kind = 1
-    m.flags = 0
     m.priority = 1
-    m.hops = 0
     m.job = 7
-    m.arg0 = 0
-    m.arg1 = 0
-    m.arg2 = 0
-    m.meta_len = 0
-    m.meta_off = 0
-    m.lane = 0
+    m.src = SRC_LANE    # the sending lane's node (rs_tx_put stamps it); dst 0, no relays
     with nogil:
         t_prev = rs_now_ns()
         while i < iters:
