@@ -20,6 +20,10 @@ From a TOML file (every key, its type, default and meaning: docs/CONFIG.md)::
     [topology]                  # optional: which nodes hold lanes to which (docs/SCALE.md)
     slurm = "topology.conf"     # or nodes/leaf/pod (generated), or [[topology.switch]]
 
+    [verbs]                     # optional: the class of every verbs lane (docs/VERBS.md)
+    service_level = 6           # InfiniBand SL 0..15 (RoCE: the VLAN priority)
+    dscp = 48                   # RoCE v2: DSCP 0..63 of every packet (48: CS6)
+
 or from the launcher's environment (torchrun, Slurm): RANK / WORLD_SIZE / MASTER_ADDR /
 MASTER_PORT (or SLURM_PROCID / SLURM_NTASKS), plus RDMASCHED_SLOTS, RDMASCHED_CLUSTER,
 RDMASCHED_TRANSPORT, RDMASCHED_TOKEN and RDMASCHED_DOMAIN. Every problem is a ConfigError
@@ -38,7 +42,14 @@ from typing import Any
 
 from rdmasched.errors import ConfigError
 from rdmasched.files import read_text, read_toml
-from rdmasched.limits import EXEC_SLOTS_MAX, LANE_SLOTS_DEFAULT, check_lane_slots
+from rdmasched.limits import (
+    DSCP_DEFAULT,
+    EXEC_SLOTS_MAX,
+    LANE_SLOTS_DEFAULT,
+    SERVICE_LEVEL_DEFAULT,
+    check_lane_slots,
+    check_traffic_class,
+)
 from rdmasched.limits import MAX_NODES as MAX_NODES  # (named here too: older callers)
 from rdmasched.topology import Topology
 
@@ -59,6 +70,8 @@ CLUSTER_KEYS = frozenset(
     )
 )
 NODE_KEYS = frozenset(("name", "address", "slots", "domain"))
+#: the `[verbs]` keys: the class of service of every verbs lane (docs/VERBS.md)
+VERBS_KEYS = frozenset(("service_level", "dscp"))
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,10 @@ class ClusterConfig:
     #: the `[topology]`: which nodes hold lanes to which, and the routes between the others.
     #: None: every node holds a lane to every other (a full mesh, for small clusters)
     topology: Topology | None = None
+    #: `[verbs]`: every verbs lane's QP sends with this InfiniBand service level and, on
+    #: RoCE v2, this DSCP (one class for all of rdmasched's lanes; ignored on shm)
+    service_level: int = SERVICE_LEVEL_DEFAULT
+    dscp: int = DSCP_DEFAULT
 
     def node(self, key: int | str) -> NodeSpec:
         """A node by id or by name."""
@@ -121,11 +138,11 @@ class ClusterConfig:
     ) -> ClusterConfig:
         """`base`: the directory a relative `topology.slurm` path is taken from (the config
         file's; None: the working directory)."""
-        unknown = set(data) - {"cluster", "node", "topology"}
+        unknown = set(data) - {"cluster", "node", "topology", "verbs"}
         if unknown:
             raise ConfigError(
                 f"{source}: unknown top-level key(s) {sorted(unknown)}; "
-                "expected [cluster], [[node]] and [topology]"
+                "expected [cluster], [[node]], [topology] and [verbs]"
             )
         c = data.get("cluster", {})
         if not isinstance(c, Mapping):
@@ -233,7 +250,19 @@ class ClusterConfig:
             nodes.append(NodeSpec(i, nname, slots, domain, address))
         if topology is not None:
             nodes = _topology_order(nodes, topology, source)
-        return cls(name, tuple(nodes), transport, lane, token, hb, dead, topology=topology)
+        sl, dscp = _verbs_class(data.get("verbs", {}), source)
+        return cls(
+            name,
+            tuple(nodes),
+            transport,
+            lane,
+            token,
+            hb,
+            dead,
+            topology=topology,
+            service_level=sl,
+            dscp=dscp,
+        )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> tuple[ClusterConfig, int]:
@@ -316,6 +345,24 @@ def _topology_order(nodes: list[NodeSpec], topology: Topology, source: str) -> l
             )
         out.append(NodeSpec(i, n.name, n.slots, domain, n.address))
     return out
+
+
+def _verbs_class(v: object, source: str) -> tuple[int, int]:
+    """The `[verbs]` table: (service_level, dscp), each checked (limits.check_traffic_class)."""
+    if not isinstance(v, Mapping):
+        raise ConfigError(f"{source}: [verbs] must be a table")
+    if set(v) - VERBS_KEYS:
+        raise ConfigError(
+            f"{source}: unknown [verbs] key(s) {sorted(set(v) - VERBS_KEYS)}; "
+            f"expected {sorted(VERBS_KEYS)}"
+        )
+    sl = v.get("service_level", SERVICE_LEVEL_DEFAULT)
+    dscp = v.get("dscp", DSCP_DEFAULT)
+    try:
+        check_traffic_class(sl, dscp)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: verbs.{exc}") from None
+    return sl, dscp
 
 
 def check_liveness(heartbeat_ms: int, dead_after_ms: int) -> None:

@@ -44,7 +44,12 @@ from typing import Any
 
 from rdmasched import bootstrap
 from rdmasched.errors import BootstrapError, ConfigError, DeviceError, RdmaschedError
-from rdmasched.limits import check_lane_slots
+from rdmasched.limits import (
+    DSCP_DEFAULT,
+    SERVICE_LEVEL_DEFAULT,
+    check_lane_slots,
+    check_traffic_class,
+)
 from rdmasched.wire import VERSION as WIRE_VERSION
 
 __all__ = [
@@ -582,6 +587,8 @@ class Connection:
             remote.gid,
             ep.device.gid.index,
             min(remote.mtu, ep.device.active_mtu),
+            service_level=ep.service_level,
+            traffic_class=ep.dscp << 2,
         )
         if rc:
             raise ConfigError(
@@ -799,11 +806,17 @@ class Endpoint:
         retry_cnt: int = 6,
         cq_timeout_s: float = 10.0,
         bootstrap_timeout_s: float = bootstrap.DEFAULT_TIMEOUT_S,
+        service_level: int = SERVICE_LEVEL_DEFAULT,
+        dscp: int = DSCP_DEFAULT,
     ) -> None:
         from rdmasched._ring import check_nslots
 
         if not 0 <= node <= 0xFFFF:
             raise ConfigError(f"node id must be 0..65535, not {node}")
+        try:
+            check_traffic_class(service_level, dscp)
+        except ValueError as exc:
+            raise ConfigError(f"the verbs lanes' class: {exc}") from None
         check_nslots(nslots)
         bootstrap._token_bytes(token)
         if not 1 <= signal_every <= sq_depth - 3:
@@ -832,6 +845,9 @@ class Endpoint:
         self.grace_us, self.timeout_us, self.keepalive_ms = grace_us, timeout_us, keepalive_ms
         self.qp_timeout, self.retry_cnt, self.cq_timeout_s = qp_timeout, retry_cnt, cq_timeout_s
         self.bootstrap_timeout_s = bootstrap_timeout_s
+        #: every QP's class (docs/VERBS.md, "Traffic class"): the SL, and the GRH's traffic
+        #: class byte, DSCP << 2 (ECN's two bits 0)
+        self.service_level, self.dscp = service_level, dscp
         self._conns: dict[int, Connection] = {}
         self._retired: list[Connection] = []
         self._listener: bootstrap.Listener | None = None
