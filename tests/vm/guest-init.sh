@@ -50,6 +50,27 @@ fail_setup() {
     finish 122 setup-failed
 }
 
+# wire_account BARRIER: what this guest's kernel counted on the wire, one "key value" a line
+# (two hosts, after COMMAND and an end barrier with the peer; run-in-vm.sh compares the two
+# guests' files): the NIC's packets, the qdisc's (handed to the NIC's TX ring: more than the
+# NIC's tx_packets once the wire is quiet means packets left in the ring, a lost kick), rxe's
+# own counters (sent, received, retries, sequence errors) and UDP's.
+wire_account() {
+    local netdev=${RDMASCHED_NETDEV:-eth0} dev=${RDMASCHED_DEVICE:-} f qdisc
+    echo "end_barrier $1"
+    for f in rx_packets tx_packets rx_dropped tx_dropped rx_errors tx_errors; do
+        echo "net.$f $(cat "/sys/class/net/$netdev/statistics/$f" 2>/dev/null || echo -1)"
+    done
+    qdisc=$(tc -s qdisc show dev "$netdev" 2>/dev/null | awk '/Sent/ {print $4; exit}')
+    echo "qdisc.sent_packets ${qdisc:--1}"
+    if [[ -n $dev && -d /sys/class/infiniband/$dev/ports/1/hw_counters ]]; then
+        for f in /sys/class/infiniband/"$dev"/ports/1/hw_counters/*; do
+            echo "rxe.${f##*/} $(<"$f")"
+        done
+    fi
+    awk '/^Udp:/ { if (!seen) { split($0, k); seen = 1 } else for (i = 2; i <= NF; i++) print "udp." k[i], $i }' /proc/net/snmp
+}
+
 stage booted
 say "booted (kernel $(uname -r)); setting up"
 
@@ -124,6 +145,15 @@ elif ((${#RS_CMD[@]} > 1)); then
     say "running: ${RS_CMD[*]@Q}"
     "${RS_CMD[@]}" </dev/null
     rc=$?
+fi
+if [[ -n ${RS_ROLE:-} ]]; then
+    # Both guests done, the wire quiet: then the counters of the two ends can be compared.
+    barrier=ok
+    python3 "$ctl/guest-barrier.py" "$RS_SELF_IP" "$RS_PEER_IP" 60 7471 ||
+        barrier=failed
+    sleep 1
+    wire_account "$barrier" >"$RS_RESULTS/wire.txt"
+    dmesg >"$RS_RESULTS/dmesg.txt" 2>&1
 fi
 if ((RS_SHELL)); then
     say "interactive shell (exit it to power off; its exit code is the run's)"
