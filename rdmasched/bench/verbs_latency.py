@@ -57,6 +57,8 @@ def _connect(cfg: dict[str, Any], me: str) -> tuple[Any, Any]:
         nslots=cfg["nslots"],
         service_level=cfg["service_level"],
         dscp=cfg["dscp"],
+        # a late ACK (a busy host) must not fail the QP before the sides' own timeout
+        qp_timeout=verbs.qp_timeout_for(TIMEOUT_US / 1000),
     )
     try:
         if me == cfg.get("listener", "a"):  # two hosts: the server (echo side, b) listens

@@ -227,6 +227,8 @@ class VerbsLinks:
             gid_index=gid_index,
             service_level=cluster.service_level,
             dscp=cluster.dscp,
+            # the QP gives up on a silent peer no sooner than the liveness rule does
+            qp_timeout=verbs.qp_timeout_for(cluster.dead_after_ms),
         )
         self.inbound = verbs.LaneSet()
         self._conns: dict[int, Any] = {}

@@ -75,6 +75,24 @@ SETUP_HINT = (
 DEFAULT_NSLOTS = 256
 DEFAULT_GRACE_US = 50_000
 DEFAULT_KEEPALIVE_MS = 100
+#: the RC local ACK timeout's exponent: a WRITE not acknowledged within 4.096 us * 2**14
+#: (67 ms) is resent, `retry_cnt` (6) times: a silent peer fails the QP after about 0.5 s
+DEFAULT_QP_TIMEOUT = 14
+DEFAULT_RETRY_CNT = 6
+
+
+def qp_timeout_for(patience_ms: float, retry_cnt: int = DEFAULT_RETRY_CNT) -> int:
+    """The smallest ACK timeout exponent (at least DEFAULT_QP_TIMEOUT, at most 31) whose
+    retry budget, 1 + `retry_cnt` tries of 4.096 us * 2**t, lasts `patience_ms`: so that
+    the QP never fails a peer that the caller's own liveness rule (a daemon's
+    `dead_after_ms`, a benchmark's timeout) still waits for. A peer stalled for less (a
+    busy host, a VM descheduled) is then a late ACK, not a failed connection."""
+    for t in range(DEFAULT_QP_TIMEOUT, 32):
+        if 4.096e-3 * (1 << t) * (1 + retry_cnt) >= patience_ms:
+            return t
+    return 31
+
+
 GID_TYPES = {0: "IB", 1: "RoCE v1", 2: "RoCE v2"}
 MTU_BYTES = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
 PORT_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
@@ -802,8 +820,8 @@ class Endpoint:
         grace_us: int = DEFAULT_GRACE_US,
         timeout_us: int = 1_000_000,
         keepalive_ms: int = DEFAULT_KEEPALIVE_MS,
-        qp_timeout: int = 14,
-        retry_cnt: int = 6,
+        qp_timeout: int = DEFAULT_QP_TIMEOUT,
+        retry_cnt: int = DEFAULT_RETRY_CNT,
         cq_timeout_s: float = 10.0,
         bootstrap_timeout_s: float = bootstrap.DEFAULT_TIMEOUT_S,
         service_level: int = SERVICE_LEVEL_DEFAULT,
