@@ -282,5 +282,6 @@ def test_the_lanes_packets_carry_the_configured_dscp(dscp: int | None) -> None:
         f"out {sorted(set(out))}, in {sorted(set(into))}"
     )
     assert cap.dropped == 0, f"the capture missed {cap.dropped} of {cap.seen} packets"
-    assert len(out) >= 300 and len(into) >= 300, (len(out), len(into), len(packets))
+    # fewer packets than messages: a WRITE carries consecutive slots, an ACK several WRITEs
+    assert len(out) >= 50 and len(into) >= 50, (len(out), len(into), len(packets))
     assert set(out) == {want << 2} and set(into) == {want << 2}

@@ -410,8 +410,9 @@ if ((hosts == 2)); then
                 "${sent:-?}, $y's NIC received $(wire_value "$fy" net.rx_packets) (dropped" \
                 "$(wire_value "$fy" net.rx_dropped)); RoCE: $x's rxe sent" \
                 "$(wire_value "$fx" rxe.sent_pkts), $y's received $(wire_value "$fy" rxe.rcvd_pkts);" \
-                "$x retried: $(wire_value "$fx" rxe.rcvd_seq_err) sequence NAKs," \
-                "$(wire_value "$fx" rxe.completer_retry_err) retries exhausted; $y:" \
+                "$x resent after $(wire_value "$fx" rxe.completer_retry_err) timeouts and" \
+                "$(wire_value "$fx" rxe.rcvd_seq_err) sequence NAKs, gave up" \
+                "$(wire_value "$fx" rxe.retry_exceeded_err) times (retries exhausted); $y:" \
                 "$(wire_value "$fy" rxe.out_of_seq_request) out-of-sequence," \
                 "$(wire_value "$fy" rxe.duplicate_request) duplicate requests;" \
                 "end barrier $(wire_value "$fx" end_barrier)"
