@@ -39,8 +39,8 @@ tests/vm/run-in-vm.sh --results "$RESULTS/vm1" --env RDMASCHED_REQUIRE_RDMA=1 --
 echo "-- two VMs: one node per kernel over a virtual wire"
 # Exit 123 is the emulator's fault, not a test's: qemu's emulated NIC stopped taking packets,
 # seen as a guest kernel's NETDEV WATCHDOG, or, for a run whose tests failed, as packets left
-# in a guest's TX ring once both guests were done (the wire's account in each vm2/*/wire.txt;
-# tests/vm/README.md). The run is void and done again on fresh VMs, at most WIRE_ATTEMPTS
+# in a guest's TX ring once both guests were done or a guest not run for 10 s (the wire's
+# account in each vm2/*/wire.txt and stalls.txt; tests/vm/README.md). The run is void and done again on fresh VMs, at most WIRE_ATTEMPTS
 # times; each void run's logs are kept in vm2-stalled-N.
 WIRE_ATTEMPTS=3
 for attempt in $(seq "$WIRE_ATTEMPTS"); do

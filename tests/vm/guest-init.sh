@@ -137,6 +137,9 @@ stage running
 cd "$RS_CHECKOUT" || fail_setup "cannot cd to $RS_CHECKOUT"
 export PYTHONPATH=$RS_CHECKOUT${PYTHONPATH:+:$PYTHONPATH} PYTHONDONTWRITEBYTECODE=1
 rc=0
+# beside COMMAND: how long this VM was not run at all (guest-stalls.py; read by run-in-vm.sh)
+python3 "$ctl/guest-stalls.py" "$RS_RESULTS/stalls.txt" </dev/null &
+stalls_pid=$!
 if ((${#RS_CMD[@]} == 1)); then
     say "running: bash -c ${RS_CMD[0]@Q}"
     bash -c "${RS_CMD[0]}" </dev/null
@@ -146,6 +149,7 @@ elif ((${#RS_CMD[@]} > 1)); then
     "${RS_CMD[@]}" </dev/null
     rc=$?
 fi
+kill "$stalls_pid" 2>/dev/null
 if [[ -n ${RS_ROLE:-} ]]; then
     # Both guests done, the wire quiet: then the counters of the two ends can be compared.
     barrier=ok

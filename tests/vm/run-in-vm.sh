@@ -174,7 +174,7 @@ start_vm() {
     local role=$1 name=${1:-vm} ctl res cpus mem
     ctl=$run_dir/ctl-$name
     mkdir -p "$ctl"
-    cp "$here/guest-init.sh" "$here/guest-barrier.py" "$ctl/"
+    cp "$here/guest-init.sh" "$here/guest-barrier.py" "$here/guest-stalls.py" "$ctl/"
     res=$results
     [[ -n $role ]] && res=$results/$role
     mkdir -p "$res"
@@ -398,6 +398,7 @@ done
 # send: more means packets were left in the TX ring, the guest's kick to qemu lost (the fault
 # of the NETDEV WATCHDOG above, caught before the ring filled: tests/vm/README.md). A
 # COMMAND that failed on such a wire is void (exit 123), with this evidence.
+VM_STALL_VOID_MS=10000
 wire_value() { awk -v k="$2" '$1 == k { print $2; exit }' "$1" 2>/dev/null; }
 wire_fault=''
 if ((hosts == 2)); then
@@ -428,9 +429,21 @@ if ((hosts == 2)); then
         vm_log "host: UDP receive-buffer drops during the run: $((udp_rcvbuf_after - udp_rcvbuf_before))" \
             "(all of this host's UDP; the wire's datagrams are among them; RC resends what is lost)"
     fi
+    # A guest not run at all for as long as the tests' shortest wait for an answer (10 s: the
+    # hot ping's, a verbs send's completion) fails them whatever they do: its account too.
+    for x in a b; do
+        st=$results/$x/stalls.txt
+        worst=$(wire_value "$st" max_stall_ms)
+        vm_log "VM $x: longest time not run during COMMAND: ${worst:-0} ms" \
+            "($(wire_value "$st" stalls_over_1s) stalls over 1 s; guest-stalls.py)"
+        if [[ $worst =~ ^[0-9]+$ ]] && ((worst >= VM_STALL_VOID_MS)); then
+            wire_fault+="${wire_fault:+; }VM $x was not run for $worst ms (at guest uptime"
+            wire_fault+=" $(awk -v w="$worst" '$1 == "stall" && $3 == w { print $2 "s"; exit }' "$st"))"
+        fi
+    done
     if [[ -n $wire_fault && -z $harness_code && -n $command_code ]]; then
-        vm_log "the virtual wire stalled: $wire_fault once both guests were done (qemu did not" \
-            "take what the guest queued: a lost kick, an emulator fault). COMMAND's failure" \
+        vm_log "the virtual wire stalled: $wire_fault (an emulator or host fault: qemu did not" \
+            "take what a guest queued, or did not run a guest). COMMAND's failure" \
             "($command_code) is void: exit $VM_EXIT_WIRE"
         harness_code=$VM_EXIT_WIRE
     fi
