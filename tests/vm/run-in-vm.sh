@@ -399,7 +399,8 @@ done
 # of the NETDEV WATCHDOG above, caught before the ring filled: tests/vm/README.md). A
 # COMMAND that failed on such a wire is void (exit 123), with this evidence.
 VM_STALL_VOID_MS=10000
-wire_value() { awk -v k="$2" '$1 == k { print $2; exit }' "$1" 2>/dev/null; }
+# wire_value FILE KEY: KEY's value in FILE, empty when either is missing (never fails: set -e)
+wire_value() { [[ -f $1 ]] && awk -v k="$2" '$1 == k { print $2; exit }' "$1" 2>/dev/null || true; }
 wire_fault=''
 if ((hosts == 2)); then
     if [[ -f $results/a/wire.txt && -f $results/b/wire.txt ]]; then
@@ -434,11 +435,12 @@ if ((hosts == 2)); then
     for x in a b; do
         st=$results/$x/stalls.txt
         worst=$(wire_value "$st" max_stall_ms)
-        vm_log "VM $x: longest time not run during COMMAND: ${worst:-0} ms" \
-            "($(wire_value "$st" stalls_over_1s) stalls over 1 s; guest-stalls.py)"
+        nstalls=$(wire_value "$st" stalls_over_1s)
+        vm_log "VM $x: longest time not run during COMMAND: ${worst:-under 1000} ms" \
+            "(${nstalls:-no} stalls over 1 s; guest-stalls.py)"
         if [[ $worst =~ ^[0-9]+$ ]] && ((worst >= VM_STALL_VOID_MS)); then
             wire_fault+="${wire_fault:+; }VM $x was not run for $worst ms (at guest uptime"
-            wire_fault+=" $(awk -v w="$worst" '$1 == "stall" && $3 == w { print $2 "s"; exit }' "$st"))"
+            wire_fault+=" $(awk -v w="$worst" '$1 == "stall" && $3 == w { print $2 "s"; exit }' "$st" || true))"
         fi
     done
     if [[ -n $wire_fault && -z $harness_code && -n $command_code ]]; then
