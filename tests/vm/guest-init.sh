@@ -4,7 +4,8 @@
 # Not run on the host. run-in-vm.sh copies it, with job.env, into the per-run control share;
 # the image's /sbin/rdmasched-init mounts that share at /run/rdmasched-ctl and execs this file
 # with bash. Steps: mounts, network, checkout and results shares, `soft-roce-setup.sh up`,
-# (two hosts: a barrier with the peer), COMMAND, then the exit code back to the host in
+# (two hosts: a barrier with the peer), COMMAND beside guest-stalls.py (two hosts: then an
+# end barrier and the wire's account, wire.txt and dmesg.txt), then the exit code back to the host in
 # /run/rdmasched-ctl/rc and power off. Progress goes to the console (ttyS0), which the host
 # streams; the host learns how far the guest got from /run/rdmasched-ctl/stage.
 #
