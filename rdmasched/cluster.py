@@ -20,6 +20,10 @@ From a TOML file (every key, its type, default and meaning: docs/CONFIG.md)::
     [topology]                  # optional: which nodes hold lanes to which (docs/SCALE.md)
     slurm = "topology.conf"     # or nodes/leaf/pod (generated), or [[topology.switch]]
 
+    [verbs]                     # optional: the class of every verbs lane (docs/VERBS.md)
+    service_level = 6           # InfiniBand SL 0..15 (RoCE: the VLAN priority)
+    dscp = 48                   # RoCE v2: DSCP 0..63 of every packet (48: CS6)
+
 or from the launcher's environment (torchrun, Slurm): RANK / WORLD_SIZE / MASTER_ADDR /
 MASTER_PORT (or SLURM_PROCID / SLURM_NTASKS), plus RDMASCHED_SLOTS, RDMASCHED_CLUSTER,
 RDMASCHED_TRANSPORT, RDMASCHED_TOKEN and RDMASCHED_DOMAIN. Every problem is a ConfigError
@@ -39,10 +43,13 @@ from typing import Any
 from rdmasched.errors import ConfigError
 from rdmasched.files import read_text, read_toml
 from rdmasched.limits import (
+    DSCP_DEFAULT,
     EXEC_SLOTS_MAX,
     LANE_SLOTS_DEFAULT,
+    SERVICE_LEVEL_DEFAULT,
     check_lane_slots,
     check_preemption,
+    check_traffic_class,
 )
 from rdmasched.limits import MAX_NODES as MAX_NODES  # (named here too: older callers)
 from rdmasched.topology import Topology
@@ -68,6 +75,8 @@ NODE_KEYS = frozenset(("name", "address", "slots", "domain"))
 PREEMPTION_KEYS = frozenset(
     ("quantum_us", "task_budget", "job_budget", "job_window_us", "critical_priority")
 )
+#: the `[verbs]` keys: the class of service of every verbs lane (docs/VERBS.md)
+VERBS_KEYS = frozenset(("service_level", "dscp"))
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,10 @@ class ClusterConfig:
     topology: Topology | None = None
     #: the `[preemption]` table: the keys it gives (PREEMPTION_KEYS), for the scheduler
     preemption: Mapping[str, Any] = field(default_factory=dict)
+    #: `[verbs]`: every verbs lane's QP sends with this InfiniBand service level and, on
+    #: RoCE v2, this DSCP (one class for all of rdmasched's lanes; ignored on shm)
+    service_level: int = SERVICE_LEVEL_DEFAULT
+    dscp: int = DSCP_DEFAULT
 
     def node(self, key: int | str) -> NodeSpec:
         """A node by id or by name."""
@@ -132,11 +145,11 @@ class ClusterConfig:
     ) -> ClusterConfig:
         """`base`: the directory a relative `topology.slurm` path is taken from (the config
         file's; None: the working directory)."""
-        unknown = set(data) - {"cluster", "node", "topology", "preemption"}
+        unknown = set(data) - {"cluster", "node", "topology", "preemption", "verbs"}
         if unknown:
             raise ConfigError(
                 f"{source}: unknown top-level key(s) {sorted(unknown)}; "
-                "expected [cluster], [[node]], [topology] and [preemption]"
+                "expected [cluster], [[node]], [topology], [preemption] and [verbs]"
             )
         preemption = _preemption(data.get("preemption", {}), source)
         c = data.get("cluster", {})
@@ -245,6 +258,7 @@ class ClusterConfig:
             nodes.append(NodeSpec(i, nname, slots, domain, address))
         if topology is not None:
             nodes = _topology_order(nodes, topology, source)
+        sl, dscp = _verbs_class(data.get("verbs", {}), source)
         return cls(
             name,
             tuple(nodes),
@@ -255,6 +269,8 @@ class ClusterConfig:
             dead,
             topology=topology,
             preemption=preemption,
+            service_level=sl,
+            dscp=dscp,
         )
 
     @classmethod
@@ -338,6 +354,24 @@ def _topology_order(nodes: list[NodeSpec], topology: Topology, source: str) -> l
             )
         out.append(NodeSpec(i, n.name, n.slots, domain, n.address))
     return out
+
+
+def _verbs_class(v: object, source: str) -> tuple[int, int]:
+    """The `[verbs]` table: (service_level, dscp), each checked (limits.check_traffic_class)."""
+    if not isinstance(v, Mapping):
+        raise ConfigError(f"{source}: [verbs] must be a table")
+    if set(v) - VERBS_KEYS:
+        raise ConfigError(
+            f"{source}: unknown [verbs] key(s) {sorted(set(v) - VERBS_KEYS)}; "
+            f"expected {sorted(VERBS_KEYS)}"
+        )
+    sl = v.get("service_level", SERVICE_LEVEL_DEFAULT)
+    dscp = v.get("dscp", DSCP_DEFAULT)
+    try:
+        check_traffic_class(sl, dscp)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: verbs.{exc}") from None
+    return sl, dscp
 
 
 def check_liveness(heartbeat_ms: int, dead_after_ms: int) -> None:

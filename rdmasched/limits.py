@@ -118,6 +118,32 @@ def check_lane_slots(nslots: object) -> int:
     return nslots
 
 
+# ---- the verbs lanes' class of service (docs/VERBS.md, "Traffic class") -----------------------
+#: the InfiniBand service level is 4 bits (the LRH's SL); on RoCE it is the VLAN priority
+#: (802.1p PCP, 0..7) where frames are tagged
+SERVICE_LEVEL_MAX = 15
+#: 6: the 802.1p priority RoCE deployments give congestion notifications (CNPs), the other
+#: small packets a fabric must never queue behind bulk data
+SERVICE_LEVEL_DEFAULT = 6
+#: DSCP is the upper 6 bits of the GRH's traffic class (RoCE v2: of the IP header's TOS
+#: byte); the lower 2 are ECN's, left 0 (not ECN-capable) for the NIC and the fabric
+DSCP_MAX = 63
+#: 48, CS6: "network control" (RFC 4594), the DSCP RoCE deployments give CNPs
+DSCP_DEFAULT = 48
+
+
+def check_traffic_class(service_level: int, dscp: int) -> None:
+    """The one rule for the verbs lanes' class: a service level 0..SERVICE_LEVEL_MAX and a
+    DSCP 0..DSCP_MAX, integers (never a bool or a float). Raises ValueError naming the bad
+    one."""
+    for what, value, hi in (
+        ("service_level", service_level, SERVICE_LEVEL_MAX),
+        ("dscp", dscp, DSCP_MAX),
+    ):
+        if type(value) is not int or not 0 <= value <= hi:
+            raise ValueError(f"{what} must be an integer in 0..{hi}, not {value!r}")
+
+
 # ---- files ---------------------------------------------------------------------------------------
 #: the largest file read as a config, a topology or a token (rdmasched/files.py): a cluster
 #: config of MAX_NODES [[node]] tables is about 100 MiB; the bound keeps a wrong path (a

@@ -37,9 +37,11 @@ echo "-- one VM: tier 3 and the verbs conformance tests"
 tests/vm/run-in-vm.sh --results "$RESULTS/vm1" --env RDMASCHED_REQUIRE_RDMA=1 -- \
     'python3 -m pytest -p no:cacheprovider -q -m tier3 tests/tier3 tests/conformance --ignore=tests/tier3/test_two_hosts.py --ignore=tests/tier3/test_two_hosts_bench.py --junitxml=$RDMASCHED_RESULTS/tier3.xml'
 echo "-- two VMs: one node per kernel over a virtual wire"
-# Exit 123 is the emulator's fault, not a test's: qemu's emulated NIC stopped taking packets
-# (a guest kernel's NETDEV WATCHDOG; tests/vm/README.md). The run is void and done again on
-# fresh VMs, at most WIRE_ATTEMPTS times; each void run's logs are kept in vm2-stalled-N.
+# Exit 123 is the emulator's fault, not a test's: qemu's emulated NIC stopped taking packets,
+# seen as a guest kernel's NETDEV WATCHDOG, or, for a run whose tests failed, as packets left
+# in a guest's TX ring once both guests were done or a guest not run for 10 s (the wire's
+# account in each vm2/*/wire.txt and stalls.txt; tests/vm/README.md). The run is void and done again on fresh VMs, at most WIRE_ATTEMPTS
+# times; each void run's logs are kept in vm2-stalled-N.
 WIRE_ATTEMPTS=3
 for attempt in $(seq "$WIRE_ATTEMPTS"); do
     rc=0

@@ -5,8 +5,9 @@ Used by `rdmasched bench`; not part of the API.
 """
 
 from libc.stdint cimport uint64_t, uint32_t
+from libc.string cimport memset
 
-from rdmasched._wire cimport rs_msg, rs_now_ns, rs_pause
+from rdmasched._wire cimport rs_msg, rs_now_ns, rs_pause, SRC_LANE
 from rdmasched._ring cimport RxLane, TxLane, rs_rx_poll, rs_tx_put, rs_tx_wait_room, RS_OK
 
 import array
@@ -37,11 +38,13 @@ def floor_pingpong(size_t address, bint pinger, uint64_t iters, double timeout_s
 
 
 cdef int _recv(RxLane rx, rs_msg *m, uint64_t timeout_ns) noexcept nogil:
+    """0: a message; -1: nothing for timeout_ns; -3: the lane is dead (its transport
+    failed: a verbs QP's retries exhausted, the peer gone)."""
     cdef uint64_t start = 0, now
     cdef uint32_t k = 0
     while not rs_rx_poll(&rx.st, m, rx.scratch):
         if rx.st.dead:
-            return -1
+            return -3
         rs_pause()
         k += 1
         if (k & 1023) == 0:
@@ -74,8 +77,8 @@ def echo(RxLane rx not None, TxLane tx not None, uint64_t count, double timeout_
     cdef int rc = 0
     with nogil:
         while i < count:
-            if _recv(rx, &m, timeout_ns) != 0:
-                rc = -1
+            rc = _recv(rx, &m, timeout_ns)
+            if rc != 0:
                 break
             m.meta_len = 0
             if _send(tx, &m, timeout_ns) != 0:
@@ -83,9 +86,14 @@ def echo(RxLane rx not None, TxLane tx not None, uint64_t count, double timeout_
                 break
             i += 1
     if rc:
-        raise PeerDeadError(f"hot echo stopped after {i} of {count}: "
-                            f"{'nothing arrived' if rc == -1 else 'could not send'}")
+        raise PeerDeadError(f"hot echo stopped after {i} of {count}: {_why(rc, timeout_s)}")
     return i
+
+
+def _why(int rc, double timeout_s):
+    return {-1: f"nothing arrived for {timeout_s:g} s",
+            -2: "could not send (the lane is dead or stayed full)",
+            -3: "the lane is dead (its transport failed)"}.get(rc, f"error {rc}")
 
 
 def ping(RxLane rx not None, TxLane tx not None, uint64_t iters, double timeout_s=10.0):
@@ -96,30 +104,29 @@ def ping(RxLane rx not None, TxLane tx not None, uint64_t iters, double timeout_
     cdef uint64_t i = 0, t_prev, t
     cdef uint64_t timeout_ns = <uint64_t>(timeout_s * 1e9)
     cdef int rc = 0
+    # Every field, as msg_from_args and msg_route make them: the routing fields (src, dst,
+    # relays, load) are not left to whatever the stack held.
+    memset(&m, 0, sizeof(m))
     m.kind = 1
-    m.flags = 0
     m.priority = 1
-    m.hops = 0
     m.job = 7
-    m.arg0 = 0
-    m.arg1 = 0
-    m.arg2 = 0
-    m.meta_len = 0
-    m.meta_off = 0
-    m.lane = 0
+    m.src = SRC_LANE    # the sending lane's node (rs_tx_put stamps it); dst 0, no relays
     with nogil:
         t_prev = rs_now_ns()
         while i < iters:
             m.id = i
-            if _send(tx, &m, timeout_ns) != 0 or _recv(rx, &r, timeout_ns) != 0:
-                rc = -1
+            if _send(tx, &m, timeout_ns) != 0:
+                rc = -2
+                break
+            rc = _recv(rx, &r, timeout_ns)
+            if rc != 0:
                 break
             t = rs_now_ns()
             view[i] = t - t_prev
             t_prev = t
             i += 1
     if rc:
-        raise PeerDeadError(f"hot ping stopped after {i} of {iters}")
+        raise PeerDeadError(f"hot ping stopped after {i} of {iters}: {_why(rc, timeout_s)}")
     return samples
 
 

@@ -487,14 +487,21 @@ cdef class QueuePair(VerbsObject):
                 raise DeviceError("ibv_post_recv failed", rc)
 
     def modify_rtr(self, uint32_t dest_qpn, uint32_t rq_psn, bytes dgid, int sgid_index,
-                   int mtu, int hop_limit=64):
+                   int mtu, int hop_limit=64, int service_level=0, int traffic_class=0):
         """Ready to receive from the peer's QP `dest_qpn`, routed by GID (RoCE needs a GRH).
 
-        Returns 0, or the errno of the refusal (the caller says what it means)."""
+        The path's class, for every packet this QP sends (its requests and its ACKs):
+        `service_level` (0..15, the InfiniBand SL; RoCE: the VLAN priority where tagged) and
+        `traffic_class` (0..255, the GRH's byte; RoCE v2: the IP header's TOS, DSCP in its
+        upper 6 bits). Returns 0, or the errno of the refusal (the caller says what it
+        means)."""
         cdef ibv_qp_attr a
         self._check()
         if len(dgid) != 16:
             raise ValueError("a GID is 16 bytes")
+        if not 0 <= service_level <= 15 or not 0 <= traffic_class <= 255:
+            raise ValueError(f"service_level must be 0..15 and traffic_class 0..255, not "
+                             f"{service_level} and {traffic_class}")
         memset(&a, 0, sizeof(a))
         a.qp_state = IBV_QPS_RTR
         a.path_mtu = <ibv_mtu>mtu
@@ -506,8 +513,9 @@ cdef class QueuePair(VerbsObject):
         rs_ah_set_dgid(&a.ah_attr, <const uint8_t *>dgid)
         a.ah_attr.grh.sgid_index = <uint8_t>sgid_index
         a.ah_attr.grh.hop_limit = <uint8_t>hop_limit
+        a.ah_attr.grh.traffic_class = <uint8_t>traffic_class
         a.ah_attr.port_num = self.port
-        a.ah_attr.sl = 0
+        a.ah_attr.sl = <uint8_t>service_level
         return ibv_modify_qp(self.c.qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU
                              | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC
                              | IBV_QP_MIN_RNR_TIMER)

@@ -55,6 +55,10 @@ def _connect(cfg: dict[str, Any], me: str) -> tuple[Any, Any]:
         token=TOKEN,
         gid_index=cfg["gid_index"],
         nslots=cfg["nslots"],
+        service_level=cfg["service_level"],
+        dscp=cfg["dscp"],
+        # a late ACK (a busy host) must not fail the QP before the sides' own timeout
+        qp_timeout=verbs.qp_timeout_for(TIMEOUT_US / 1000),
     )
     try:
         if me == cfg.get("listener", "a"):  # two hosts: the server (echo side, b) listens
@@ -121,10 +125,10 @@ def parse_ib_write_lat(text: str) -> dict[str, float]:
 
 
 def run_ib_write_lat(
-    device: str, gid_index: int, ip: str, iters: int, timeout_s: float = 300
+    device: str, gid_index: int, ip: str, iters: int, cls: dict[str, int], timeout_s: float = 300
 ) -> dict[str, float]:
     port = _free_port()
-    base = _ib_write_lat_cmd(device, gid_index, iters, port)
+    base = _ib_write_lat_cmd(device, gid_index, iters, port, cls)
     server = subprocess.Popen(base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out = ib_write_lat_client(base, ip, timeout_s)
@@ -150,7 +154,11 @@ def ib_write_lat_client(base: list[str], ip: str, timeout_s: float = 300) -> str
         time.sleep(0.2)
 
 
-def _ib_write_lat_cmd(device: str, gid_index: int, iters: int, port: int) -> list[str]:
+def _ib_write_lat_cmd(
+    device: str, gid_index: int, iters: int, port: int, cls: dict[str, int]
+) -> list[str]:
+    """ib_write_lat on the same class as rdmasched's lanes: --sl, and --tclass, the GRH's
+    traffic class byte (DSCP << 2)."""
     return [
         "ib_write_lat",
         "-d",
@@ -164,6 +172,8 @@ def _ib_write_lat_cmd(device: str, gid_index: int, iters: int, port: int) -> lis
         str(iters),
         "-p",
         str(port),
+        f"--sl={cls['service_level']}",
+        f"--tclass={cls['dscp'] << 2}",
     ]
 
 
@@ -213,6 +223,13 @@ def _device(args: argparse.Namespace) -> tuple[str, int, str | None]:
     return name, gidx, os.environ.get("RDMASCHED_IP") or ip
 
 
+def _class(source: Any) -> dict[str, int]:
+    """The run's class (--service-level, --dscp): from the arguments, or the client's
+    parameters on the server."""
+    d = source if isinstance(source, dict) else vars(source)
+    return {"service_level": int(d["service_level"]), "dscp": int(d["dscp"])}
+
+
 def _fail(text: str) -> int:
     print(f"rdmasched bench latency: error: --transport verbs: {text}", file=sys.stderr)
     return 1
@@ -248,10 +265,11 @@ def main(args: argparse.Namespace) -> int:
             "nslots": args.lane_slots,
             "n": per_round_n,
             "warmup": warm,
+            **_class(args),
         }
         a, _ = run_pair(py_ping, py_echo, {**cfg, "port": _free_port()}, timeout_s=600)
         c, _ = run_pair(hot_ping, hot_echo, {**cfg, "port": _free_port()}, timeout_s=600)
-        st = run_ib_write_lat(name, gidx, ip, ptest_n)
+        st = run_ib_write_lat(name, gidx, ip, ptest_n, _class(args))
         rounds.append((a, c, st))
         _progress(args, r, a, c, st)
     return report(args, rounds, name, gidx, "two processes on one device (loopback)")
@@ -396,6 +414,7 @@ def serve(args: argparse.Namespace, name: str, gidx: int) -> int:
                         "device": name,
                         "gid_index": gidx,
                         "nslots": int(cfg["nslots"]),
+                        **_class(cfg),
                         "n": int(cfg["n"]),
                         "warmup": int(cfg["warmup"]),
                         "port": rport,
@@ -403,7 +422,9 @@ def serve(args: argparse.Namespace, name: str, gidx: int) -> int:
                         "listen": "0.0.0.0",
                     }
                     if row == "ib_write_lat":
-                        base = _ib_write_lat_cmd(name, gidx, int(cfg["perftest_n"]), rport)
+                        base = _ib_write_lat_cmd(
+                            name, gidx, int(cfg["perftest_n"]), rport, _class(cfg)
+                        )
                         proc = subprocess.Popen(
                             base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
                         )
@@ -454,6 +475,7 @@ def run_client(args: argparse.Namespace, name: str, gidx: int) -> int:
                 "rounds": args.rounds,
                 "nslots": args.lane_slots,
                 "perftest_n": ptest_n,
+                **_class(args),
             },
         )
         _recv_json(f)
@@ -467,6 +489,7 @@ def run_client(args: argparse.Namespace, name: str, gidx: int) -> int:
                     "device": name,
                     "gid_index": gidx,
                     "nslots": args.lane_slots,
+                    **_class(args),
                     "n": per_round_n,
                     "warmup": warm,
                     "port": int(ready["port"]),
@@ -474,7 +497,7 @@ def run_client(args: argparse.Namespace, name: str, gidx: int) -> int:
                     "host": host,
                 }
                 if row == "ib_write_lat":
-                    base = _ib_write_lat_cmd(name, gidx, ptest_n, int(ready["port"]))
+                    base = _ib_write_lat_cmd(name, gidx, ptest_n, int(ready["port"]), _class(args))
                     got[row] = parse_ib_write_lat(ib_write_lat_client(base, host))
                 else:
                     got[row] = (py_ping if row == "rdmasched-verbs" else hot_ping)(side)

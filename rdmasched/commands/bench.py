@@ -26,6 +26,7 @@ from rdmasched.commands.args import (
     positive,
     spin_us,
 )
+from rdmasched.limits import DSCP_DEFAULT, DSCP_MAX, SERVICE_LEVEL_DEFAULT, SERVICE_LEVEL_MAX
 
 HELP = "benchmarks that print figures"
 #: `bench idle` keeps its own bound: idle nodes of a full mesh, each beating to every other
@@ -120,6 +121,20 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
         type=int_range(0, 255),
         default=None,
         help="verbs: GID index (None: $RDMASCHED_GID_INDEX, else RoCE v2 IPv4)",
+    )
+    lat.add_argument(
+        "--service-level",
+        type=int_range(0, SERVICE_LEVEL_MAX),
+        default=SERVICE_LEVEL_DEFAULT,
+        help="verbs: the lanes' InfiniBand service level, as the config's verbs.service_level "
+        "(ib_write_lat gets --sl with it); the client's on both sides",
+    )
+    lat.add_argument(
+        "--dscp",
+        type=int_range(0, DSCP_MAX),
+        default=DSCP_DEFAULT,
+        help="verbs: the lanes' RoCE v2 DSCP, as the config's verbs.dscp (ib_write_lat gets "
+        "--tclass=4*DSCP); the client's on both sides",
     )
     two = lat.add_mutually_exclusive_group()
     two.add_argument(

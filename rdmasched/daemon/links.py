@@ -219,7 +219,15 @@ class VerbsLinks:
         if gid_index is None and os.environ.get("RDMASCHED_GID_INDEX"):
             gid_index = int(os.environ["RDMASCHED_GID_INDEX"])
         self.endpoint = verbs.Endpoint(
-            device, me, token=cluster.token, nslots=cluster.slots_per_lane, gid_index=gid_index
+            device,
+            me,
+            token=cluster.token,
+            nslots=cluster.slots_per_lane,
+            gid_index=gid_index,
+            service_level=cluster.service_level,
+            dscp=cluster.dscp,
+            # the QP gives up on a silent peer no sooner than the liveness rule does
+            qp_timeout=verbs.qp_timeout_for(cluster.dead_after_ms),
         )
         self.inbound = verbs.LaneSet()
         self._conns: dict[int, Any] = {}

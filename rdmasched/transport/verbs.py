@@ -44,7 +44,12 @@ from typing import Any
 
 from rdmasched import bootstrap
 from rdmasched.errors import BootstrapError, ConfigError, DeviceError, RdmaschedError
-from rdmasched.limits import check_lane_slots
+from rdmasched.limits import (
+    DSCP_DEFAULT,
+    SERVICE_LEVEL_DEFAULT,
+    check_lane_slots,
+    check_traffic_class,
+)
 from rdmasched.wire import VERSION as WIRE_VERSION
 
 __all__ = [
@@ -70,6 +75,24 @@ SETUP_HINT = (
 DEFAULT_NSLOTS = 256
 DEFAULT_GRACE_US = 50_000
 DEFAULT_KEEPALIVE_MS = 100
+#: the RC local ACK timeout's exponent: a WRITE not acknowledged within 4.096 us * 2**14
+#: (67 ms) is resent, `retry_cnt` (6) times: a silent peer fails the QP after about 0.5 s
+DEFAULT_QP_TIMEOUT = 14
+DEFAULT_RETRY_CNT = 6
+
+
+def qp_timeout_for(patience_ms: float, retry_cnt: int = DEFAULT_RETRY_CNT) -> int:
+    """The smallest ACK timeout exponent (at least DEFAULT_QP_TIMEOUT, at most 31) whose
+    retry budget, 1 + `retry_cnt` tries of 4.096 us * 2**t, lasts `patience_ms`: so that
+    the QP never fails a peer that the caller's own liveness rule (a daemon's
+    `dead_after_ms`, a benchmark's timeout) still waits for. A peer stalled for less (a
+    busy host, a VM descheduled) is then a late ACK, not a failed connection."""
+    for t in range(DEFAULT_QP_TIMEOUT, 32):
+        if 4.096e-3 * (1 << t) * (1 + retry_cnt) >= patience_ms:
+            return t
+    return 31
+
+
 GID_TYPES = {0: "IB", 1: "RoCE v1", 2: "RoCE v2"}
 MTU_BYTES = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
 PORT_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
@@ -582,6 +605,8 @@ class Connection:
             remote.gid,
             ep.device.gid.index,
             min(remote.mtu, ep.device.active_mtu),
+            service_level=ep.service_level,
+            traffic_class=ep.dscp << 2,
         )
         if rc:
             raise ConfigError(
@@ -795,15 +820,21 @@ class Endpoint:
         grace_us: int = DEFAULT_GRACE_US,
         timeout_us: int = 1_000_000,
         keepalive_ms: int = DEFAULT_KEEPALIVE_MS,
-        qp_timeout: int = 14,
-        retry_cnt: int = 6,
+        qp_timeout: int = DEFAULT_QP_TIMEOUT,
+        retry_cnt: int = DEFAULT_RETRY_CNT,
         cq_timeout_s: float = 10.0,
         bootstrap_timeout_s: float = bootstrap.DEFAULT_TIMEOUT_S,
+        service_level: int = SERVICE_LEVEL_DEFAULT,
+        dscp: int = DSCP_DEFAULT,
     ) -> None:
         from rdmasched._ring import check_nslots
 
         if not 0 <= node <= 0xFFFF:
             raise ConfigError(f"node id must be 0..65535, not {node}")
+        try:
+            check_traffic_class(service_level, dscp)
+        except ValueError as exc:
+            raise ConfigError(f"the verbs lanes' class: {exc}") from None
         check_nslots(nslots)
         bootstrap._token_bytes(token)
         if not 1 <= signal_every <= sq_depth - 3:
@@ -832,6 +863,9 @@ class Endpoint:
         self.grace_us, self.timeout_us, self.keepalive_ms = grace_us, timeout_us, keepalive_ms
         self.qp_timeout, self.retry_cnt, self.cq_timeout_s = qp_timeout, retry_cnt, cq_timeout_s
         self.bootstrap_timeout_s = bootstrap_timeout_s
+        #: every QP's class (docs/VERBS.md, "Traffic class"): the SL, and the GRH's traffic
+        #: class byte, DSCP << 2 (ECN's two bits 0)
+        self.service_level, self.dscp = service_level, dscp
         self._conns: dict[int, Connection] = {}
         self._retired: list[Connection] = []
         self._listener: bootstrap.Listener | None = None

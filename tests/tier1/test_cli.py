@@ -260,6 +260,17 @@ def test_verbs_latency_without_a_device_is_one_line(
     assert "tests/vm/bench-verbs.sh" in one_line(err)
 
 
+def test_verbs_latency_class_options(capsys: pytest.CaptureFixture[str]) -> None:
+    """--service-level and --dscp: the config's [verbs] defaults and bounds (limits.py)."""
+    a = build_parser().parse_args(["bench", "latency", "--transport", "verbs"])
+    assert (a.service_level, a.dscp) == (6, 48)
+    a = build_parser().parse_args(["bench", "latency", "--dscp", "26", "--service-level", "3"])
+    assert (a.service_level, a.dscp) == (3, 26)
+    for bad in (["--dscp", "64"], ["--dscp", "-1"], ["--service-level", "16"]):
+        code, out, err = run(["bench", "latency", "--transport", "verbs", *bad], capsys)
+        assert code == 2 and out == "" and bad[0] in one_line(err), err
+
+
 def test_python_dash_m_rdmasched_is_the_command() -> None:
     p = subprocess.run(
         [sys.executable, "-m", "rdmasched", "--version"],

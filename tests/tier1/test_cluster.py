@@ -194,3 +194,27 @@ def test_shm_nodes_may_share_an_address(tmp_path: Path) -> None:
     """On shm the address is not used: no need to make it unique."""
     text = GOOD.replace('domain = "rack1"', 'domain = "rack1"\naddress = "10.0.0.2:7400"')
     assert len(ClusterConfig.load(write(tmp_path, text)).nodes) == 2
+
+
+def test_verbs_class_defaults_and_bounds(tmp_path: Path) -> None:
+    """[verbs]: one class for every verbs lane; high by default (SL 6, DSCP 48 = CS6), each
+    key bounded, a bad value one clear line naming the key."""
+    from rdmasched.limits import DSCP_DEFAULT, SERVICE_LEVEL_DEFAULT
+
+    c = ClusterConfig.load(write(tmp_path, GOOD))
+    assert (c.service_level, c.dscp) == (SERVICE_LEVEL_DEFAULT, DSCP_DEFAULT) == (6, 48)
+    c = ClusterConfig.load(write(tmp_path, GOOD + "\n[verbs]\nservice_level = 0\ndscp = 26\n"))
+    assert (c.service_level, c.dscp) == (0, 26)
+    for table, message in [
+        ("dscp = 64", r"verbs\.dscp must be an integer in 0\.\.63, not 64"),
+        ("dscp = -1", r"verbs\.dscp must be an integer in 0\.\.63, not -1"),
+        ("dscp = 4.0", r"verbs\.dscp must be an integer in 0\.\.63, not 4\.0"),
+        ("dscp = true", r"verbs\.dscp must be an integer in 0\.\.63, not True"),
+        ("service_level = 16", r"verbs\.service_level must be an integer in 0\.\.15, not 16"),
+        ("tos = 184", r"unknown \[verbs\] key\(s\) \['tos'\]"),
+    ]:
+        with pytest.raises(ConfigError, match=message) as exc:
+            ClusterConfig.load(write(tmp_path, GOOD + f"\n[verbs]\n{table}\n"))
+        assert "\n" not in str(exc.value)
+    with pytest.raises(ConfigError, match=r"\[verbs\] must be a table"):
+        ClusterConfig.load(write(tmp_path, "verbs = 5\n" + GOOD))

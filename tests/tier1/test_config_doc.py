@@ -8,7 +8,7 @@ import io
 import re
 from pathlib import Path
 
-from rdmasched.cluster import CLUSTER_KEYS, NODE_KEYS, ClusterConfig
+from rdmasched.cluster import CLUSTER_KEYS, NODE_KEYS, VERBS_KEYS, ClusterConfig
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md"
 
@@ -35,6 +35,7 @@ def test_the_full_example_loads(tmp_path: Path) -> None:
     c = ClusterConfig.load(path)
     assert c.transport == "verbs" and [n.name for n in c.nodes] == ["gpu-a", "gpu-b", "gpu-c"]
     assert c.node("gpu-c").slots == 4 and c.node(1).domain == "rack1/sw1"
+    assert (c.service_level, c.dscp) == (6, 48)
     # the full example sets every key but token_file (it gives the token inline)
     assert set(re.findall(r"^(\w+) =", full.split("[[node]]")[0], re.M)) == CLUSTER_KEYS - {
         "token_file"
@@ -57,6 +58,7 @@ def test_the_full_example_loads(tmp_path: Path) -> None:
 def test_the_tables_name_every_key() -> None:
     assert table_keys("### `[cluster]`") == CLUSTER_KEYS
     assert table_keys("### `[[node]]`") == NODE_KEYS
+    assert table_keys("### `[verbs]`") == VERBS_KEYS
 
 
 def test_the_environment_example_prints_what_it_says() -> None:

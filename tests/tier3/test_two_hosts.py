@@ -6,12 +6,18 @@ over the wire, and each sends N messages to the other while receiving; both chec
 every message arrived, in order, once. Then one daemon per host (`rdmasched daemon`, over
 verbs) with two client ranks each (tests/ranks.py), all launched from Slurm's variables:
 the ranks of both hosts sync four steps, each rank's tasks run and complete, and each
-rank hears only of its own tasks among those of its host. Elsewhere it is skipped.
+rank hears only of its own tasks among those of its host. And the lanes' class of service
+(`[verbs] dscp`): the RoCE v2 packets (UDP 4791) of a connection, captured on the wire
+(eth0) both ways, carry the configured DSCP, the default's and another. Elsewhere it is
+skipped.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import struct
+import threading
 import time
 from typing import Any
 
@@ -19,6 +25,7 @@ import pytest
 
 from rdmasched import Kind
 from rdmasched.errors import LaneFullError
+from rdmasched.limits import DSCP_DEFAULT
 from rdmasched.transport import verbs
 
 ROLE = os.environ.get("RDMASCHED_VM_ROLE")
@@ -27,6 +34,12 @@ SELF = os.environ.get("RDMASCHED_SELF_IP")
 PORT = 18600
 N = int(os.environ.get("RDMASCHED_TWO_HOSTS_N", "10000"))
 TOKEN = "two-hosts-test-token"
+#: the tier's patience with a silent peer, 10 s, as the daemons' (RDMASCHED_DEAD_AFTER_MS
+#: below) and the hot ping's: a VM of this tier is at times not run for seconds on a busy
+#: host (guest-stalls.py measured 3.6 s), past Endpoint's default retry budget of 0.5 s;
+#: a longer stall voids a failed run (tests/vm/README.md)
+PATIENCE_MS = 10_000
+QP_TIMEOUT = verbs.qp_timeout_for(PATIENCE_MS)
 
 pytestmark = pytest.mark.skipif(
     ROLE not in ("a", "b") or not PEER or not SELF,
@@ -75,6 +88,7 @@ def test_two_nodes_exchange_both_ways_over_the_wire() -> None:
         gid_index=int(gid) if gid else None,
         nslots=256,
         bootstrap_timeout_s=60,
+        qp_timeout=QP_TIMEOUT,
     ) as ep:
         if ROLE == "a":
             ep.listen(SELF or "0.0.0.0", PORT)
@@ -113,7 +127,7 @@ def slurm_env(local: int) -> dict[str, str]:
         RDMASCHED_PORT="18700",
         # a TCG VM with one vCPU runs four processes here: generous liveness settings
         RDMASCHED_HEARTBEAT_MS="200",
-        RDMASCHED_DEAD_AFTER_MS="10000",
+        RDMASCHED_DEAD_AFTER_MS=str(PATIENCE_MS),
         RANKS_TASKS="2",
         RANKS_STEPS="3",
     )
@@ -171,3 +185,111 @@ def test_two_daemons_with_two_client_ranks_each_over_verbs() -> None:
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
+
+
+# ---- the lanes' class of service, seen on the wire -----------------------------------------
+ROCE_V2_PORT = 4791
+ETH_P_ALL = 0x0003  # a socket for one protocol gets only what arrives; ETH_P_ALL also what leaves
+ETH_P_IP = 0x0800
+PACKET_OUTGOING = 4
+SO_RCVBUFFORCE = 33
+SOL_PACKET, PACKET_STATISTICS = 263, 6
+
+
+class RoceCapture:
+    """Every IPv4 RoCE v2 packet (UDP to port 4791) that crosses `netdev` either way, as
+    (outgoing, TOS byte, BTH destination QP), from an AF_PACKET socket (root; no tcpdump)."""
+
+    def __init__(self, netdev: str) -> None:
+        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))
+        # past net.core.rmem_max (root): a one-vCPU guest runs this thread between the
+        # exchange's polls, and a packet that finds the buffer full is lost to the capture
+        self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 64 << 20)
+        self.sock.bind((netdev, ETH_P_ALL))
+        self.sock.settimeout(0.1)
+        self.packets: list[tuple[bool, int, int]] = []
+        self.seen = self.dropped = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="roce-capture", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data, addr = self.sock.recvfrom(65535)
+            except TimeoutError:
+                continue
+            got = parse_roce_v2(data) if addr[1] == ETH_P_IP else None
+            if got is not None:
+                self.packets.append((addr[2] == PACKET_OUTGOING, *got))
+
+    def stop(self) -> list[tuple[bool, int, int]]:
+        self._stop.set()
+        self._thread.join(5)
+        # struct tpacket_stats: packets, drops (those the buffer had no room for), since open
+        self.seen, self.dropped = struct.unpack(
+            "II", self.sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8)
+        )
+        self.sock.close()
+        return self.packets
+
+
+def parse_roce_v2(ip: bytes) -> tuple[int, int] | None:
+    """(TOS byte, destination QP) of an IPv4 packet that is RoCE v2, else None."""
+    if len(ip) < 20 or ip[0] >> 4 != 4 or ip[9] != socket.IPPROTO_UDP:
+        return None
+    ihl = (ip[0] & 0xF) * 4
+    udp = ip[ihl : ihl + 8]
+    if len(udp) < 8 or struct.unpack("!H", udp[2:4])[0] != ROCE_V2_PORT:
+        return None
+    bth = ip[ihl + 8 : ihl + 20]  # the base transport header: opcode .. dest QP (24 bits)
+    if len(bth) < 12:
+        return None
+    return ip[1], int.from_bytes(bth[5:8], "big")
+
+
+@pytest.mark.parametrize("dscp", [None, 10], ids=["default", "dscp10"])
+def test_the_lanes_packets_carry_the_configured_dscp(dscp: int | None) -> None:
+    """Both hosts configure the same class; every RoCE v2 packet of the connection, the
+    WRITEs out and the peer's (its WRITEs and ACKs) in, carries it: TOS = DSCP << 2."""
+    dev = os.environ.get("RDMASCHED_DEVICE")
+    gid = os.environ.get("RDMASCHED_GID_INDEX")
+    netdev = os.environ.get("RDMASCHED_NETDEV", "eth0")
+    want = DSCP_DEFAULT if dscp is None else dscp
+    me = 1 if ROLE == "a" else 2
+    port = PORT + 1 + (0 if dscp is None else 1)
+    cls: dict[str, int] = {} if dscp is None else {"dscp": dscp}
+    cap = RoceCapture(netdev)
+    try:
+        with verbs.Endpoint(
+            dev,
+            me,
+            token=TOKEN,
+            gid_index=int(gid) if gid else None,
+            nslots=64,
+            bootstrap_timeout_s=60,
+            qp_timeout=QP_TIMEOUT,
+            **cls,
+        ) as ep:
+            if ROLE == "a":
+                ep.listen(SELF or "0.0.0.0", port)
+                conn = ep.accept(120)
+            else:
+                assert PEER is not None
+                conn = ep.connect(PEER, port, attempts=120, connect_timeout_s=1)
+            assert ep.dscp == want
+            exchange(conn, me, 300, timeout_s=300)
+            mine, theirs = conn.qp.qpn, conn.remote.qpn
+            conn.close()
+    finally:
+        packets = cap.stop()
+    out = [tos for outgoing, tos, qp in packets if outgoing and qp == theirs]
+    into = [tos for outgoing, tos, qp in packets if not outgoing and qp == mine]
+    print(
+        f"node {me}: dscp {want}: {len(out)} packets out, {len(into)} in; TOS seen "
+        f"out {sorted(set(out))}, in {sorted(set(into))}"
+    )
+    assert cap.dropped == 0, f"the capture missed {cap.dropped} of {cap.seen} packets"
+    # fewer packets than messages: a WRITE carries consecutive slots, an ACK several WRITEs
+    assert len(out) >= 50 and len(into) >= 50, (len(out), len(into), len(packets))
+    assert set(out) == {want << 2} and set(into) == {want << 2}

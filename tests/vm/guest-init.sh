@@ -4,7 +4,8 @@
 # Not run on the host. run-in-vm.sh copies it, with job.env, into the per-run control share;
 # the image's /sbin/rdmasched-init mounts that share at /run/rdmasched-ctl and execs this file
 # with bash. Steps: mounts, network, checkout and results shares, `soft-roce-setup.sh up`,
-# (two hosts: a barrier with the peer), COMMAND, then the exit code back to the host in
+# (two hosts: a barrier with the peer), COMMAND beside guest-stalls.py (two hosts: then an
+# end barrier and the wire's account, wire.txt and dmesg.txt), then the exit code back to the host in
 # /run/rdmasched-ctl/rc and power off. Progress goes to the console (ttyS0), which the host
 # streams; the host learns how far the guest got from /run/rdmasched-ctl/stage.
 #
@@ -48,6 +49,27 @@ finish() {
 fail_setup() {
     say "SETUP FAILED: $*"
     finish 122 setup-failed
+}
+
+# wire_account BARRIER: what this guest's kernel counted on the wire, one "key value" a line
+# (two hosts, after COMMAND and an end barrier with the peer; run-in-vm.sh compares the two
+# guests' files): the NIC's packets, the qdisc's (handed to the NIC's TX ring: more than the
+# NIC's tx_packets once the wire is quiet means packets left in the ring, a lost kick), rxe's
+# own counters (sent, received, retries, sequence errors) and UDP's.
+wire_account() {
+    local netdev=${RDMASCHED_NETDEV:-eth0} dev=${RDMASCHED_DEVICE:-} f qdisc
+    echo "end_barrier $1"
+    for f in rx_packets tx_packets rx_dropped tx_dropped rx_errors tx_errors; do
+        echo "net.$f $(cat "/sys/class/net/$netdev/statistics/$f" 2>/dev/null || echo -1)"
+    done
+    qdisc=$(tc -s qdisc show dev "$netdev" 2>/dev/null | awk '/Sent/ {print $4; exit}')
+    echo "qdisc.sent_packets ${qdisc:--1}"
+    if [[ -n $dev && -d /sys/class/infiniband/$dev/ports/1/hw_counters ]]; then
+        for f in /sys/class/infiniband/"$dev"/ports/1/hw_counters/*; do
+            echo "rxe.${f##*/} $(<"$f")"
+        done
+    fi
+    awk '/^Udp:/ { if (!seen) { split($0, k); seen = 1 } else for (i = 2; i <= NF; i++) print "udp." k[i], $i }' /proc/net/snmp
 }
 
 stage booted
@@ -116,6 +138,9 @@ stage running
 cd "$RS_CHECKOUT" || fail_setup "cannot cd to $RS_CHECKOUT"
 export PYTHONPATH=$RS_CHECKOUT${PYTHONPATH:+:$PYTHONPATH} PYTHONDONTWRITEBYTECODE=1
 rc=0
+# beside COMMAND: how long this VM was not run at all (guest-stalls.py; read by run-in-vm.sh)
+python3 "$ctl/guest-stalls.py" "$RS_RESULTS/stalls.txt" </dev/null &
+stalls_pid=$!
 if ((${#RS_CMD[@]} == 1)); then
     say "running: bash -c ${RS_CMD[0]@Q}"
     bash -c "${RS_CMD[0]}" </dev/null
@@ -124,6 +149,16 @@ elif ((${#RS_CMD[@]} > 1)); then
     say "running: ${RS_CMD[*]@Q}"
     "${RS_CMD[@]}" </dev/null
     rc=$?
+fi
+kill "$stalls_pid" 2>/dev/null
+if [[ -n ${RS_ROLE:-} ]]; then
+    # Both guests done, the wire quiet: then the counters of the two ends can be compared.
+    barrier=ok
+    python3 "$ctl/guest-barrier.py" "$RS_SELF_IP" "$RS_PEER_IP" 60 7471 ||
+        barrier=failed
+    sleep 1
+    wire_account "$barrier" >"$RS_RESULTS/wire.txt"
+    dmesg >"$RS_RESULTS/dmesg.txt" 2>&1
 fi
 if ((RS_SHELL)); then
     say "interactive shell (exit it to power off; its exit code is the run's)"

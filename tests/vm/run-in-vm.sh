@@ -174,7 +174,7 @@ start_vm() {
     local role=$1 name=${1:-vm} ctl res cpus mem
     ctl=$run_dir/ctl-$name
     mkdir -p "$ctl"
-    cp "$here/guest-init.sh" "$here/guest-barrier.py" "$ctl/"
+    cp "$here/guest-init.sh" "$here/guest-barrier.py" "$here/guest-stalls.py" "$ctl/"
     res=$results
     [[ -n $role ]] && res=$results/$role
     mkdir -p "$res"
@@ -257,6 +257,10 @@ if ((hosts == 2)); then
     vm_log "two hosts: wire on UDP 127.0.0.1:${udp_ports[0]} <-> 127.0.0.1:${udp_ports[1]}"
 fi
 vm_log "checkout $checkout (read-only), results $results"
+# the host's UDP counters (/proc/net/snmp): the two-host wire is qemu's UDP on 127.0.0.1, and
+# a datagram that finds the receiving qemu's socket buffer full is dropped there
+host_udp() { awk '/^Udp:/ { if (!seen) { split($0, k); seen = 1 } else for (i = 2; i <= NF; i++) if (k[i] == "'"$1"'") print $i }' /proc/net/snmp 2>/dev/null; }
+udp_rcvbuf_before=$(host_udp RcvbufErrors)
 t_boot=$SECONDS
 for role in "${roles[@]}"; do
     start_vm "$role"
@@ -388,6 +392,64 @@ for role in "${roles[@]}"; do
         command_code=$code
     fi
 done
+# ---- two hosts: the wire's account ---------------------------------------------------------
+# Each guest wrote wire.txt after COMMAND and an end barrier (guest-init.sh's wire_account).
+# Once the wire is quiet a guest's qdisc has handed its NIC no packet that the NIC did not
+# send: more means packets were left in the TX ring, the guest's kick to qemu lost (the fault
+# of the NETDEV WATCHDOG above, caught before the ring filled: tests/vm/README.md). A
+# COMMAND that failed on such a wire is void (exit 123), with this evidence.
+VM_STALL_VOID_MS=10000
+# wire_value FILE KEY: KEY's value in FILE, empty when either is missing (never fails: set -e)
+wire_value() { [[ -f $1 ]] && awk -v k="$2" '$1 == k { print $2; exit }' "$1" 2>/dev/null || true; }
+wire_fault=''
+if ((hosts == 2)); then
+    if [[ -f $results/a/wire.txt && -f $results/b/wire.txt ]]; then
+        for x in a b; do
+            y=$([[ $x == a ]] && echo b || echo a)
+            fx=$results/$x/wire.txt fy=$results/$y/wire.txt
+            handed=$(wire_value "$fx" qdisc.sent_packets) sent=$(wire_value "$fx" net.tx_packets)
+            vm_log "wire $x->$y: $x's qdisc handed its NIC ${handed:-?} packets, the NIC sent" \
+                "${sent:-?}, $y's NIC received $(wire_value "$fy" net.rx_packets) (dropped" \
+                "$(wire_value "$fy" net.rx_dropped)); RoCE: $x's rxe sent" \
+                "$(wire_value "$fx" rxe.sent_pkts), $y's received $(wire_value "$fy" rxe.rcvd_pkts);" \
+                "$x resent after $(wire_value "$fx" rxe.completer_retry_err) timeouts and" \
+                "$(wire_value "$fx" rxe.rcvd_seq_err) sequence NAKs, gave up" \
+                "$(wire_value "$fx" rxe.retry_exceeded_err) times (retries exhausted); $y:" \
+                "$(wire_value "$fy" rxe.out_of_seq_request) out-of-sequence," \
+                "$(wire_value "$fy" rxe.duplicate_request) duplicate requests;" \
+                "end barrier $(wire_value "$fx" end_barrier)"
+            if [[ $handed =~ ^[0-9]+$ && $sent =~ ^[0-9]+$ ]] && ((handed > sent)); then
+                wire_fault+="${wire_fault:+; }$((handed - sent)) packets left in VM $x's TX ring"
+            fi
+        done
+    else
+        vm_log "wire: no account (a guest wrote no wire.txt)"
+    fi
+    udp_rcvbuf_after=$(host_udp RcvbufErrors)
+    if [[ $udp_rcvbuf_before =~ ^[0-9]+$ && $udp_rcvbuf_after =~ ^[0-9]+$ ]]; then
+        vm_log "host: UDP receive-buffer drops during the run: $((udp_rcvbuf_after - udp_rcvbuf_before))" \
+            "(all of this host's UDP; the wire's datagrams are among them; RC resends what is lost)"
+    fi
+    # A guest not run at all for as long as the tests' shortest wait for an answer (10 s: the
+    # hot ping's, a verbs send's completion) fails them whatever they do: its account too.
+    for x in a b; do
+        st=$results/$x/stalls.txt
+        worst=$(wire_value "$st" max_stall_ms)
+        nstalls=$(wire_value "$st" stalls_over_1s)
+        vm_log "VM $x: longest time not run during COMMAND: ${worst:-under 1000} ms" \
+            "(${nstalls:-no} stalls over 1 s; guest-stalls.py)"
+        if [[ $worst =~ ^[0-9]+$ ]] && ((worst >= VM_STALL_VOID_MS)); then
+            wire_fault+="${wire_fault:+; }VM $x was not run for $worst ms (at guest uptime"
+            wire_fault+=" $(awk -v w="$worst" '$1 == "stall" && $3 == w { print $2 "s"; exit }' "$st" || true))"
+        fi
+    done
+    if [[ -n $wire_fault && -z $harness_code && -n $command_code ]]; then
+        vm_log "the virtual wire stalled: $wire_fault (an emulator or host fault: qemu did not" \
+            "take what a guest queued, or did not run a guest). COMMAND's failure" \
+            "($command_code) is void: exit $VM_EXIT_WIRE"
+        harness_code=$VM_EXIT_WIRE
+    fi
+fi
 final=${harness_code:-${command_code:-0}}
 vm_log "done in $((SECONDS - t_boot)) s of VM time (whole run $SECONDS s)"
 if ((keep_results)); then
