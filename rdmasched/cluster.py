@@ -38,7 +38,7 @@ from typing import Any
 
 from rdmasched.errors import ConfigError
 from rdmasched.files import read_text, read_toml
-from rdmasched.limits import EXEC_SLOTS_MAX, LANE_SLOTS_DEFAULT, check_lane_slots
+from rdmasched.limits import EXEC_SLOTS_MAX, LANE_SLOTS_DEFAULT, MAX_SPIN_US, check_lane_slots
 from rdmasched.limits import MAX_NODES as MAX_NODES  # (named here too: older callers)
 from rdmasched.topology import Topology
 
@@ -357,6 +357,7 @@ ENV_BOUNDS: dict[str, tuple[int, int | None]] = {
     "RDMASCHED_HEARTBEAT_MS": (1, None),
     "RDMASCHED_DEAD_AFTER_MS": (1, None),
     "RDMASCHED_STORE_TIMEOUT_S": (1, 86_400),
+    "RDMASCHED_SPIN_US": (0, MAX_SPIN_US),
 }
 
 

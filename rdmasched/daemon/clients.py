@@ -116,7 +116,10 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("rdmasched.clients")
 
-__all__ = ["ClientHub"]
+__all__ = ["HUB_SPIN_US", "ClientHub"]
+
+#: the hub reader's spin after a message, us, unless `rdmasched daemon --spin-us` says
+HUB_SPIN_US = 50
 
 _STOPPING = (TaskState.PREEMPTING, TaskState.CANCELLING)
 _ENDED = (TaskState.DONE, TaskState.CANCELLED)
@@ -162,6 +165,7 @@ class ClientHub:
         nslots: int = 256,
         check_ms: int = 100,
         max_queued: int | None = None,
+        spin_us: int = HUB_SPIN_US,
     ) -> None:
         self.node = node
         self.host = host or node.spec.name
@@ -174,6 +178,9 @@ class ClientHub:
             raise ConfigError(f"max_queued must be 1..{CLIENT_QUEUED_MAX}, not {self.max_queued}")
         self.nslots = nslots
         self.check_ns = check_ms * 1_000_000
+        #: how long the reader spins on the up lanes after a message before it sleeps on
+        #: their doorbell, us (docs/DAEMON.md, "Spinning")
+        self.spin_us = spin_us
         self._rx: list[RxLane] = []
         self._set: LaneSet | None = None
         self._bell: shm.Doorbell | None = None
@@ -314,7 +321,7 @@ class ClientHub:
         while not self._stop.is_set():
             batch.clear()
             try:
-                got = lanes.wait(batch, self.check_ns / 1000, 50)
+                got = lanes.wait(batch, self.check_ns / 1000, self.spin_us)
             except PeerDeadError:
                 got = 0
             if got:
