@@ -256,7 +256,15 @@ class ClientHub:
             target=self._read, name=f"rdmasched-clients{node.id}", daemon=True
         )
         self._thread.start()
-        _log.info("node %d: serving clients at %s (%d)", node.id, self.endpoint, self.max_clients)
+        _log.info(
+            "node %d: serving clients at %s (%d); after a message the loop spins %s us, "
+            "the clients' reader %d us",
+            node.id,
+            self.endpoint,
+            self.max_clients,
+            "?" if node.loop is None else node.loop.spin_us,
+            self.spin_us,
+        )
         return self
 
     def _take_over(self) -> None:
