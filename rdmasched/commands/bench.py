@@ -283,11 +283,11 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     peers.add_argument(
         "--rdmasched-spin-us",
         type=spin_list,
-        default=(None, 0),
+        default="default,0",
         metavar="LIST",
         help="rdmasched's rows, one per spin, us, comma-separated: 'default' (row rdmasched: "
         "the daemon's and the clients' defaults) or N (row rdmasched-spinN: rdmasched "
-        "daemon --spin-us N and Client(spin_us=N)) (default: default,0)",
+        "daemon --spin-us N and Client(spin_us=N))",
     )
     json_flag(peers)
 

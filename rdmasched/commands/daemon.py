@@ -132,7 +132,7 @@ def add_arguments(daemon: argparse.ArgumentParser) -> None:
         default=None,
         metavar="US",
         help="how long the node's loop and the client lanes' reader spin after a message "
-        "before they sleep, us (0: sleep at once; less CPU, a slower wake-up) (default: "
+        "before they sleep, us (0: sleep at once; less CPU, a slower wake-up) (default "
         'the loop 200, the reader 50; docs/DAEMON.md, "Spinning")',
     )
     daemon.add_argument(
