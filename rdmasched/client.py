@@ -96,6 +96,7 @@ from rdmasched.errors import (
     PeerDeadError,
     RdmaschedError,
 )
+from rdmasched.limits import MAX_SPIN_US
 from rdmasched.scheduler import Event, Task
 from rdmasched.scheduler.events import Decision
 from rdmasched.scheduler.task import TaskState
@@ -107,6 +108,9 @@ if TYPE_CHECKING:
 __all__ = ["Client", "DaemonGoneError"]
 
 _log = logging.getLogger("rdmasched.client")
+
+#: the reader's spin after a message, us, unless `Client(spin_us=)` or RDMASCHED_SPIN_US says
+CLIENT_SPIN_US = 50
 
 
 class DaemonGoneError(PeerDeadError):
@@ -126,6 +130,7 @@ class Client:
         check_ms: int = 100,
         nslots: int = 256,
         session: str | None = None,
+        spin_us: int = CLIENT_SPIN_US,
     ) -> None:
         self.endpoint = endpoint
         if session is None:
@@ -138,6 +143,9 @@ class Client:
         self.index = check_int("index", index, 0, 254)
         self.connect_timeout_s = connect_timeout_s
         self.check_s = check_ms / 1000
+        #: how long the reader spins on the down lane after a message before it sleeps on
+        #: its doorbell, us (docs/CLIENT.md, "Spinning")
+        self.spin_us = check_int("spin_us", spin_us, 0, MAX_SPIN_US)
         self.nslots = nslots
         #: the daemon's node id, name, slots (from its WELCOME)
         self.id = -1
@@ -189,10 +197,14 @@ class Client:
         """The client of this rank (LOCAL_RANK, or SLURM_LOCALID) to this host's daemon, whose
         endpoint the launcher's variables name (rdmasched.launch). With `start_daemon`, local
         rank 0 starts the daemon as a child process (`rdmasched daemon --exit-when-idle`) if
-        none runs yet; the other ranks wait for it (up to `connect_timeout_s`)."""
+        none runs yet; the other ranks wait for it (up to `connect_timeout_s`).
+        RDMASCHED_SPIN_US, when set, is `spin_us` (unless `kw` gives it)."""
         from rdmasched import launch
 
         endpoint, index = launch.client_endpoint(env)
+        spin = launch.client_spin_us(env)
+        if spin is not None:
+            kw.setdefault("spin_us", spin)
         if start_daemon and index == 0 and not launch.daemon_running(endpoint):
             launch.spawn_daemon(env)
         return cls(endpoint, index, **kw)
@@ -628,7 +640,7 @@ class Client:
             batch.clear()
             wait_ns = self._run_timers()
             try:
-                got = lanes.wait(batch, wait_ns / 1000, 50)
+                got = lanes.wait(batch, wait_ns / 1000, self.spin_us)
             except LaneError as exc:
                 self._gone(str(exc))
                 return

@@ -46,6 +46,7 @@ from rdmasched.limits import (
     DSCP_DEFAULT,
     EXEC_SLOTS_MAX,
     LANE_SLOTS_DEFAULT,
+    MAX_SPIN_US,
     SERVICE_LEVEL_DEFAULT,
     check_lane_slots,
     check_preemption,
@@ -413,6 +414,7 @@ ENV_BOUNDS: dict[str, tuple[int, int | None]] = {
     "RDMASCHED_HEARTBEAT_MS": (1, None),
     "RDMASCHED_DEAD_AFTER_MS": (1, None),
     "RDMASCHED_STORE_TIMEOUT_S": (1, 86_400),
+    "RDMASCHED_SPIN_US": (0, MAX_SPIN_US),
 }
 
 

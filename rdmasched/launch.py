@@ -26,7 +26,8 @@ RDMASCHED_DEAD_AFTER_MS (docs/CONFIG.md's heartbeat_ms and dead_after_ms), RDMAS
 (under Slurm: a topology.conf, default the one beside slurm.conf, in SLURM_CONF's directory
 or /etc/slurm, if it exists, cut down to the job's hosts: the cluster's [topology];
 `job_topology`). A rank is client LOCAL_RANK (or SLURM_LOCALID) of the daemon at
-`<cluster>.<host>` (`client_endpoint`).
+`<cluster>.<host>` (`client_endpoint`); RDMASCHED_SPIN_US, when set, is its reader's spin
+after a message, us (`client_spin_us`; docs/CLIENT.md, "Spinning").
 
 Starting a host's daemon is this module's too: `host_node()` is this host's `Node`, and
 `serve(node)` what a started node runs to be the host's daemon (`rdmasched daemon` calls
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "client_endpoint",
+    "client_spin_us",
     "cluster_name",
     "daemon_running",
     "host_cluster",
@@ -153,6 +155,13 @@ def client_endpoint(env: Mapping[str, str] | None = None) -> tuple[str, int]:
     if not 0 <= index <= 254:
         raise ConfigError(f"the local rank must be 0..254, not {index}")
     return endpoint_name(cluster_name(env), host_name(env)), index
+
+
+def client_spin_us(env: Mapping[str, str] | None = None) -> int | None:
+    """RDMASCHED_SPIN_US: how long a rank's client reader spins after a message before it
+    sleeps, us (None: unset, the client's default)."""
+    env = _env(env)
+    return _int(env, "RDMASCHED_SPIN_US") if env.get("RDMASCHED_SPIN_US") else None
 
 
 def _slots(env: Mapping[str, str]) -> int:
@@ -311,16 +320,19 @@ def serve(
     max_queued: int | None = None,
     metrics_addr: str = "127.0.0.1",
     metrics_token: bytes | None = None,
+    spin_us: int | None = None,
 ) -> ClientHub:
     """Make a started `node` this host's daemon: serve its ranks (a `ClientHub` of
     `max_clients`, default one per slot, each holding at most `max_queued` tasks, default
     `limits.CLIENT_QUEUED_DEFAULT`) and, given `metrics_port` (0: any free port), its
     Prometheus metrics and probes on `metrics_addr` (`serve_metrics`). Both stop with the
     node. What `rdmasched daemon` runs (it serves the metrics before the node starts, so
-    that /readyz answers while the node joins)."""
-    from rdmasched.daemon.clients import ClientHub
+    that /readyz answers while the node joins). `spin_us`: the hub reader's spin after a
+    message, us (default `clients.HUB_SPIN_US`)."""
+    from rdmasched.daemon.clients import HUB_SPIN_US, ClientHub
 
-    hub = ClientHub(node, max_clients=max_clients, max_queued=max_queued).open()
+    spin = HUB_SPIN_US if spin_us is None else spin_us
+    hub = ClientHub(node, max_clients=max_clients, max_queued=max_queued, spin_us=spin).open()
     if metrics_port is not None:
         serve_metrics(node, metrics_port, metrics_addr, token=metrics_token)
     return hub

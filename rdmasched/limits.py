@@ -153,3 +153,8 @@ FILE_BYTES_MAX = 256 << 20
 #: least 16 characters (guessing it over HTTP is then hopeless), its file at most 4 KiB
 HTTP_TOKEN_BYTES_MIN = 16
 HTTP_TOKEN_BYTES_MAX = 4096
+
+# ---- polling -------------------------------------------------------------------------------------
+#: the longest spin after a message before a loop or a lane reader sleeps, us (`--spin-us`,
+#: RDMASCHED_SPIN_US): beyond it nothing useful happens on one host
+MAX_SPIN_US = 10_000_000

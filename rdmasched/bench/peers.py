@@ -105,6 +105,9 @@ class Params:
     crit_ms: float = 1.0
     rounds: int = 3
     systems: tuple[str, ...] = SYSTEMS
+    #: rdmasched's rows: one per spin (None: the defaults; N: `rdmasched daemon --spin-us N`
+    #: and `Client(spin_us=N)`), each a system of its own in the rounds (`rows`)
+    rdmasched_spin_us: tuple[int | None, ...] = (None, 0)
 
     @classmethod
     def quick(cls) -> Params:
@@ -115,6 +118,22 @@ class Params:
             mixed_s=1.0,
             rounds=1,
         )
+
+
+def row_name(spin_us: int | None) -> str:
+    """rdmasched's row at `spin_us`: `rdmasched` (the defaults), else `rdmasched-spin<N>`."""
+    return "rdmasched" if spin_us is None else f"rdmasched-spin{spin_us}"
+
+
+def rows(p: Params) -> list[tuple[str, str, int | None]]:
+    """The run's rows in order: (row, system, rdmasched's spin)."""
+    out: list[tuple[str, str, int | None]] = []
+    for s in p.systems:
+        if s == "rdmasched":
+            out += [(row_name(x), s, x) for x in dict.fromkeys(p.rdmasched_spin_us)]
+        else:
+            out.append((s, s, None))
+    return out
 
 
 # ---- CPU of a process tree, from /proc ------------------------------------------------------
@@ -304,11 +323,14 @@ class _Stream:
         self.idle.wait(timeout_s)
 
 
-def _client_main(endpoint: str, k: int, threads: int, conn: Any, stop_bg: Any) -> None:
+def _client_main(
+    endpoint: str, k: int, threads: int, conn: Any, stop_bg: Any, spin_us: int | None
+) -> None:
     """A client process: connect, then run the workloads the round's process sends."""
     from rdmasched.client import Client
 
-    client = Client(endpoint, k, connect_timeout_s=60)
+    kw: dict[str, Any] = {} if spin_us is None else {"spin_us": spin_us}
+    client = Client(endpoint, k, connect_timeout_s=60, **kw)
     w = _Worker(client, threads)
     crit_base = (k + 1) << 40 | 1 << 39  # the critical tasks' ids, apart from the stream's
     crit_seq = [0]
@@ -395,7 +417,7 @@ def _one_at_a_time(
 
 
 class _Rdmasched:
-    def __init__(self, p: Params) -> None:
+    def __init__(self, p: Params, spin_us: int | None = None) -> None:
         self.p = p
         name = f"peers{uuid.uuid4().hex[:8]}"
         env = dict(
@@ -406,8 +428,9 @@ class _Rdmasched:
         )
         for var in ("SLURM_JOB_NODELIST", "SLURM_NODELIST", "MASTER_ADDR", "GROUP_RANK"):
             env.pop(var, None)
+        spin = [] if spin_us is None else ["--spin-us", str(spin_us)]
         self.daemon = subprocess.Popen(
-            [sys.executable, "-m", "rdmasched.cli", "daemon", "--max-clients", str(p.slots)],
+            [sys.executable, "-m", "rdmasched.cli", "daemon", "--max-clients", str(p.slots), *spin],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -421,7 +444,7 @@ class _Rdmasched:
         for k in range(p.slots):
             a, b = _ctx.Pipe()
             proc = _ctx.Process(
-                target=_client_main, args=(endpoint, k, p.slots + 2, b, self.stop_bg)
+                target=_client_main, args=(endpoint, k, p.slots + 2, b, self.stop_bg, spin_us)
             )
             proc.start()
             self.conns.append(a)
@@ -705,19 +728,20 @@ class _Dask:
 _SYSTEM: dict[str, Any] = {"rdmasched": _Rdmasched, "ray": _Ray, "dask": _Dask}
 
 
-def _round(system: str, p: Params, out: Any) -> None:
-    """One round of one system, in a process of its own: every workload, each measured
-    (wall, the tree's CPU); the tree's processes before shutting down (to check them gone)."""
+def _round(row: str, system: str, spin_us: int | None, p: Params, out: Any) -> None:
+    """One round of one row (a system; rdmasched's at a spin), in a process of its own: every
+    workload, each measured (wall, the tree's CPU); the tree's processes before shutting
+    down (to check them gone)."""
     cpu = TreeCPU()
-    res: dict[str, Any] = {"system": system}
+    res: dict[str, Any] = {"system": row}
     try:
         t = time.monotonic()
-        sysm = _SYSTEM[system](p)
+        sysm = _Rdmasched(p, spin_us) if system == "rdmasched" else _SYSTEM[system](p)
         sysm.warmup()
         res["start_s"] = time.monotonic() - t
         try:
             for name in WORKLOADS:
-                print(f"bench peers:   {system} {name}", file=sys.stderr, flush=True)
+                print(f"bench peers:   {row} {name}", file=sys.stderr, flush=True)
                 w: dict[str, Any] = {}
                 with _measured(cpu, w):
                     w.update(getattr(sysm, name)())
@@ -753,16 +777,17 @@ def missing(systems: tuple[str, ...]) -> list[str]:
 
 
 def run(p: Params, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """Every round of every system, interleaved (round r: the systems in turn, starting one
-    further each round); the figures merged over rounds, per system and workload."""
+    """Every round of every row (`rows`), interleaved (round r: the rows in turn, starting
+    one further each round); the figures merged over rounds, per row and workload."""
     rounds: list[dict[str, Any]] = []
     stray: dict[str, list[int]] = {}
+    all_rows = rows(p)
     for r in range(p.rounds):
-        order = [*p.systems[r % len(p.systems) :], *p.systems[: r % len(p.systems)]]
-        for system in order:
+        order = [*all_rows[r % len(all_rows) :], *all_rows[: r % len(all_rows)]]
+        for system, base, spin in order:
             progress(f"round {r + 1}/{p.rounds}: {system}")
             q = _ctx.Queue()
-            proc = _ctx.Process(target=_round, args=(system, p, q))
+            proc = _ctx.Process(target=_round, args=(system, base, spin, p, q))
             proc.start()
             res: dict[str, Any] | None = None
             deadline = time.monotonic() + 3600
@@ -789,7 +814,7 @@ def run(p: Params, progress: Callable[[str], None] = lambda s: None) -> dict[str
     return {
         "params": asdict(p),
         "versions": _versions(),
-        "systems": {s: _merge([x for x in rounds if x["system"] == s], p) for s in p.systems},
+        "systems": {s: _merge([x for x in rounds if x["system"] == s], p) for s, _, _ in all_rows},
         "rounds": [_round_summary(x) for x in rounds],
         "strays": stray,
     } | _goals(rounds, p)
@@ -842,41 +867,46 @@ def _round_summary(x: dict[str, Any]) -> dict[str, Any]:
 
 
 def _goals(rounds: list[dict[str, Any]], p: Params) -> dict[str, Any]:
-    """The issue's two goals, from this run: tasks per CPU-second against Ray's (>= 20x,
-    median of the rounds' ratios) and the high-priority start p99 against the better peer's
-    (<= 1/100, pooled samples)."""
-    goals: dict[str, Any] = {}
+    """The issue's two goals, from this run, for each of rdmasched's rows (`goals_by_row`;
+    `goals`: the first row's, the defaults' by default): tasks per CPU-second against Ray's
+    (>= 20x, median of the rounds' ratios) and the high-priority start p99 against the better
+    peer's (<= 1/100, pooled samples)."""
     by = {(x["round"], x["system"]): x for x in rounds}
-    if "rdmasched" in p.systems and "ray" in p.systems:
-        ratios = []
-        for r in range(1, p.rounds + 1):
-            a, b = by[(r, "rdmasched")]["throughput"], by[(r, "ray")]["throughput"]
-            if a["cpu_s"] and b["cpu_s"]:
-                ratios.append((a["tasks"] / a["cpu_s"]) / (b["tasks"] / b["cpu_s"]))
-        ratios.sort()
-        med = ratios[len(ratios) // 2] if ratios else None
-        goals["tasks_per_cpu_s_vs_ray"] = {
-            "ratio_median_of_rounds": med,
-            "per_round": ratios,
-            "goal": 20.0,
-            "met": med is not None and med >= 20.0,
-        }
+    ours = [row for row, s, _ in rows(p) if s == "rdmasched"]
     peers = [s for s in p.systems if s != "rdmasched"]
-    if "rdmasched" in p.systems and peers:
 
-        def p99(s: str) -> float:
-            v = _lat([v for x in rounds if x["system"] == s for v in x["preempt"]["lat_ns"]])
-            return float(v["p99_us"] or 0.0)
+    def p99(s: str) -> float:
+        v = _lat([v for x in rounds if x["system"] == s for v in x["preempt"]["lat_ns"]])
+        return float(v["p99_us"] or 0.0)
 
-        best = min(peers, key=p99)
-        ratio = p99("rdmasched") / p99(best) if p99(best) else None
-        goals["preempt_p99_vs_best_peer"] = {
-            "best_peer": best,
-            "ratio": ratio,
-            "goal": 0.01,
-            "met": ratio is not None and ratio <= 0.01,
-        }
-    return {"goals": goals}
+    by_row: dict[str, dict[str, Any]] = {}
+    for row in ours:
+        goals: dict[str, Any] = {}
+        if "ray" in p.systems:
+            ratios = []
+            for r in range(1, p.rounds + 1):
+                a, b = by[(r, row)]["throughput"], by[(r, "ray")]["throughput"]
+                if a["cpu_s"] and b["cpu_s"]:
+                    ratios.append((a["tasks"] / a["cpu_s"]) / (b["tasks"] / b["cpu_s"]))
+            ratios.sort()
+            med = ratios[len(ratios) // 2] if ratios else None
+            goals["tasks_per_cpu_s_vs_ray"] = {
+                "ratio_median_of_rounds": med,
+                "per_round": ratios,
+                "goal": 20.0,
+                "met": med is not None and med >= 20.0,
+            }
+        if peers:
+            best = min(peers, key=p99)
+            ratio = p99(row) / p99(best) if p99(best) else None
+            goals["preempt_p99_vs_best_peer"] = {
+                "best_peer": best,
+                "ratio": ratio,
+                "goal": 0.01,
+                "met": ratio is not None and ratio <= 0.01,
+            }
+        by_row[row] = goals
+    return {"goals": by_row[ours[0]] if ours else {}, "goals_by_row": by_row}
 
 
 def report(doc: dict[str, Any]) -> str:
@@ -908,20 +938,21 @@ def report(doc: dict[str, Any]) -> str:
             f"{f(c['start']['p99_us'])} | {f(d['start']['p50_us'])} / "
             f"{f(d['start']['p99_us'])} | {f(d['tasks_per_s'])} | {f(d['tasks_per_cpu_s'])} |"
         )
-    g = doc["goals"]
     lines.append("")
-    if "tasks_per_cpu_s_vs_ray" in g:
-        x = g["tasks_per_cpu_s_vs_ray"]
-        lines.append(
-            f"goal: a tasks/CPU-s >= 20x Ray's: {f(x['ratio_median_of_rounds'], '.1f')}x "
-            f"(median of rounds) - {'met' if x['met'] else 'NOT met'}"
-        )
-    if "preempt_p99_vs_best_peer" in g:
-        x = g["preempt_p99_vs_best_peer"]
-        lines.append(
-            f"goal: c p99 <= 1/100 of the better peer's ({x['best_peer']}): "
-            f"{f(x['ratio'], '.4f')} - {'met' if x['met'] else 'NOT met'}"
-        )
+    for row, g in doc["goals_by_row"].items():
+        if "tasks_per_cpu_s_vs_ray" in g:
+            x = g["tasks_per_cpu_s_vs_ray"]
+            lines.append(
+                f"goal ({row}): a tasks/CPU-s >= 20x Ray's: "
+                f"{f(x['ratio_median_of_rounds'], '.1f')}x (median of rounds) - "
+                f"{'met' if x['met'] else 'NOT met'}"
+            )
+        if "preempt_p99_vs_best_peer" in g:
+            x = g["preempt_p99_vs_best_peer"]
+            lines.append(
+                f"goal ({row}): c p99 <= 1/100 of the better peer's ({x['best_peer']}): "
+                f"{f(x['ratio'], '.4f')} - {'met' if x['met'] else 'NOT met'}"
+            )
     if doc["strays"]:
         lines.append(f"stray processes killed after the rounds: {doc['strays']}")
     else:
@@ -935,10 +966,13 @@ def params_from(
     tasks: int | None = None,
     slots: int = 4,
     systems: tuple[str, ...] = SYSTEMS,
+    rdmasched_spin_us: tuple[int | None, ...] | None = None,
 ) -> Params:
     """The run's parameters: the defaults (or `Params.quick()`), with what was given."""
     p = Params.quick() if quick else Params()
     p.slots, p.systems = slots, tuple(dict.fromkeys(systems))
+    if rdmasched_spin_us is not None:
+        p.rdmasched_spin_us = tuple(dict.fromkeys(rdmasched_spin_us))
     if rounds is not None:
         p.rounds = rounds
     if tasks is not None:
@@ -950,7 +984,14 @@ def cli(args: Any) -> int:
     """`rdmasched bench peers`: the table (or the JSON, with the run's description)."""
     from rdmasched.bench.output import run_info
 
-    p = params_from(args.quick, args.rounds, args.tasks, args.slots, tuple(args.systems))
+    p = params_from(
+        args.quick,
+        args.rounds,
+        args.tasks,
+        args.slots,
+        tuple(args.systems),
+        args.rdmasched_spin_us,
+    )
     lack = missing(p.systems)
     if lack:
         print(

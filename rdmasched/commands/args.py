@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from rdmasched import limits
 
 #: bounds of the values a command accepts; beyond them nothing useful happens on one host
-MAX_SPIN_US = 10_000_000
+MAX_SPIN_US = limits.MAX_SPIN_US
 MAX_MS = 3_600_000.0
 MAX_SECONDS = 3600.0
 

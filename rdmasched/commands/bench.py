@@ -33,6 +33,17 @@ HELP = "benchmarks that print figures"
 IDLE_MAX_NODES = 16
 
 
+def spin_list(text: str) -> tuple[int | None, ...]:
+    """`--rdmasched-spin-us`: comma-separated spins, each `default` (None) or a `spin_us`."""
+    out: list[int | None] = []
+    for part in text.split(","):
+        part = part.strip()
+        if part == "":
+            raise argparse.ArgumentTypeError(f"{text!r}: an empty item (as default,0)")
+        out.append(None if part == "default" else spin_us(part))
+    return tuple(out)
+
+
 def add_arguments(bench: argparse.ArgumentParser) -> None:
     from rdmasched.bench import latency
 
@@ -292,6 +303,15 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
         choices=["rdmasched", "ray", "dask"],
         default=["rdmasched", "ray", "dask"],
         help="the systems measured",
+    )
+    peers.add_argument(
+        "--rdmasched-spin-us",
+        type=spin_list,
+        default="default,0",
+        metavar="LIST",
+        help="rdmasched's rows, one per spin, us, comma-separated: 'default' (row rdmasched: "
+        "the daemon's and the clients' defaults) or N (row rdmasched-spinN: rdmasched "
+        "daemon --spin-us N and Client(spin_us=N))",
     )
     json_flag(peers)
 

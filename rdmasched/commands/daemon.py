@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from rdmasched import limits
-from rdmasched.commands.args import UserError, int_range, us_or_off
+from rdmasched.commands.args import UserError, int_range, spin_us, us_or_off
 from rdmasched.errors import RdmaschedError
 from rdmasched.limits import CLIENT_QUEUED_DEFAULT, CLIENT_QUEUED_MAX
 
@@ -126,6 +126,15 @@ def add_arguments(daemon: argparse.ArgumentParser) -> None:
         type=us_or_off,
         default=None,
         help="the scheduler's aging step, us, or 'off' (default $RDMASCHED_AGING_US, else 100000)",
+    )
+    daemon.add_argument(
+        "--spin-us",
+        type=spin_us,
+        default=None,
+        metavar="US",
+        help="how long the node's loop and the client lanes' reader spin after a message "
+        "before they sleep, us (0: sleep at once; less CPU, a slower wake-up) (default "
+        'the loop 200, the reader 50; docs/DAEMON.md, "Spinning")',
     )
     daemon.add_argument(
         "--metrics-port",
@@ -260,6 +269,8 @@ def main(args: argparse.Namespace) -> int:
 
     field = configure_logging(args.log_level, args.log_format)
     policy = daemon_policy(args)
+    if args.spin_us is not None:
+        policy["spin_us"] = args.spin_us
     if args.config is not None:
         node = Node.from_config(
             args.config, int(args.node) if args.node.isdigit() else args.node, **policy
@@ -303,7 +314,12 @@ def run(node: Node, args: argparse.Namespace, done: threading.Event, metrics: st
     """Serve the started `node`'s ranks until a signal (or, --exit-when-idle, their end)."""
     from rdmasched import launch
 
-    hub = launch.serve(node, max_clients=args.max_clients, max_queued=args.max_queued_per_client)
+    hub = launch.serve(
+        node,
+        max_clients=args.max_clients,
+        max_queued=args.max_queued_per_client,
+        spin_us=args.spin_us,
+    )
     print(
         f"rdmasched daemon: node {node.id} ({node.spec.name}) of cluster "
         f"{node.cluster.name!r}, {node.spec.slots} slots, {len(node.cluster.nodes)} nodes; "

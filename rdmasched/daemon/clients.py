@@ -117,7 +117,10 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("rdmasched.clients")
 
-__all__ = ["ClientHub"]
+__all__ = ["HUB_SPIN_US", "ClientHub"]
+
+#: the hub reader's spin after a message, us, unless `rdmasched daemon --spin-us` says
+HUB_SPIN_US = 50
 
 _STOPPING = (TaskState.PREEMPTING, TaskState.CANCELLING)
 _ENDED = (TaskState.DONE, TaskState.CANCELLED)
@@ -163,6 +166,7 @@ class ClientHub:
         nslots: int = 256,
         check_ms: int = 100,
         max_queued: int | None = None,
+        spin_us: int = HUB_SPIN_US,
     ) -> None:
         self.node = node
         self.host = host or node.spec.name
@@ -175,6 +179,9 @@ class ClientHub:
             raise ConfigError(f"max_queued must be 1..{CLIENT_QUEUED_MAX}, not {self.max_queued}")
         self.nslots = nslots
         self.check_ns = check_ms * 1_000_000
+        #: how long the reader spins on the up lanes after a message before it sleeps on
+        #: their doorbell, us (docs/DAEMON.md, "Spinning")
+        self.spin_us = spin_us
         self._rx: list[RxLane] = []
         self._set: LaneSet | None = None
         self._bell: shm.Doorbell | None = None
@@ -250,7 +257,15 @@ class ClientHub:
             target=self._read, name=f"rdmasched-clients{node.id}", daemon=True
         )
         self._thread.start()
-        _log.info("node %d: serving clients at %s (%d)", node.id, self.endpoint, self.max_clients)
+        _log.info(
+            "node %d: serving clients at %s (%d); after a message the loop spins %s us, "
+            "the clients' reader %d us",
+            node.id,
+            self.endpoint,
+            self.max_clients,
+            "?" if node.loop is None else node.loop.spin_us,
+            self.spin_us,
+        )
         return self
 
     def _take_over(self) -> None:
@@ -317,7 +332,7 @@ class ClientHub:
         while not self._stop.is_set():
             batch.clear()
             try:
-                got = lanes.wait(batch, self.check_ns / 1000, 50)
+                got = lanes.wait(batch, self.check_ns / 1000, self.spin_us)
             except PeerDeadError:
                 got = 0
             if got:

@@ -58,7 +58,9 @@ def test_quick_run_of_every_system_has_every_task_and_no_stray_process() -> None
     assert doc["versions"]["ray"] and doc["versions"]["distributed"]
     assert doc["machine"]["nproc"] and "commit" in doc["commit"]
     assert doc["strays"] == {}
-    assert set(doc["systems"]) == set(peers.SYSTEMS)
+    # rdmasched's rows: its defaults' and spin 0's (`--rdmasched-spin-us`'s default)
+    ours = ["rdmasched", "rdmasched-spin0"]
+    assert list(doc["systems"]) == [*ours, "ray", "dask"]
     criticals = int(p.mixed_s * 1000 / p.every_ms)
     for name, m in doc["systems"].items():
         a, b, c, d = (m[w] for w in peers.WORKLOADS)
@@ -70,11 +72,34 @@ def test_quick_run_of_every_system_has_every_task_and_no_stray_process() -> None
         assert d["start"]["n"] == criticals, name
         assert d["tasks"] > criticals and d["tasks_per_s"] > 0, name
         assert 0 < d["cpu_cores"] <= (os.cpu_count() or 1) + 0.5, name
-    # rdmasched's critical tasks took their slots by preemption
-    assert doc["systems"]["rdmasched"]["preempt"]["preemptions"] >= 1
+    # rdmasched's critical tasks took their slots by preemption, at either spin
+    for row in ours:
+        assert doc["systems"][row]["preempt"]["preemptions"] >= 1, row
     goals = doc["goals"]
     assert set(goals) == {"tasks_per_cpu_s_vs_ray", "preempt_p99_vs_best_peer"}
     assert goals["preempt_p99_vs_best_peer"]["best_peer"] in ("ray", "dask")
+    assert list(doc["goals_by_row"]) == ours and doc["goals_by_row"]["rdmasched"] == goals
+    for g in doc["goals_by_row"].values():
+        assert set(g) == {"tasks_per_cpu_s_vs_ray", "preempt_p99_vs_best_peer"}
+
+
+def test_rows_name_rdmasched_per_spin_and_a_bad_spin_list_is_exit_2() -> None:
+    p = peers.params_from(systems=("rdmasched", "ray"), rdmasched_spin_us=(0, None, 0))
+    assert peers.rows(p) == [
+        ("rdmasched-spin0", "rdmasched", 0),
+        ("rdmasched", "rdmasched", None),
+        ("ray", "ray", None),
+    ]
+    for bad in ("0,", "default,-1", "fast"):
+        out = subprocess.run(
+            [sys.executable, "-m", "rdmasched.cli", "bench", "peers", "--rdmasched-spin-us", bad],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            timeout=60,
+        )
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.count("\n") == 1 and "--rdmasched-spin-us" in out.stderr
 
 
 def test_a_peer_not_installed_is_one_line_and_exit_2() -> None:
