@@ -117,7 +117,9 @@ def main() -> int:
             raise fail("the last step was not released")
         client.flush()
         stats = client.stats()
-    print(
+    # one write of the whole line: two ranks of a host share torchrun's stdout, and a print's
+    # text and newline are two writes when the stream is unbuffered (PYTHONUNBUFFERED)
+    line = (
         json.dumps(
             {
                 "rank": rank,
@@ -132,9 +134,11 @@ def main() -> int:
                 "nodes": nodes,
                 "clients": stats["clients"],
             }
-        ),
-        flush=True,
+        )
+        + "\n"
     )
+    sys.stdout.write(line)
+    sys.stdout.flush()
     return 0
 
 
