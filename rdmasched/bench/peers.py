@@ -551,8 +551,57 @@ class _Rdmasched:
             self.daemon.wait(10)
 
 
+class _Pool:
+    """A driver feeding a pool of workers (Ray's, Dask's): the background stream and the
+    critical tasks sampled beside it, written once; each peer gives ``_feed`` (keep
+    ``inflight`` background tasks going until ``stop``, counting them in ``done``) and
+    ``_critical`` (run one critical task, return when it started, ns)."""
+
+    p: Params
+
+    def _feed(self, bg_ms: float, inflight: int, stop: threading.Event, done: list[int]) -> None:
+        raise NotImplementedError
+
+    def _critical(self, crit_ms: float) -> int:
+        raise NotImplementedError
+
+    def _background(
+        self, bg_ms: float, inflight: int, samples: int, crit_ms: float, period_ms: float
+    ) -> dict[str, Any]:
+        stop = threading.Event()
+        done = [0]
+        t0 = time.monotonic_ns()
+        th = threading.Thread(target=self._feed, args=(bg_ms, inflight, stop, done), daemon=True)
+        th.start()
+        time.sleep(0.3)
+        lat = []
+        t_begin = time.monotonic()
+        for i in range(samples):
+            _pace(period_ms / 1000, i, t_begin)
+            s = time.monotonic_ns()
+            lat.append(self._critical(crit_ms) - s)
+        stop.set()
+        th.join(120)
+        return {
+            "lat_ns": lat,
+            "tasks": done[0] + len(lat),
+            "run_s": (time.monotonic_ns() - t0) / 1e9,
+        }
+
+    def preempt(self) -> dict[str, Any]:
+        p = self.p
+        r = self._background(p.busy_ms, 2 * p.slots, p.preempt_samples, 0.0, p.busy_ms * 1.3)
+        del r["run_s"]
+        return r
+
+    def mixed(self) -> dict[str, Any]:
+        p = self.p
+        n = max(1, int(p.mixed_s * 1000 / p.every_ms))
+        return self._background(p.short_ms, p.mixed_inflight, n, p.crit_ms, p.every_ms)
+
+
 # ---- Ray --------------------------------------------------------------------------------
-class _Ray:
+class _Ray(_Pool):
     def __init__(self, p: Params) -> None:
         import importlib
         import logging
@@ -589,56 +638,24 @@ class _Ray:
             lat.append(ray.get(self.f.remote(0)) - t0)
         return {"lat_ns": lat, "tasks": len(lat)}
 
-    def _background(
-        self, bg_ms: float, inflight: int, samples: int, crit_ms: float, period_ms: float
-    ) -> dict[str, Any]:
+    def _feed(self, bg_ms: float, inflight: int, stop: threading.Event, done: list[int]) -> None:
         ray = self.ray
-        stop = threading.Event()
-        done = [0]
+        refs = [self.f.remote(bg_ms) for _ in range(inflight)]
+        while refs:
+            ready, refs = ray.wait(refs, num_returns=1)
+            done[0] += len(ready)
+            if not stop.is_set():
+                refs.extend(self.f.remote(bg_ms) for _ in ready)
 
-        def feed() -> None:
-            refs = [self.f.remote(bg_ms) for _ in range(inflight)]
-            while refs:
-                ready, refs = ray.wait(refs, num_returns=1)
-                done[0] += len(ready)
-                if not stop.is_set():
-                    refs.extend(self.f.remote(bg_ms) for _ in ready)
-
-        t0 = time.monotonic_ns()
-        th = threading.Thread(target=feed, daemon=True)
-        th.start()
-        time.sleep(0.3)
-        lat = []
-        t_begin = time.monotonic()
-        for i in range(samples):
-            _pace(period_ms / 1000, i, t_begin)
-            s = time.monotonic_ns()
-            lat.append(ray.get(self.crit.remote(crit_ms)) - s)
-        stop.set()
-        th.join(120)
-        return {
-            "lat_ns": lat,
-            "tasks": done[0] + len(lat),
-            "run_s": (time.monotonic_ns() - t0) / 1e9,
-        }
-
-    def preempt(self) -> dict[str, Any]:
-        p = self.p
-        r = self._background(p.busy_ms, 2 * p.slots, p.preempt_samples, 0.0, p.busy_ms * 1.3)
-        del r["run_s"]
-        return r
-
-    def mixed(self) -> dict[str, Any]:
-        p = self.p
-        n = max(1, int(p.mixed_s * 1000 / p.every_ms))
-        return self._background(p.short_ms, p.mixed_inflight, n, p.crit_ms, p.every_ms)
+    def _critical(self, crit_ms: float) -> int:
+        return int(self.ray.get(self.crit.remote(crit_ms)))
 
     def close(self) -> None:
         self.ray.shutdown()
 
 
 # ---- Dask distributed --------------------------------------------------------------------
-class _Dask:
+class _Dask(_Pool):
     def __init__(self, p: Params) -> None:
         import importlib
         import logging
@@ -675,50 +692,18 @@ class _Dask:
             lat.append(c.submit(work, 0, pure=False).result() - t0)
         return {"lat_ns": lat, "tasks": len(lat)}
 
-    def _background(
-        self, bg_ms: float, inflight: int, samples: int, crit_ms: float, period_ms: float
-    ) -> dict[str, Any]:
-        as_completed, c = self.as_completed, self.client
-        stop = threading.Event()
-        done = [0]
+    def _feed(self, bg_ms: float, inflight: int, stop: threading.Event, done: list[int]) -> None:
+        c = self.client
+        ac = self.as_completed(
+            [c.submit(work, bg_ms, priority=0, pure=False) for _ in range(inflight)]
+        )
+        for _ in ac:
+            done[0] += 1
+            if not stop.is_set():
+                ac.add(c.submit(work, bg_ms, priority=0, pure=False))
 
-        def feed() -> None:
-            ac = as_completed(
-                [c.submit(work, bg_ms, priority=0, pure=False) for _ in range(inflight)]
-            )
-            for _ in ac:
-                done[0] += 1
-                if not stop.is_set():
-                    ac.add(c.submit(work, bg_ms, priority=0, pure=False))
-
-        t0 = time.monotonic_ns()
-        th = threading.Thread(target=feed, daemon=True)
-        th.start()
-        time.sleep(0.3)
-        lat = []
-        t_begin = time.monotonic()
-        for i in range(samples):
-            _pace(period_ms / 1000, i, t_begin)
-            s = time.monotonic_ns()
-            lat.append(c.submit(work, crit_ms, priority=DASK_HIGH, pure=False).result() - s)
-        stop.set()
-        th.join(120)
-        return {
-            "lat_ns": lat,
-            "tasks": done[0] + len(lat),
-            "run_s": (time.monotonic_ns() - t0) / 1e9,
-        }
-
-    def preempt(self) -> dict[str, Any]:
-        p = self.p
-        r = self._background(p.busy_ms, 2 * p.slots, p.preempt_samples, 0.0, p.busy_ms * 1.3)
-        del r["run_s"]
-        return r
-
-    def mixed(self) -> dict[str, Any]:
-        p = self.p
-        n = max(1, int(p.mixed_s * 1000 / p.every_ms))
-        return self._background(p.short_ms, p.mixed_inflight, n, p.crit_ms, p.every_ms)
+    def _critical(self, crit_ms: float) -> int:
+        return int(self.client.submit(work, crit_ms, priority=DASK_HIGH, pure=False).result())
 
     def close(self) -> None:
         self.client.close()
