@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -27,6 +26,7 @@ from rdmasched.daemon.node import Node
 from rdmasched.scheduler import Task
 from rdmasched.telemetry import metrics
 from tests.telemetry_deps import need
+from tests.tools import need_tool
 from tests.waiting import wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,12 +34,7 @@ TOKEN = "s3cret-metrics-token-0123456789"
 
 
 def curl_bin() -> str:
-    path = shutil.which("curl")
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("curl is missing: scripts/setup.sh installs it")
-        pytest.skip("curl is not installed (scripts/setup.sh installs it)")
-    return path
+    return need_tool("curl", "scripts/setup.sh installs it")
 
 
 def curl(port: int, path: str, token: str | None = None) -> tuple[int, str]:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.tools import need_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "deploy" / "systemd" / "rdmasched.service"
@@ -24,12 +23,7 @@ EXEC = "/usr/local/bin/rdmasched"
 
 
 def analyze() -> str:
-    path = shutil.which("systemd-analyze")
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("systemd-analyze is missing: scripts/setup.sh installs systemd")
-        pytest.skip("systemd-analyze is not installed (Debian's systemd; scripts/setup.sh)")
-    return path
+    return need_tool("systemd-analyze", "scripts/setup.sh installs Debian's systemd")
 
 
 def directives(text: str) -> dict[str, list[str]]:
