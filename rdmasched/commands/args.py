@@ -251,5 +251,30 @@ def add_exec_slots(p: argparse.ArgumentParser, default: int, what: str) -> None:
     )
 
 
+def token_file(text: str) -> bytes:
+    """A file holding a daemon's metrics bearer token (its `--metrics-token-file`), read
+    now: a missing or bad file is a usage error (one line, exit 2)."""
+    from rdmasched.errors import ConfigError
+    from rdmasched.telemetry.http import read_token
+
+    try:
+        return read_token(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_token_file(p: argparse.ArgumentParser) -> None:
+    """`--token-file`: what a reader of a live daemon's metrics port sends (docs/TELEMETRY.md)."""
+    p.add_argument(
+        "--token-file",
+        metavar="FILE",
+        type=token_file,
+        default=None,
+        dest="token",
+        help="with --live: a file holding the daemons' metrics bearer token (their "
+        "--metrics-token-file), sent as Authorization: Bearer (default none)",
+    )
+
+
 def json_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from rdmasched.commands.args import fraction, host_port, int_range, positive_float
+from rdmasched.commands.args import add_token_file, fraction, host_port, int_range, positive_float
 
 HELP = (
     "serve a web page of the cluster from its decision events: slots, queues, sync "
@@ -30,6 +30,7 @@ def add_source_arguments(mp: argparse.ArgumentParser) -> None:
         help="a running daemon's metrics port (rdmasched.launch.serve_metrics), polled; "
         "repeatable (default none)",
     )
+    add_token_file(mp)
     mp.add_argument(
         "--prefix",
         help="with --trace: only the files whose name starts with this (e.g. "
@@ -56,6 +57,8 @@ def add_arguments(mirror: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from rdmasched.views import mirror
 
-    source = mirror.open_source(args.trace or [], args.live or [], args.prefix or "", args.interval)
+    source = mirror.open_source(
+        args.trace or [], args.live or [], args.prefix or "", args.interval, args.token
+    )
     mirror.serve_forever(source, args.port, args.addr, args.at)
     return 0

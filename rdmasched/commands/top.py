@@ -24,7 +24,9 @@ def add_arguments(topc: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from rdmasched.views import mirror, top
 
-    source = mirror.open_source(args.trace or [], args.live or [], args.prefix or "", args.interval)
+    source = mirror.open_source(
+        args.trace or [], args.live or [], args.prefix or "", args.interval, args.token
+    )
     try:
         return top.run(
             source, once=args.once, at=args.at, interval_s=args.interval, speed=args.speed

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from rdmasched.commands.args import UserError, host_port, output_file
+from rdmasched.commands.args import UserError, add_token_file, host_port, output_file
 
 HELP = "write trace records (demo --trace, a node's dump, rdmasched sim) as a Perfetto trace"
 
@@ -41,6 +41,7 @@ def add_arguments(texp: argparse.ArgumentParser) -> None:
         default=[],
         help="also a running node's events, from its metrics port (rdmasched.launch.serve_metrics)",
     )
+    add_token_file(texp)
 
 
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -54,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
     from rdmasched.views import live
 
     traces = [t for d in args.dirs for t in read_dir(d, args.prefix)]
-    traces += [live.fetch(addr) for addr in args.live]
+    traces += [live.fetch(addr, token=args.token) for addr in args.live]
     seen: dict[int, str] = {}
     for t in traces:
         if t.node in seen:

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from rdmasched.commands.args import UserError, host_port, int_range, json_flag
+from rdmasched.commands.args import UserError, add_token_file, host_port, int_range, json_flag
 from rdmasched.limits import U64_MAX
 
 HELP = (
@@ -36,6 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the node that submitted it (default any: ids are unique per origin)",
     )
+    add_token_file(p)
     json_flag(p)
 
 
@@ -64,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
     found: list[tuple[int, dict[str, object]]] = []
     for addr in args.live:
         try:
-            answer = live.why(addr, args.task, args.origin)
+            answer = live.why(addr, args.task, args.origin, token=args.token)
         except TraceError as exc:
             raise UserError(str(exc)) from None
         found += [(answer["node"], t) for t in answer["tasks"] if isinstance(t, dict)]

@@ -391,11 +391,19 @@ class LiveSource:
 
     kind = "live"
 
-    def __init__(self, addrs: list[str], interval_s: float = 0.5, keep: int = KEEP) -> None:
+    def __init__(
+        self,
+        addrs: list[str],
+        interval_s: float = 0.5,
+        keep: int = KEEP,
+        token: bytes | None = None,
+    ) -> None:
+        """``token``: the daemons' metrics bearer token, if their ports need one."""
         if not addrs:
             raise ConfigError("give at least one --live HOST:PORT")
         self.addrs = list(addrs)
         self.interval_s = interval_s
+        self.token = token
         self.model = ClusterModel(keep=keep)
         self._since = dict.fromkeys(self.addrs, 0)
         self._node_of: dict[str, int] = {}
@@ -416,7 +424,12 @@ class LiveSource:
         errors = []
         for addr in self.addrs:
             try:
-                tr = live.fetch(addr, self._since[addr], timeout_s=max(2.0, self.interval_s * 4))
+                tr = live.fetch(
+                    addr,
+                    self._since[addr],
+                    timeout_s=max(2.0, self.interval_s * 4),
+                    token=self.token,
+                )
             except TraceError as exc:
                 errors.append(str(exc))
                 n = self._node_of.get(addr)
@@ -548,14 +561,19 @@ class MirrorServer:
 
 
 def open_source(
-    trace: list[str], live_addrs: list[str], prefix: str = "", interval_s: float = 0.5
+    trace: list[str],
+    live_addrs: list[str],
+    prefix: str = "",
+    interval_s: float = 0.5,
+    token: bytes | None = None,
 ) -> Source:
-    """The source the command line names: trace directories or live daemons (not both)."""
+    """The source the command line names: trace directories or live daemons (not both);
+    ``token``: the daemons' metrics bearer token (``--token-file``)."""
     if bool(trace) == bool(live_addrs):
         raise ConfigError("give either --trace DIR or --live HOST:PORT (one kind of source)")
     if trace:
         return TraceSource(trace, prefix)
-    return LiveSource(live_addrs, interval_s)
+    return LiveSource(live_addrs, interval_s, token=token)
 
 
 def serve_forever(source: Source, port: int, addr: str, at: float | None = None) -> None:

@@ -187,6 +187,57 @@ def test_a_token_guards_metrics_and_events_not_the_probes(
     assert "unauthenticated" not in err, err  # protected: no warning
 
 
+def rdmasched(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rdmasched", *argv], capture_output=True, text=True, timeout=60,
+        cwd=ROOT, env=os.environ | {"PYTHONPATH": ROOT},
+    )  # fmt: skip
+
+
+def test_the_live_readers_send_the_token_and_say_when_one_is_needed(
+    config: tuple[Path, str], daemons: Any, tmp_path: Path
+) -> None:
+    """`top --live`, `mirror --live`, `trace export --live` and `why --live` read a daemon
+    whose metrics port needs a token with `--token-file`; without it, one line that names the
+    401 and the flag (they sent no token before, so they could not read a protected node)."""
+    cfg, _ = config
+    tok = tmp_path / "metrics.token"
+    tok.write_text(TOKEN + "\n")
+    h1 = daemons("--config", str(cfg), "--node", "h1")
+    h0 = daemons("--config", str(cfg), "--node", "h0", "--metrics-port", "0",
+                 "--metrics-token-file", str(tok))  # fmt: skip
+    port = h0.metrics_port()
+    h1.wait_banner()
+    wait_for(lambda: curl(port, "/readyz")[0] == 200, "h0 ready")
+    addr = f"127.0.0.1:{port}"
+    out = str(tmp_path / "o.pftrace")
+    readers = [
+        ["top", "--live", addr, "--once"],
+        ["trace", "export", "--live", addr, "-o", out],
+        ["why", "12345", "--live", addr],
+    ]
+    for argv in readers:
+        r = rdmasched(*argv)
+        assert r.returncode == 1, (argv, r.returncode, r.stderr)
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, (argv, r.stderr)
+        assert "401" in r.stderr and "--token-file" in r.stderr, (argv, r.stderr)
+    r = rdmasched("top", "--live", addr, "--once", "--token-file", str(tok))
+    assert r.returncode == 0 and "node 0" in r.stdout, (r.returncode, r.stdout, r.stderr)
+    r = rdmasched("trace", "export", "--live", addr, "-o", out, "--token-file", str(tok))
+    assert r.returncode == 0 and os.path.getsize(out) > 0, (r.returncode, r.stderr)
+    r = rdmasched("why", "12345", "--live", addr, "--token-file", str(tok))
+    assert r.returncode == 2 and "no task 12345" in r.stderr, (r.returncode, r.stderr)
+    r = rdmasched("top", "--live", addr, "--once", "--token-file", str(tmp_path / "none"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, (r.returncode, r.stderr)
+    from rdmasched.views import mirror
+
+    src = mirror.open_source([], [addr], token=TOKEN.encode())  # the mirror's page, same source
+    try:
+        assert [n["node"] for n in src.state()["nodes"]] == [0]
+    finally:
+        src.close()
+
+
 def test_an_unauthenticated_address_is_said_in_one_warning_line_and_logs_are_json(
     config: tuple[Path, str], daemons: Any
 ) -> None:
