@@ -251,9 +251,9 @@ def _without_steps() -> list[Any]:
 @pytest.mark.parametrize(
     ("case", "pinned"),
     [
-        ("fixture", "adeb2709b326f928"),
-        ("without steps", "20fa4f3829ceaa61"),
-        ("gpu", "2e5f34af230daad8"),
+        ("fixture", "12e4112cb2ab2527"),
+        ("without steps", "6b8db78a1cbb35ef"),
+        ("gpu", "345ad3cb5e69126d"),
     ],
 )
 def test_what_the_reader_builds_is_pinned(case: str, pinned: str) -> None:
