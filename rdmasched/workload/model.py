@@ -209,6 +209,7 @@ class Workload:
                     "profiler_step": s.profiler_step,
                     "duration_us": s.duration_ns / 1e3,
                     "compute_us": {p: s.compute_ns(p) / 1e3 for p in PHASES},
+                    "device_idle_pct": s.device_idle_pct,
                     "tasks": len(s.tasks),
                     "buckets": [
                         {"name": b.name, "bytes": b.nbytes, "dtype": b.dtype} for b in s.buckets
@@ -226,6 +227,7 @@ class Workload:
             "backend": self.backend,
             "rank": self.rank,
             "world_size": self.world_size,
+            "device_steps_us": [x / 1e3 for x in self.device_steps_ns()],
             "steps": steps,
             "ignored_events": dict(sorted(self.ignored.items())),
             "warnings": list(self.warnings),

@@ -251,9 +251,9 @@ def _without_steps() -> list[Any]:
 @pytest.mark.parametrize(
     ("case", "pinned"),
     [
-        ("fixture", "12e4112cb2ab2527"),
-        ("without steps", "6b8db78a1cbb35ef"),
-        ("gpu", "345ad3cb5e69126d"),
+        ("fixture", "900003fa3e67892c"),
+        ("without steps", "0beb1c74e0e5cea7"),
+        ("gpu", "b6fbe3ce4a46a584"),
     ],
 )
 def test_what_the_reader_builds_is_pinned(case: str, pinned: str) -> None:

@@ -382,10 +382,10 @@ def _without_steps(name: str) -> Any:
 @pytest.mark.parametrize(
     ("case", "pinned"),
     [
-        ("lm", "452adc9da7ea256c"),
-        ("mlp", "8c3aff5f9df972fa"),
-        ("lm without steps", "490a846e83d95b9b"),
-        ("gpu", "752e65aef457faf4"),
+        ("lm", "0f9924c1a1c026c6"),
+        ("mlp", "8ae132f9fbe03c97"),
+        ("lm without steps", "f7a20f6dd23a6ee2"),
+        ("gpu", "08248b2ab6455a59"),
     ],
 )
 def test_what_the_parser_builds_is_pinned(case: str, pinned: str) -> None:
