@@ -35,6 +35,7 @@ from rdmasched.scheduler import Task
 from rdmasched.sim.drivers import Ledger, Shaped, SimTrainer
 from rdmasched.sim.linkmodel import LinkModel
 from rdmasched.workload import Replicated, Workload
+from rdmasched.workload.model import union
 from rdmasched.workload.streams import COMPUTE, Mode, Op, bucket_stream, host_start, plan
 
 TRACE_GROUP_BASE = 16
@@ -364,10 +365,10 @@ class TraceTrainer(SimTrainer):
         every: list[tuple[int, int]] = []
         per: dict[str, float] = {}
         for name, s in sorted(self.streams.items()):
-            iv = _union([(max(a, self.t0), min(b, end)) for a, b in s.intervals if b > a])
+            iv = union([(max(a, self.t0), min(b, end)) for a, b in s.intervals if b > a])
             every += iv
             per[name] = 100.0 * (1 - sum(b - a for a, b in iv) / span)
-        busy = sum(b - a for a, b in _union(every))
+        busy = sum(b - a for a, b in union(every))
         out["device_idle_pct"] = 100.0 * (1 - busy / span)
         out["stream_idle_pct"] = per
         return out
@@ -375,19 +376,8 @@ class TraceTrainer(SimTrainer):
 
 def _serves(o: Op, k: int) -> bool:
     """Op `o` of the step before is what a forward piece waiting for bucket k waits for:
-    that bucket's optimizer piece (or the bucket itself in a step without pieces)."""
+    that bucket's optimizer piece."""
     return o.applies == k
-
-
-def _union(ivs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for s, e in sorted(ivs):
-        if out and s <= out[-1][1]:
-            if e > out[-1][1]:
-                out[-1] = (out[-1][0], e)
-        else:
-            out.append((s, e))
-    return out
 
 
 def device_figures(figs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -243,6 +243,18 @@ class Workload:
         return out
 
 
+def union(ivs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Intervals [start, end) merged into disjoint sorted ones (busy time, idle time)."""
+    out: list[tuple[int, int]] = []
+    for s, e in sorted(ivs):
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
 #: one piece of compute as a reader sees it (a profiler busy interval, a Chakra node)
 Item = TypeVar("Item")
 

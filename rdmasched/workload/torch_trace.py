@@ -39,6 +39,7 @@ from rdmasched.workload.model import (
     WorkloadError,
     is_bucket,
     read_bytes,
+    union,
 )
 
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
@@ -258,17 +259,6 @@ def _int(v: Any) -> int:
     except (TypeError, ValueError, OverflowError):  # OverflowError: Infinity
         return 0
     return n if 0 <= n <= U64_MAX else 0
-
-
-def _union(ivs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for s, e in sorted(ivs):
-        if out and s <= out[-1][1]:
-            if e > out[-1][1]:
-                out[-1] = (out[-1][0], e)
-        else:
-            out.append((s, e))
-    return out
 
 
 def _subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -499,8 +489,8 @@ def parse(doc: Any, source: str = "<trace>") -> Workload:
 
     # -- CPU compute: busy time of compute threads minus collective issue, cut at every cut
     if device == "cpu":
-        busy = _union([(e.start, e.end) for evs in cpu_ops.values() for e in evs])
-        busy = _subtract(busy, _union([(c.issue, c.end) for c in issues]))
+        busy = union([(e.start, e.end) for evs in cpu_ops.values() for e in evs])
+        busy = _subtract(busy, union([(c.issue, c.end) for c in issues]))
         cuts = sorted({c.issue for c in syncs} | {t for _, s, e in windows for t in (s, e)})
         op_starts = sorted(e.start for evs in cpu_ops.values() for e in evs)
         units = [_Unit(s, s, e, 0) for s, e in _split(busy, cuts)]
@@ -572,10 +562,10 @@ def _device_idle(steps: list[Step], gpu: list[_Ev], names: dict[Any, str]) -> li
             if k.end > a and k.start < b:
                 per[k.tid].append((max(a, k.start), min(b, k.end)))
         idle = {
-            names.get(tid, str(tid)): 100.0 * (1 - sum(e - s for s, e in _union(iv)) / (b - a))
+            names.get(tid, str(tid)): 100.0 * (1 - sum(e - s for s, e in union(iv)) / (b - a))
             for tid, iv in per.items()
         }
-        every = _union([x for iv in per.values() for x in iv])
+        every = union([x for iv in per.values() for x in iv])
         idle["device"] = 100.0 * (1 - sum(e - s for s, e in every) / (b - a))
         out[i] = replace(steps[i], device_idle_pct=dict(sorted(idle.items())))
     return out
@@ -701,7 +691,7 @@ class _GraphBuilder(TaskBuilder[_Unit]):
     def _add_group(
         self, phase: Phase, items: list[_Unit], deps: tuple[int, ...], stream: str
     ) -> ComputeTask:
-        iv = _union([(u.start, u.end) for u in items])
+        iv = union([(u.start, u.end) for u in items])
         return self.add_compute(
             phase,
             duration_ns=sum(e - s for s, e in iv),

@@ -12,7 +12,6 @@ And: collectives keep their measured time up to the traced world size, the link 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -22,17 +21,18 @@ import pytest
 from rdmasched.cli import main
 from rdmasched.demo.job import WorkloadConfig
 from rdmasched.sim import PRESETS, Run, SimConfig
-from rdmasched.sim.linkmodel import Level, LinkModel
+from rdmasched.sim.linkmodel import LinkModel
 from rdmasched.sim.trace import bus_factor, collective_ns, sync_times
+from rdmasched.sim.tracefig import ethernet, figures
 from rdmasched.workload import Workload, load
 from rdmasched.workload.critpath import replay
 from rdmasched.workload.streams import Mode
 
 TRACES = Path(__file__).resolve().parent.parent / "data" / "traces"
 STEPS = 8
-#: a 10 Gb/s Ethernet (1.25 GB/s, 10 us a message): a network slower than the compute of
-#: the ResNet-50 trace's backward, where the order of its buckets matters
-ETH10 = replace(PRESETS["ib"], name="eth10", levels=(Level(10_000, 1.25e9),) * 4)
+#: a 10 Gb/s network (1.25 GB/s, 10 us a message): slower than the compute of the ResNet-50
+#: trace's backward, where the order of its buckets matters
+ETH10 = ethernet(10)
 
 
 @cache
@@ -189,3 +189,16 @@ def test_cli_link_model_and_trace_mode(capsys: pytest.CaptureFixture[str]) -> No
     assert main([*base, "--trace-mode", "nope"]) == 2
     err = capsys.readouterr().err
     assert "--trace-mode" in err and len(err.strip().splitlines()) == 1
+
+
+def test_tracefig_prints_the_targets(capsys: pytest.CaptureFixture[str]) -> None:
+    from rdmasched.sim.tracefig import main as tracefig
+
+    out = figures(str(TRACES / "resnet50-hta.json.gz"), 16, "kernels", 10.0, 4)
+    assert out["collectives"] == "link model" and out["nodes"] == 16
+    assert abs(out["priority_gain_pct"]["sim"] - out["priority_gain_pct"]["model"]) <= 1.0
+    assert tracefig([str(TRACES / "mlp.json.gz"), "--steps", "2"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["collectives"] == "measured" and doc["replay"]["fifo"]["finished"]
+    assert tracefig([str(TRACES / "missing.json")]) == 2
+    assert "missing.json" in capsys.readouterr().err
