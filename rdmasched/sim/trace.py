@@ -48,7 +48,8 @@ TOP_PRIORITY = 254
 
 
 def bus_factor(collective: str, n: int) -> float:
-    """The bus-bandwidth factor of a collective over n ranks (nccl-tests, doc/PERFORMANCE.md:
+    """The bus-bandwidth factor of a collective over n ranks (nccl-tests' doc/PERFORMANCE.md,
+    https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md, "Summary":
     busBw = algBw x factor, so its time is bytes x factor / bus bandwidth): all_reduce
     2(n-1)/n; all_gather, reduce_scatter and all_to_all (n-1)/n; broadcast, reduce,
     send/recv and the rest 1."""
