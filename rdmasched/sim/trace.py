@@ -36,7 +36,15 @@ from rdmasched.sim.drivers import Ledger, Shaped, SimTrainer
 from rdmasched.sim.linkmodel import LinkModel
 from rdmasched.workload import Replicated, Workload
 from rdmasched.workload.model import union
-from rdmasched.workload.streams import COMPUTE, Mode, Op, bucket_stream, host_start, plan
+from rdmasched.workload.streams import (
+    COMPUTE,
+    Mode,
+    Op,
+    bucket_stream,
+    host_start,
+    plan,
+    prev_deps,
+)
 
 TRACE_GROUP_BASE = 16
 #: the core's slots in a trace replay: the one communication stream it orders
@@ -176,12 +184,7 @@ class TraceTrainer(SimTrainer):
         wall = self.walls[(r - 1) % len(self.walls)]
         self._host.append(host_start(r, began, wall, now))
         for op in ops:
-            deps = [(r, d) for d in op.deps]
-            if r > 0 and op.barrier:
-                deps += [(r - 1, o.index) for o in prev]
-            if r > 0 and op.after_buckets:
-                for k in op.after_buckets:
-                    deps += [(r - 1, o.index) for o in prev if _serves(o, k)]
+            deps = [(r, d) for d in op.deps] + [(r - 1, i) for i in prev_deps(op, prev)]
             key = (r, op.index)
             live = [d for d in deps if d not in self._done_ops]
             self._pending[key] = len(live)
@@ -373,12 +376,6 @@ class TraceTrainer(SimTrainer):
         out["device_idle_pct"] = 100.0 * (1 - busy / span)
         out["stream_idle_pct"] = per
         return out
-
-
-def _serves(o: Op, k: int) -> bool:
-    """Op `o` of the step before is what a forward piece waiting for bucket k waits for:
-    that bucket's optimizer piece."""
-    return o.applies == k
 
 
 def device_figures(figs: list[dict[str, Any]]) -> dict[str, Any]:

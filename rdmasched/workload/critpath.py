@@ -28,7 +28,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rdmasched.workload.model import Workload
-from rdmasched.workload.streams import COMPUTE, Mode, Op, bucket_stream, host_start, plan
+from rdmasched.workload.streams import (
+    COMPUTE,
+    Mode,
+    Op,
+    bucket_stream,
+    host_start,
+    plan,
+    prev_deps,
+)
 
 Order = Literal["launch", "priority"]
 Key = tuple[int, int]
@@ -66,12 +74,7 @@ def replay(
     for r in range(steps):
         ops, prev = plans[r % len(plans)], plans[(r - 1) % len(plans)] if r else []
         for o in ops:
-            d = [(r, i) for i in o.deps]
-            if r and o.barrier:
-                d += [(r - 1, p.index) for p in prev]
-            for b in o.after_buckets if r else ():
-                d += [(r - 1, p.index) for p in prev if p.applies == b]
-            deps[(r, o.index)] = d
+            deps[(r, o.index)] = [(r, i) for i in o.deps] + [(r - 1, i) for i in prev_deps(o, prev)]
 
     def on_core(k: Key) -> bool:
         o = op(k)

@@ -104,6 +104,10 @@ class SyncTask:
     #: the communication stream it ran on ("comm", or "comm.K" for the K-th NCCL stream of
     #: a GPU trace, numbered by first use)
     stream: str = "comm"
+    #: the next batch's data: issued in the forward after its last compute (TorchRec's
+    #: pipelined input-dist), it holds up nothing in its step; the next step's forward
+    #: waits for it
+    next_batch: bool = False
 
     @property
     def is_bucket(self) -> bool:
@@ -341,6 +345,7 @@ class TaskBuilder(Generic[Item]):
         offset_ns: int,
         deps: tuple[int, ...],
         stream: str = "comm",
+        next_batch: bool = False,
     ) -> SyncTask:
         label = "bucket" if is_bucket(collective, phase) else collective
         t = SyncTask(
@@ -356,6 +361,7 @@ class TaskBuilder(Generic[Item]):
             offset_ns=offset_ns,
             deps=deps,
             stream=stream,
+            next_batch=next_batch,
         )
         self.counters["s:" + label] += 1
         self._add(t)

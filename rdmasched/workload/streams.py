@@ -15,8 +15,10 @@ Propagation for Distributed DNN Training", MLSys 2019) and ByteScheduler (Peng e
 when that bucket's sync ends, and the next step's forward into one piece per bucket, the
 first layers' piece first; the forward piece of the layers whose gradients bucket k holds
 waits for bucket k's optimizer piece of the step before (`Op.after_buckets`), not for the
-whole step. DDP fills buckets in reverse layer order, so the last bucket launched holds the
-first layers: its forward piece comes first. How much of the forward each bucket's layers
+whole step; the forward's first piece also waits for the step before's collectives of the
+next batch (`SyncTask.next_batch`: TorchRec's pipelined input-dist, `Op.after_inputs`).
+DDP fills buckets in reverse layer order, so the last bucket launched holds the first
+layers: its forward piece comes first. How much of the forward each bucket's layers
 take is the share of the backward compute between its launch and the previous bucket's
 (backward time per layer tracks forward time per layer). A step without buckets, or
 without forward or optimizer compute, keeps the barrier: its first op waits for every op
@@ -34,9 +36,10 @@ How a GPU trace is replayed is its `Mode` (a CPU trace's compute is its host: al
 - "kernels": the device alone with no launch gaps: each compute op for its kernels' busy
   time only (a GPU-bound rank whose host always kept ahead).
 
-Deps are indices into the same step's op list; `after_buckets` and `barrier` are the only
-links to the step before. Nothing here imports the simulator: `rdmasched.sim.trace`
-replays a plan on the node cores, `rdmasched.workload.critpath` evaluates it alone.
+Deps are indices into the same step's op list; `after_buckets`, `after_inputs` and
+`barrier` are the only links to the step before (`prev_deps` resolves them). Nothing here
+imports the simulator: `rdmasched.sim.trace` replays a plan on the node cores,
+`rdmasched.workload.critpath` evaluates it alone.
 """
 
 from __future__ import annotations
@@ -68,6 +71,9 @@ class Op:
     after_buckets: tuple[int, ...] = ()
     #: waits for every op of the step before (no bucket overlap)
     barrier: bool = False
+    #: the forward's first piece: waits for the step before's `next_batch` collectives (its
+    #: input, TorchRec's pipelined input-dist)
+    after_inputs: bool = False
     #: an optimizer piece: the bucket it applies
     applies: int | None = None
     #: with the host model: when the host issues it, ns after the host began the step (it
@@ -92,6 +98,18 @@ def host_start(r: int, prev_start: int, prev_wall: int, ended_two_before: int) -
 
 Mode = Literal["host", "device", "kernels"]
 MODES: tuple[Mode, ...] = ("host", "device", "kernels")
+
+
+def prev_deps(op: Op, prev: list[Op]) -> list[int]:
+    """The ops of the step before (its plan `prev`) that `op` waits for."""
+    out: list[int] = []
+    if op.barrier:
+        out += [o.index for o in prev]
+    for k in op.after_buckets:
+        out += [o.index for o in prev if o.applies == k]
+    if op.after_inputs:
+        out += [o.index for o in prev if o.sync is not None and o.sync.next_batch]
+    return out
 
 
 def occupancy(t: Task, gpu: bool) -> int:
@@ -166,6 +184,7 @@ def plan(step: Step, gpu: bool, mode: Mode = "host", overlap: bool = True) -> li
                     deps=tuple(deps if not pieces else [pieces[-1]]),
                     task=t,
                     after_buckets=waits,
+                    after_inputs=c0 == 0,
                     first=not pieces,
                 )
                 pieces.append(op.index)

@@ -621,8 +621,9 @@ class _GraphBuilder(TaskBuilder[_Unit]):
       sync other than a gradient bucket also on the one before it on its stream (in order);
       gradient buckets depend on nothing else: the scheduler picks their order;
     - a collective other than a bucket holds up only the first compute-stream task that
-      started, in the trace, after it ended (so a forward that ran beside an all_to_all,
-      TorchRec's input-dist of the next batch, does not wait for it);
+      started, in the trace, after it ended; one issued in the forward after the forward's
+      last compute is the next batch's (TorchRec's pipelined input-dist: `next_batch`) and
+      holds up nothing in its step;
     - the first optimizer task waits for the step's gradient buckets (DDP's finalize: only
       DDP's own buckets); the backward compute never waits for a bucket;
     - side-stream work (copies, kernels on other streams) is its own tasks on its stream:
@@ -652,6 +653,11 @@ class _GraphBuilder(TaskBuilder[_Unit]):
         self.last_on: dict[str, int] = {}  # stream -> its last non-bucket sync / side task
         self.last_compute: int | None = None
         self.side: dict[str, tuple[Phase, list[_Unit], tuple[int, ...]]] = {}
+        #: issue of the forward's last compute-stream work
+        self.last_forward = max(
+            (u.issue for u in units if u.side is None and phase_at(u.issue) == "forward"),
+            default=None,
+        )
         items: list[tuple[int, int, _Unit | _Comm]] = [(u.issue, 0, u) for u in units]
         items += [(c.issue, 1, c) for c in syncs]
         items.sort(key=lambda x: (x[0], x[1]))
@@ -723,6 +729,8 @@ class _GraphBuilder(TaskBuilder[_Unit]):
 
     def _sync(self, c: _Comm, ph: Phase) -> None:
         bucket = is_bucket(c.collective, ph)
+        last = self.last_forward
+        after = not bucket and ph == "forward" and last is not None and c.issue > last
         before = None if bucket else self.last_on.get("sync:" + c.stream)
         deps = self._prev() + ([before] if before is not None else [])
         t = self.add_sync(
@@ -735,9 +743,11 @@ class _GraphBuilder(TaskBuilder[_Unit]):
             offset_ns=c.issue - self.w0,
             deps=tuple(dict.fromkeys(deps)),
             stream=c.stream,
+            next_batch=after,
         )
         if bucket:
             self.buckets.append(t.id)
         else:
             self.last_on["sync:" + c.stream] = t.id
-            self.waiting.append((t.id, c.done))
+            if not after:
+                self.waiting.append((t.id, c.done))

@@ -251,9 +251,9 @@ def _without_steps() -> list[Any]:
 @pytest.mark.parametrize(
     ("case", "pinned"),
     [
-        ("fixture", "900003fa3e67892c"),
-        ("without steps", "0beb1c74e0e5cea7"),
-        ("gpu", "b6fbe3ce4a46a584"),
+        ("fixture", "7cd98e13e8e6e3d7"),
+        ("without steps", "7ed06478e89fbdf2"),
+        ("gpu", "b67ce2bb27555b74"),
     ],
 )
 def test_what_the_reader_builds_is_pinned(case: str, pinned: str) -> None:

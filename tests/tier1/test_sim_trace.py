@@ -70,18 +70,24 @@ def own_step_ms(name: str) -> float:
     return sum(steps) / len(steps) / 1e6
 
 
-@pytest.mark.parametrize(
-    ("name", "mode"),
-    [("dlrm-hta", "host"), ("dlrm-hta", "device"), ("resnet50-hta", "host")],
-)
-def test_target_1_one_job_alone_reproduces_its_traces_step(name: str, mode: Mode) -> None:
-    """At the traced world size, alone (no background work): the replayed step within 10%
-    of the trace's own step as its GPU ran it. The DLRM rank's GPU was its bound (its GPU
-    alone, mode "device", reproduces it too); the ResNet-50 rank's host was (its GPU was
-    idle 77% of the step): only with the host model."""
+@pytest.mark.parametrize("name", ["dlrm-hta", "resnet50-hta"])
+def test_target_1_one_job_alone_reproduces_its_traces_step(name: str) -> None:
+    """At the traced world size, alone (no background work), with the host that issued the
+    ops: the replayed step within 10% of the trace's own step as its GPU ran it."""
     for scheduler in ("fifo", "rdmasched"):
-        r, _ = sim(name, scheduler, mode=mode)
+        r, _ = sim(name, scheduler)
         assert abs(r["step_time_ms"] / own_step_ms(name) - 1) < 0.10, r["step_time_ms"]
+
+
+def test_the_gpu_alone_is_no_slower_than_its_trace() -> None:
+    """Without the host (mode "device") the replay is the GPU's alone: never slower than
+    the trace (whose step holds the host's waits too). The DLRM rank's GPU waited for its
+    host about a tenth of its step (68.5 ms against 76.8); the ResNet-50 rank's was idle
+    77% of it, waiting for a host that took about 100 ms for each of forward and backward."""
+    dlrm, _ = sim("dlrm-hta", "fifo", mode="device")
+    assert 0.85 < dlrm["step_time_ms"] / own_step_ms("dlrm-hta") < 1.0
+    resnet, _ = sim("resnet50-hta", "fifo", mode="device")
+    assert resnet["step_time_ms"] / own_step_ms("resnet50-hta") < 0.9
 
 
 def test_the_review_s_replay_no_longer() -> None:

@@ -382,10 +382,10 @@ def _without_steps(name: str) -> Any:
 @pytest.mark.parametrize(
     ("case", "pinned"),
     [
-        ("lm", "0f9924c1a1c026c6"),
-        ("mlp", "8ae132f9fbe03c97"),
-        ("lm without steps", "f7a20f6dd23a6ee2"),
-        ("gpu", "08248b2ab6455a59"),
+        ("lm", "4634d79cdb38673b"),
+        ("mlp", "e34e2b4217d36fbf"),
+        ("lm without steps", "5cb54fca64794fc2"),
+        ("gpu", "cd9ed93ebdab108b"),
     ],
 )
 def test_what_the_parser_builds_is_pinned(case: str, pinned: str) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from rdmasched.workload import ComputeTask, SyncTask, Workload, load
 from rdmasched.workload.critpath import priority_gain, replay
-from rdmasched.workload.streams import COMPUTE, MODES, host_start, occupancy, plan
+from rdmasched.workload.streams import COMPUTE, MODES, host_start, occupancy, plan, prev_deps
 
 TRACES = Path(__file__).resolve().parent.parent / "data" / "traces"
 REAL = ("dlrm-hta", "resnet50-hta")
@@ -75,6 +75,27 @@ def test_buckets_are_independent_syncs() -> None:
             tasks = {t.id: t for t in s.tasks}
             for b in s.buckets:
                 assert all(isinstance(tasks.get(d), ComputeTask) for d in b.deps if d in tasks)
+
+
+def test_the_next_batchs_input_dist_holds_up_nothing_in_its_step() -> None:
+    """TorchRec's pipelined input-dist (the all_to_alls of the next batch's sparse features,
+    issued in the forward after its last compute): no task of the step waits for one; the
+    next step's forward does (streams.prev_deps)."""
+    wl = trace("dlrm-hta")
+    for s in wl.steps:
+        nxt = {x.id for x in s.syncs if x.next_batch}
+        assert len(nxt) == 5  # lengths, indices, ..., weights: all_to_all.1-5
+        assert all(
+            x.collective == "all_to_all" and x.phase == "forward" for x in s.syncs if x.id in nxt
+        )
+        for t in s.computes:
+            assert not nxt & set(t.deps)
+    ops = plan(wl.steps[1], True)
+    first = next(o for o in ops if o.after_inputs)
+    assert first.stream == COMPUTE and first.task.phase == "forward"
+    prev = plan(wl.steps[0], True)
+    waited = {prev[i].name for i in prev_deps(first, prev)}
+    assert {f"all_to_all.{k}" for k in range(1, 6)} <= waited
 
 
 def test_a_collective_holds_up_only_compute_that_ran_after_it_in_the_trace() -> None:
@@ -153,8 +174,9 @@ def test_the_model_of_a_real_trace() -> None:
     r = replay(dlrm, "launch", mode="host")
     assert abs(r.step_ns / own["dlrm-hta"] - 1) < 0.10
     assert r.critical_path and len(r.step_ends) == 8
-    # its GPU alone keeps the step too (the GPU is the bound), as the review's 46-61 ms did not
-    assert abs(replay(dlrm, "launch", mode="device").step_ns / own["dlrm-hta"] - 1) < 0.10
+    # its GPU alone is a little faster (its GPU waited for its host about a tenth of the
+    # step), not the review's 46-61 ms
+    assert 0.85 < replay(dlrm, "launch", mode="device").step_ns / own["dlrm-hta"] < 1.0
     # the ResNet rank's host was its bound: its GPU alone is faster than its step
     assert abs(replay(resnet, "launch", mode="host").step_ns / own["resnet50-hta"] - 1) < 0.10
     assert replay(resnet, "launch", mode="device").step_ns < 0.9 * own["resnet50-hta"]
