@@ -38,6 +38,7 @@ from rdmasched.sim.linkmodel import PRESETS, LinkModel
 from rdmasched.sim.trace import (
     TRACE_CORE_SLOTS,
     TRACE_GROUP_BASE,
+    ReplayPlan,
     TraceTrainer,
     device_figures,
     sync_times,
@@ -248,6 +249,7 @@ class Run:
         self.factors = slowdowns(cfg, self.rng)
         self.rep: Replicated | None = None
         self.sync_ns: dict[int, int] = {}
+        self.replay: ReplayPlan | None = None
         self.groups = [GROUP]
         jn = cfg.job_nodes if 0 < cfg.job_nodes < n else n
         self.job_nodes = jn
@@ -266,6 +268,7 @@ class Run:
             self.factors = [1.0] * n
             widest = cfg.links.level(self.topo, 0, n - 1)
             self.sync_ns = sync_times(cfg.trace, n, cfg.links, widest, cfg.link_model)
+            self.replay = ReplayPlan(cfg.trace, cfg.trace_mode)
             self.groups = [TRACE_GROUP_BASE + j for j in range(trace_groups(self.rep))]
         self.trainers: list[SimTrainer] = []
         self.alive = [True] * n
@@ -393,6 +396,7 @@ class Run:
         cfg = self.cfg
         if self.rep is None:
             return SimTrainer(i, cfg.slots, cfg.workload, backend, self.ledger)
+        assert self.replay is not None
         return TraceTrainer(
             i,
             self.slots,
@@ -401,7 +405,7 @@ class Run:
             self.ledger,
             self.rep,
             self.sync_ns,
-            cfg.trace_mode,
+            self.replay,
         )
 
     def _endpoint(self, i: int) -> Endpoint:

@@ -110,6 +110,19 @@ def trace_groups(rep: Replicated) -> int:
     return max((len(s.syncs) for s in rep.base.steps), default=0)
 
 
+class ReplayPlan:
+    """What every node's trainer replays, made once per run: each trace step's plan in
+    `mode` (rdmasched.workload.streams), the stream the core orders, the host's step."""
+
+    def __init__(self, wl: Workload, mode: Mode = "host") -> None:
+        gpu = wl.device == "gpu"
+        self.plans = [plan(s, gpu, mode) for s in wl.steps]
+        self.walls = [s.duration_ns for s in wl.steps]
+        self.core_stream = [bucket_stream(s) for s in wl.steps]
+        #: sync task id -> j: its sync group is TRACE_GROUP_BASE + j (the step's j-th)
+        self.sync_j = {x.id: j for st in wl.steps for j, x in enumerate(st.syncs)}
+
+
 class _Stream:
     """An in-order server: one op at a time; `ready_order`: in the order the ops became
     ready (the compute stream), else in the order they were made (issue order)."""
@@ -131,20 +144,19 @@ class TraceTrainer(SimTrainer):
         ledger: Ledger,
         rep: Replicated,
         sync_ns: dict[int, int],
-        mode: Mode = "host",
+        replay: ReplayPlan,
     ) -> None:
         super().__init__(node, slots, cfg, backend, ledger)
         self.rep = rep
         self.shaped = backend
         #: trace sync task id -> its run time on the cluster's network
         self.sync_ns = sync_ns
-        gpu = rep.base.device == "gpu"
-        self.plans = [plan(s, gpu, mode) for s in rep.base.steps]
-        self.walls = [s.duration_ns for s in rep.base.steps]
+        self.plans = replay.plans
+        self.walls = replay.walls
+        self.core_stream = replay.core_stream
+        self._sync_j = replay.sync_j
         self._host: list[int] = []  # per replay step, when the host began it
-        self.core_stream = [bucket_stream(s) for s in rep.base.steps]
         self.factor = rep.slowdown[node]
-        self.fifo = backend.fifo
         self.streams: dict[str, _Stream] = {}
         #: (step, op index) -> deps left; and who waits for it
         self._pending: dict[tuple[int, int], int] = {}
@@ -154,8 +166,6 @@ class TraceTrainer(SimTrainer):
         self._ready: set[tuple[int, int]] = set()  # deps met (an in-order stream may hold it)
         self._by_sched: dict[int, tuple[int, int]] = {}  # scheduler task id -> op key
         self._by_group: dict[tuple[int, int], tuple[int, int]] = {}  # (group, step) -> op key
-        #: sync task id -> j: its sync group is TRACE_GROUP_BASE + j (the step's j-th)
-        self._sync_j = {x.id: j for st in rep.base.steps for j, x in enumerate(st.syncs)}
         self._made = 0
         self._last_end = 0
         self._core_run: dict[int, int] = {}  # transfer task id -> when its run began
