@@ -35,6 +35,7 @@ from rdmasched.sim.report import (
     plot,
 )
 from rdmasched.sim.run import CENTRAL, SCHEDULERS, SimConfig, measure_central_call_ns, simulate
+from rdmasched.workload.streams import MODES
 
 HELP = (
     "simulate a cluster of up to 100,000 nodes running the real node core, against "
@@ -133,6 +134,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="replay a torch.profiler trace (.json/.json.gz) or a Chakra execution trace "
         "(.et) instead of the synthetic job (default none: the synthetic job)",
+    )
+    p.add_argument(
+        "--link-model",
+        action="store_true",
+        help="--workload: every collective takes the link model's time (nccl-tests' formula "
+        "per collective), not its measured one (the default up to the traced world size)",
+    )
+    p.add_argument(
+        "--trace-mode",
+        choices=MODES,
+        default="host",
+        help="--workload, a GPU trace: host (ops wait for the host that issued them, at the "
+        "trace's pace), device (the GPU alone), kernels (the GPU alone, no launch gaps)",
     )
     p.add_argument("--links", choices=sorted(PRESETS), default="ib", help="link model")
     p.add_argument("--cpu-ns", type=_count, help="per-message CPU cost, ns (default the model's)")
@@ -296,6 +310,8 @@ def base_config(args: argparse.Namespace, load_trace: bool = True) -> SimConfig:
         stall_ms=args.stall_ms,
         job_nodes=args.job_nodes,
         trace=trace,
+        link_model=args.link_model,
+        trace_mode=args.trace_mode,
         full_mesh=args.full_mesh,
     )
     return cfg

@@ -16,6 +16,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("nodes", "N", "{}"),
     ("steps", "steps", "{}"),
     ("slot_idle_pct", "idle %", "{:.2f}"),
+    ("device_idle_pct", "dev idle %", "{:.2f}"),
     ("step_time_ms", "step ms", "{:.3f}"),
     ("vs_rdmasched.step_time_x", "x rdms", "{:.2f}"),
     ("steps_per_s", "steps/s", "{:.1f}"),

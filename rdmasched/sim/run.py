@@ -35,10 +35,19 @@ from rdmasched.sim.drivers import (
 )
 from rdmasched.sim.engine import Endpoint, Engine, Network
 from rdmasched.sim.linkmodel import PRESETS, LinkModel
-from rdmasched.sim.trace import TRACE_GROUP_BASE, TraceTrainer, allreduce_ns, trace_groups
+from rdmasched.sim.trace import (
+    TRACE_CORE_SLOTS,
+    TRACE_GROUP_BASE,
+    ReplayPlan,
+    TraceTrainer,
+    device_figures,
+    sync_times,
+    trace_groups,
+)
 from rdmasched.topology import DEFAULT_SLOTS_PER_LANE, LANE_HEADER_BYTES, SLOT_BYTES, Topology
 from rdmasched.wire import Kind
 from rdmasched.workload import Replicated, Workload, replicate
+from rdmasched.workload.streams import MODES, Mode
 
 SCHEDULERS = ("rdmasched", "fifo", "central", "k8s")
 #: the schedulers whose decisions one coordinator makes (the others: every node's own core)
@@ -113,6 +122,11 @@ class SimConfig:
     wall_limit_s: float = 0.0
     #: replay this trace's steps (rdmasched.workload) instead of the synthetic job
     trace: Workload | None = None
+    #: a trace's collectives take the link model's time even within its traced world size
+    link_model: bool = False
+    #: how a GPU trace is replayed (rdmasched.workload.streams.MODES): "host" (its ops wait
+    #: for the host that issued them), "device" (the device alone), "kernels" (no gaps)
+    trace_mode: Mode = "host"
     #: the cores get no topology: a lane between every two nodes, flat sync (every member
     #: tells every member) and flat liveness, as `rdmasched demo` without --leaf runs
     full_mesh: bool = False
@@ -154,6 +168,8 @@ class SimConfig:
                 f"--job-nodes {self.job_nodes}: nodes per job must be in 0..{self.nodes} "
                 f"(the cluster's nodes; 0: one job over every node)"
             )
+        if self.trace_mode not in MODES:
+            raise ArgumentError(f"trace mode {self.trace_mode!r}: one of {', '.join(MODES)}")
         if self.trace is not None and self.job_nodes not in (0, self.nodes):
             raise ArgumentError("a trace replay runs one job over every node (no --job-nodes)")
         if not 0 < self.heartbeat_ms < self.dead_after_ms:
@@ -233,6 +249,7 @@ class Run:
         self.factors = slowdowns(cfg, self.rng)
         self.rep: Replicated | None = None
         self.sync_ns: dict[int, int] = {}
+        self.replay: ReplayPlan | None = None
         self.groups = [GROUP]
         jn = cfg.job_nodes if 0 < cfg.job_nodes < n else n
         self.job_nodes = jn
@@ -250,13 +267,14 @@ class Run:
             )
             self.factors = [1.0] * n
             widest = cfg.links.level(self.topo, 0, n - 1)
-            for st in cfg.trace.steps:
-                for x in st.syncs:
-                    self.sync_ns[x.id] = allreduce_ns(x.nbytes, n, cfg.links, widest)
+            self.sync_ns = sync_times(cfg.trace, n, cfg.links, widest, cfg.link_model)
+            self.replay = ReplayPlan(cfg.trace, cfg.trace_mode)
             self.groups = [TRACE_GROUP_BASE + j for j in range(trace_groups(self.rep))]
         self.trainers: list[SimTrainer] = []
         self.alive = [True] * n
         self.killed: list[int] = []
+        #: each node's slots: a trace replay's core orders its one bucket stream
+        self.slots = TRACE_CORE_SLOTS if cfg.trace is not None else cfg.slots
         self.coordinator: Coordinator | None = None
         self.cores: list[NodeCore] = []
         t0, c0 = time.perf_counter(), time.process_time()
@@ -296,7 +314,7 @@ class Run:
             core = make_core(
                 i,
                 known,
-                slots=cfg.slots,
+                slots=self.slots,
                 now=0,
                 heartbeat_ns=cfg.heartbeat_ms * MS,
                 dead_after_ns=cfg.dead_after_ms * MS,
@@ -337,7 +355,7 @@ class Run:
             coord_loop.send_cost_ns = int(1e9 / cfg.k8s_pods_per_s)
         coord = Coordinator(
             coord_loop,  # type: ignore[arg-type]
-            dict.fromkeys(range(n), cfg.slots),
+            dict.fromkeys(range(n), self.slots),
             group=GROUP,
             sync_cost_ns=int(cfg.workload.sync_ms * MS),
             starvation_us=1_000_000,
@@ -378,8 +396,16 @@ class Run:
         cfg = self.cfg
         if self.rep is None:
             return SimTrainer(i, cfg.slots, cfg.workload, backend, self.ledger)
+        assert self.replay is not None
         return TraceTrainer(
-            i, cfg.slots, cfg.workload, backend, self.ledger, self.rep, self.sync_ns
+            i,
+            self.slots,
+            cfg.workload,
+            backend,
+            self.ledger,
+            self.rep,
+            self.sync_ns,
+            self.replay,
         )
 
     def _endpoint(self, i: int) -> Endpoint:
@@ -501,6 +527,7 @@ class Run:
             "lane_writes_per_node_per_step": self.net.writes / n / steps_for_msgs,
             "decisions_per_node_per_s": decisions / n / (span_ns / 1e9) if span_ns else 0.0,
             "preemptions": sum(f["preemptions"] for f in figs),
+            **device_figures(figs),
             "rejected": rejected,
             **lanes_per_node(self.topo, cfg.scheduler, sample, cfg.full_mesh),
             "events": self.engine.events,

@@ -48,7 +48,13 @@ def _text(wl: Workload, graph: bool, chakra: bool = False) -> str:
         lines.append(f"  {len(s.buckets)} gradient buckets, bytes: [{sizes}]")
         for x in s.syncs:
             if not x.is_bucket:
-                lines.append(f"  other sync {x.name} ({x.phase}): {x.nbytes} bytes")
+                lines.append(
+                    f"  other sync {x.name} ({x.phase}, {x.stream}): {x.nbytes} bytes, "
+                    f"ran {x.duration_ns / 1e3:.0f} us"
+                )
+        if s.device_idle_pct:
+            idle = ", ".join(f"{k} {v:.1f}" for k, v in s.device_idle_pct.items())
+            lines.append(f"  device idle % (HTA's count): {idle}")
         if graph:
             for t in s.tasks:
                 what = (
@@ -66,8 +72,10 @@ def _text(wl: Workload, graph: bool, chakra: bool = False) -> str:
     else:
         lines.append(
             "dependencies: compute in issue order; each sync after the compute that produced it "
-            "and the sync before it; the optimizer after every sync; the next step after the "
-            "optimizer"
+            "(a collective other than a bucket also after the one before it on its stream); "
+            "a collective other than a bucket holds up the first compute that started after it "
+            "ended; the optimizer after the step's buckets; side streams in their own order; "
+            "the next step after the last task"
         )
     if wl.ignored:
         lines.append(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
@@ -75,6 +76,9 @@ class ComputeTask:
     ops: int
     deps: tuple[int, ...] = ()
     kind: Literal["compute"] = "compute"
+    #: the stream it ran on: "compute" (the rank's compute stream or thread), or a side
+    #: stream "side.K" (a copy or kernel stream beside it, GPU traces)
+    stream: str = "compute"
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,13 @@ class SyncTask:
     offset_ns: int
     deps: tuple[int, ...] = ()
     kind: Literal["sync"] = "sync"
+    #: the communication stream it ran on ("comm", or "comm.K" for the K-th NCCL stream of
+    #: a GPU trace, numbered by first use)
+    stream: str = "comm"
+    #: the next batch's data: issued in the forward after its last compute (TorchRec's
+    #: pipelined input-dist), it holds up nothing in its step; the next step's forward
+    #: waits for it
+    next_batch: bool = False
 
     @property
     def is_bucket(self) -> bool:
@@ -119,6 +130,13 @@ class Step:
     #: wall time of the step in the trace, ns
     duration_ns: int
     tasks: tuple[Task, ...]
+    #: trace time (ns) the step's first compute-stream work started (a GPU trace: its first
+    #: kernel on the compute stream; 0 if unknown): from one step's to the next's is the
+    #: step as the device ran it (`device_steps_ns`)
+    device_start_ns: int = 0
+    #: a GPU trace: the step's device idle, percent, per stream and "device" (any stream),
+    #: as HTA counts it; {} when unknown (torch_trace._device_idle)
+    device_idle_pct: dict[str, float] = field(default_factory=dict)
 
     @property
     def computes(self) -> tuple[ComputeTask, ...]:
@@ -134,7 +152,12 @@ class Step:
         return tuple(t for t in self.syncs if t.is_bucket)
 
     def compute_ns(self, phase: Phase | None = None) -> int:
-        return sum(t.duration_ns for t in self.computes if phase is None or t.phase == phase)
+        """Busy time of the compute stream (side streams apart), of one phase or all."""
+        return sum(
+            t.duration_ns
+            for t in self.computes
+            if t.stream == "compute" and (phase is None or t.phase == phase)
+        )
 
 
 @dataclass(frozen=True)
@@ -152,6 +175,15 @@ class Workload:
 
     def tasks(self) -> list[Task]:
         return [t for s in self.steps for t in s.tasks]
+
+    def device_steps_ns(self) -> list[int]:
+        """The trace's own steps as its device ran them: from each step's first compute-stream
+        work to the next step's (one fewer than the steps; [] without device times). For a
+        GPU trace this is the step the GPU ran, CPU-side step ranges apart."""
+        st = [s.device_start_ns for s in self.steps]
+        if len(st) < 2 or not all(st):
+            return []
+        return [b - a for a, b in pairwise(st)]
 
     def validate(self) -> None:
         """Raise WorkloadError unless every dep names an earlier task (so the graph is acyclic)
@@ -181,6 +213,7 @@ class Workload:
                     "profiler_step": s.profiler_step,
                     "duration_us": s.duration_ns / 1e3,
                     "compute_us": {p: s.compute_ns(p) / 1e3 for p in PHASES},
+                    "device_idle_pct": s.device_idle_pct,
                     "tasks": len(s.tasks),
                     "buckets": [
                         {"name": b.name, "bytes": b.nbytes, "dtype": b.dtype} for b in s.buckets
@@ -198,6 +231,7 @@ class Workload:
             "backend": self.backend,
             "rank": self.rank,
             "world_size": self.world_size,
+            "device_steps_us": [x / 1e3 for x in self.device_steps_ns()],
             "steps": steps,
             "ignored_events": dict(sorted(self.ignored.items())),
             "warnings": list(self.warnings),
@@ -211,6 +245,18 @@ class Workload:
             for t in self.tasks()
         ]
         return out
+
+
+def union(ivs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Intervals [start, end) merged into disjoint sorted ones (busy time, idle time)."""
+    out: list[tuple[int, int]] = []
+    for s, e in sorted(ivs):
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
 
 
 #: one piece of compute as a reader sees it (a profiler busy interval, a Chakra node)
@@ -268,19 +314,22 @@ class TaskBuilder(Generic[Item]):
         span_ns: int,
         ops: int,
         deps: tuple[int, ...],
+        stream: str = "compute",
     ) -> ComputeTask:
+        label = phase if stream == "compute" else f"{stream}.{phase}"
         t = ComputeTask(
             id=self.next_id,
             step=self.index,
             phase=phase,
-            name=f"{phase}.{self.counters[phase]}",
+            name=f"{label}.{self.counters[label]}",
             duration_ns=duration_ns,
             offset_ns=offset_ns,
             span_ns=span_ns,
             ops=ops,
             deps=deps,
+            stream=stream,
         )
-        self.counters[phase] += 1
+        self.counters[label] += 1
         self._add(t)
         return t
 
@@ -295,6 +344,8 @@ class TaskBuilder(Generic[Item]):
         duration_ns: int,
         offset_ns: int,
         deps: tuple[int, ...],
+        stream: str = "comm",
+        next_batch: bool = False,
     ) -> SyncTask:
         label = "bucket" if is_bucket(collective, phase) else collective
         t = SyncTask(
@@ -309,6 +360,8 @@ class TaskBuilder(Generic[Item]):
             duration_ns=duration_ns,
             offset_ns=offset_ns,
             deps=deps,
+            stream=stream,
+            next_batch=next_batch,
         )
         self.counters["s:" + label] += 1
         self._add(t)

@@ -23,12 +23,13 @@ import bisect
 import json
 import re
 from collections import Counter, defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from rdmasched.limits import U64_MAX
 from rdmasched.workload.model import (
+    ComputeTask,
     Phase,
     Step,
     SyncTask,
@@ -36,7 +37,9 @@ from rdmasched.workload.model import (
     TaskBuilder,
     Workload,
     WorkloadError,
+    is_bucket,
     read_bytes,
+    union,
 )
 
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
@@ -177,6 +180,15 @@ class _Comm:
     dtype: str = ""
     duration: int = 0
     events: list[_Ev] = field(default_factory=list)
+    #: when it started running (a GPU trace: its kernel's start; -1: at its issue)
+    start: int = -1
+    #: its stream ("comm" on a CPU trace, "comm.K" for the K-th NCCL stream of a GPU trace)
+    stream: str = "comm"
+
+    @property
+    def done(self) -> int:
+        """When it ended in the trace: its start (or issue) plus its duration."""
+        return (self.start if self.start >= 0 else self.issue) + self.duration
 
 
 @dataclass
@@ -187,6 +199,8 @@ class _Unit:
     start: int
     end: int
     ops: int = 1
+    #: None on the compute stream (or thread); "side.K" on the K-th other stream
+    side: str | None = None
 
 
 #: the largest time a trace may give, us (2**62 ns: centuries; Infinity is not a time)
@@ -245,17 +259,6 @@ def _int(v: Any) -> int:
     except (TypeError, ValueError, OverflowError):  # OverflowError: Infinity
         return 0
     return n if 0 <= n <= U64_MAX else 0
-
-
-def _union(ivs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for s, e in sorted(ivs):
-        if out and s <= out[-1][1]:
-            if e > out[-1][1]:
-                out[-1] = (out[-1][0], e)
-        else:
-            out.append((s, e))
-    return out
 
 
 def _subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -429,6 +432,7 @@ def parse(doc: Any, source: str = "<trace>") -> Workload:
             c.dtype = c.dtype or r.dtype
 
     device = "gpu" if gpu else "cpu"
+    names: dict[Any, str] = {}  # GPU stream -> its name (the compute stream's: "compute")
     units: list[_Unit] = []
     syncs: list[_Comm] = []
     if device == "gpu":
@@ -437,13 +441,16 @@ def parse(doc: Any, source: str = "<trace>") -> Workload:
         by_tid: dict[Any, list[_Comm]] = defaultdict(list)
         for c in issues + runs:
             by_tid[c.tid].append(c)
+        main = _compute_stream(gpu)
+        names[main] = "compute"
         for k in gpu:
             corr = k.args.get("correlation")
             launch = runtime.get(corr) if isinstance(corr, int) else None
             issue = launch.start if launch is not None else k.start
             m = NCCL_KERNEL_RE.match(k.name)
             if m is None:
-                units.append(_Unit(issue, k.start, k.end))
+                side = None if k.tid == main else _stream_name(names, "side", k.tid)
+                units.append(_Unit(issue, k.start, k.end, side=side))
                 continue
             coll = str(k.args.get("Collective name") or m.group(1))
             nelems, dtype = _size_of([k])
@@ -453,11 +460,11 @@ def parse(doc: Any, source: str = "<trace>") -> Workload:
                         nelems, dtype = c.nelems, c.dtype
                         coll = c.collective if not k.args.get("Collective name") else coll
                         break
-            syncs.append(
-                _Comm(
-                    issue, issue, k.tid, normalise_collective(coll), nelems, dtype, k.end - k.start
-                )
+            c = _Comm(
+                issue, issue, k.tid, normalise_collective(coll), nelems, dtype, k.end - k.start
             )
+            c.start, c.stream = k.start, _stream_name(names, "comm", k.tid)
+            syncs.append(c)
         for ev in runtime.values():
             ignored[f"X/{ev.cat}"] += 1
     else:
@@ -482,8 +489,8 @@ def parse(doc: Any, source: str = "<trace>") -> Workload:
 
     # -- CPU compute: busy time of compute threads minus collective issue, cut at every cut
     if device == "cpu":
-        busy = _union([(e.start, e.end) for evs in cpu_ops.values() for e in evs])
-        busy = _subtract(busy, _union([(c.issue, c.end) for c in issues]))
+        busy = union([(e.start, e.end) for evs in cpu_ops.values() for e in evs])
+        busy = _subtract(busy, union([(c.issue, c.end) for c in issues]))
         cuts = sorted({c.issue for c in syncs} | {t for _, s, e in windows for t in (s, e)})
         op_starts = sorted(e.start for evs in cpu_ops.values() for e in evs)
         units = [_Unit(s, s, e, 0) for s, e in _split(busy, cuts)]
@@ -511,6 +518,7 @@ def parse(doc: Any, source: str = "<trace>") -> Workload:
         if "backward" not in {p for _, p in markers} and step_units:
             warnings.append(f"step {index}: no backward phase found")
         tasks = b.step(index, w0, markers, step_units, step_syncs)
+        first = min((u.start for u in step_units if u.side is None), default=0)
         for task in tasks:
             if isinstance(task, SyncTask) and task.nelems and not task.nbytes:
                 warnings.append(f"step {index}: {task.name}: unknown dtype {task.dtype!r}, size 0")
@@ -518,8 +526,10 @@ def parse(doc: Any, source: str = "<trace>") -> Workload:
                 warnings.append(
                     "collectives without a size (0 bytes): record the trace with record_shapes=True"
                 )
-        out_steps.append(Step(index, pstep, w1 - w0, tuple(tasks)))
+        out_steps.append(Step(index, pstep, w1 - w0, tuple(tasks), first))
 
+    if device == "gpu":
+        out_steps = _device_idle(out_steps, gpu, names)
     if device == "cpu" and not syncs:
         warnings.append("no collectives found: a single-rank or non-distributed trace")
     backend = dist.get("backend") if isinstance(dist.get("backend"), str) else None
@@ -535,6 +545,47 @@ def parse(doc: Any, source: str = "<trace>") -> Workload:
     )
     wl.validate()
     return wl
+
+
+def _device_idle(steps: list[Step], gpu: list[_Ev], names: dict[Any, str]) -> list[Step]:
+    """Each step's device idle as HTA counts it (percent of the step's time with no kernel,
+    copy or memset on that stream / on any stream of the device), over the step as the
+    device ran it: from its first compute-stream work to the next step's (the last step
+    has no such end and gets none)."""
+    out = list(steps)
+    for i in range(len(steps) - 1):
+        a, b = steps[i].device_start_ns, steps[i + 1].device_start_ns
+        if not (a and b > a):
+            continue
+        per: dict[Any, list[tuple[int, int]]] = defaultdict(list)
+        for k in gpu:
+            if k.end > a and k.start < b:
+                per[k.tid].append((max(a, k.start), min(b, k.end)))
+        idle = {
+            names.get(tid, str(tid)): 100.0 * (1 - sum(e - s for s, e in union(iv)) / (b - a))
+            for tid, iv in per.items()
+        }
+        every = union([x for iv in per.values() for x in iv])
+        idle["device"] = 100.0 * (1 - sum(e - s for s, e in every) / (b - a))
+        out[i] = replace(steps[i], device_idle_pct=dict(sorted(idle.items())))
+    return out
+
+
+def _compute_stream(gpu: list[_Ev]) -> Any:
+    """The GPU stream (pid, tid) with the most compute-kernel time: the compute stream; the
+    others that run kernels or copies are side streams."""
+    busy: Counter[Any] = Counter()
+    for k in gpu:
+        if NCCL_KERNEL_RE.match(k.name) is None:
+            busy[k.tid] += k.end - k.start
+    return busy.most_common(1)[0][0] if busy else None
+
+
+def _stream_name(names: dict[Any, str], kind: str, tid: Any) -> str:
+    """`kind.K`: the K-th stream of that kind, numbered by first use."""
+    if tid not in names:
+        names[tid] = f"{kind}.{sum(1 for v in names.values() if v.startswith(kind + '.'))}"
+    return names[tid]
 
 
 def _markers(
@@ -563,13 +614,21 @@ def _markers(
 class _GraphBuilder(TaskBuilder[_Unit]):
     """Turns each step's compute units and collectives, in issue order, into tasks with deps.
 
-    Rules: compute tasks of a step form a chain (stream order) and a compute task ends at each
-    collective and at each phase change; a sync depends on the compute task just before it
-    (the one that produced its data) and on the sync before it (collectives run in order);
-    backward syncs do not hold up the backward compute that follows (DDP overlaps them),
-    except the compute after the last one (DDP's finalize waits for every bucket); syncs in
-    the forward or optimizer phase block the next compute task; the first optimizer task
-    depends on every sync of the step; the first task of a step on the last of the previous.
+    Rules (docs/WORKLOADS.md, "Dependencies"):
+    - compute-stream tasks of a step form a chain (stream order); a compute task ends at each
+      collective's issue, at each phase change, and where a collective it may wait for ended;
+    - a sync depends on the compute task just before it (the one that produced its data); a
+      sync other than a gradient bucket also on the one before it on its stream (in order);
+      gradient buckets depend on nothing else: the scheduler picks their order;
+    - a collective other than a bucket holds up only the first compute-stream task that
+      started, in the trace, after it ended; one issued in the forward after the forward's
+      last compute is the next batch's (TorchRec's pipelined input-dist: `next_batch`) and
+      holds up nothing in its step;
+    - the first optimizer task waits for the step's gradient buckets (DDP's finalize: only
+      DDP's own buckets); the backward compute never waits for a bucket;
+    - side-stream work (copies, kernels on other streams) is its own tasks on its stream:
+      each after the one before on its stream, the first after the compute issued before it;
+    - the first task of a step depends on the last of the previous step.
     """
 
     def step(
@@ -588,33 +647,37 @@ class _GraphBuilder(TaskBuilder[_Unit]):
 
         self.begin_step(index)
         self.w0 = w0
-        self.sync_ids: list[int] = []
-        self.bwd_sync_ids: list[int] = []
+        self.buckets: list[int] = []  # since the last optimizer task
         self.blocking: list[int] = []
+        self.waiting: list[tuple[int, int]] = []  # (sync id, when it ended)
+        self.last_on: dict[str, int] = {}  # stream -> its last non-bucket sync / side task
         self.last_compute: int | None = None
-        self.since_opt: list[int] = []  # syncs issued since the last optimizer task
+        self.side: dict[str, tuple[Phase, list[_Unit], tuple[int, ...]]] = {}
+        #: issue of the forward's last compute-stream work
+        self.last_forward = max(
+            (u.issue for u in units if u.side is None and phase_at(u.issue) == "forward"),
+            default=None,
+        )
         items: list[tuple[int, int, _Unit | _Comm]] = [(u.issue, 0, u) for u in units]
         items += [(c.issue, 1, c) for c in syncs]
         items.sort(key=lambda x: (x[0], x[1]))
-        # per item: is there a backward sync later in the same run of the backward phase?
-        self.later_bwd_sync: dict[int, bool] = {}
-        later = False
-        for k in range(len(items) - 1, -1, -1):
-            item = items[k][2]
-            ph = phase_at(item.issue)
-            if ph != "backward":
-                later = False
-            elif isinstance(item, _Comm):
-                later = True
-            self.later_bwd_sync[id(item)] = later
         for _, _, item in items:
             ph = phase_at(item.issue)
-            if isinstance(item, _Unit):
-                self.compute(item, ph)
-            else:
+            if isinstance(item, _Comm):
                 self.flush()
                 self._sync(item, ph)
+            elif item.side is not None:
+                self._side_unit(item, ph)
+            else:
+                due = [sid for sid, done in self.waiting if done <= item.start]
+                if due:
+                    self.flush()
+                    self.blocking += due
+                    self.waiting = [(sid, d) for sid, d in self.waiting if d > item.start]
+                self.compute(item, ph)
         self.flush()
+        for stream in list(self.side):
+            self._side_flush(stream)
         return self.tasks
 
     def _prev(self) -> list[int]:
@@ -624,26 +687,52 @@ class _GraphBuilder(TaskBuilder[_Unit]):
 
     def _group(self, phase: Phase, items: list[_Unit]) -> None:
         deps = self._prev() + self.blocking
-        if phase == "optimizer" and self.since_opt:
-            deps += self.since_opt  # the optimizer waits for every sync before it
-            self.since_opt = []
-        elif phase == "backward" and self.bwd_sync_ids and not self.later_bwd_sync[id(items[0])]:
-            deps += self.bwd_sync_ids  # DDP's finalize: after the last bucket, waits for all
-            self.bwd_sync_ids = []
-        iv = _union([(u.start, u.end) for u in items])
-        t = self.add_compute(
+        if phase == "optimizer" and self.buckets:
+            deps += self.buckets  # DDP's finalize: the optimizer after every bucket
+            self.buckets = []
+        t = self._add_group(phase, items, tuple(dict.fromkeys(deps)), "compute")
+        self.last_compute = t.id
+        self.blocking = []
+
+    def _add_group(
+        self, phase: Phase, items: list[_Unit], deps: tuple[int, ...], stream: str
+    ) -> ComputeTask:
+        iv = union([(u.start, u.end) for u in items])
+        return self.add_compute(
             phase,
             duration_ns=sum(e - s for s, e in iv),
             offset_ns=items[0].issue - self.w0,
             span_ns=max(u.end for u in items) - min(u.start for u in items),
             ops=sum(u.ops for u in items),
-            deps=tuple(dict.fromkeys(deps)),
+            deps=deps,
+            stream=stream,
         )
-        self.last_compute = t.id
-        self.blocking = []
+
+    def _side_unit(self, u: _Unit, ph: Phase) -> None:
+        assert u.side is not None
+        cur = self.side.get(u.side)
+        if cur is not None and cur[0] != ph:
+            self._side_flush(u.side)
+            cur = None
+        if cur is None:
+            before = self.last_on.get(u.side)
+            deps = tuple([before] if before is not None else self._prev())
+            self.side[u.side] = (ph, [u], deps)
+        else:
+            cur[1].append(u)
+
+    def _side_flush(self, stream: str) -> None:
+        ph, items, deps = self.side.pop(stream)
+        if not deps and self.last_id is not None:
+            deps = (self.last_id,)  # the very first task of a trace that starts on a side
+        self.last_on[stream] = self._add_group(ph, items, deps, stream).id
 
     def _sync(self, c: _Comm, ph: Phase) -> None:
-        deps = self._prev() + self.sync_ids[-1:]
+        bucket = is_bucket(c.collective, ph)
+        last = self.last_forward
+        after = not bucket and ph == "forward" and last is not None and c.issue > last
+        before = None if bucket else self.last_on.get("sync:" + c.stream)
+        deps = self._prev() + ([before] if before is not None else [])
         t = self.add_sync(
             ph,
             c.collective,
@@ -653,10 +742,12 @@ class _GraphBuilder(TaskBuilder[_Unit]):
             duration_ns=max(0, c.duration),
             offset_ns=c.issue - self.w0,
             deps=tuple(dict.fromkeys(deps)),
+            stream=c.stream,
+            next_batch=after,
         )
-        self.sync_ids.append(t.id)
-        self.since_opt.append(t.id)
-        if ph == "backward":
-            self.bwd_sync_ids.append(t.id)
+        if bucket:
+            self.buckets.append(t.id)
         else:
-            self.blocking.append(t.id)
+            self.last_on["sync:" + c.stream] = t.id
+            if not after:
+                self.waiting.append((t.id, c.done))

@@ -251,9 +251,9 @@ def _without_steps() -> list[Any]:
 @pytest.mark.parametrize(
     ("case", "pinned"),
     [
-        ("fixture", "adeb2709b326f928"),
-        ("without steps", "20fa4f3829ceaa61"),
-        ("gpu", "2e5f34af230daad8"),
+        ("fixture", "7cd98e13e8e6e3d7"),
+        ("without steps", "7ed06478e89fbdf2"),
+        ("gpu", "b67ce2bb27555b74"),
     ],
 )
 def test_what_the_reader_builds_is_pinned(case: str, pinned: str) -> None:
