@@ -15,7 +15,9 @@ data-parallel job, a trace replay, the 1F1B pipeline):
   core preempts a task for another, the device is busy switching contexts for that long
   before the new task runs (the task the core started begins `preempt_ns` later; the device
   runs nothing useful meanwhile). The victim keeps its progress (a context switch saves its
-  state; docs/SIM.md, "Harvest").
+  state; docs/SIM.md, "Harvest"). A victim that began at the same instant costs nothing: it
+  took a slot the job's next task freed and took back at once (in a real job that task is
+  already launched on the stream, and the device never switches to the co-located one).
 - **Time-slicing** (the `timeslice` scheduler): the co-located work is not given to the node
   core at all. It is left to the OS or the driver: every device with a co-located task
   shares itself between that task and the job's task, with no priority and no preemption.
@@ -155,7 +157,11 @@ class NodeHarvest:
         """The preempt handler: the victim's progress. The next start on this slot (the
         task the core preempts for) waits for the device's switch."""
         now = self.engine.now
-        self._switching[slot] = now
+        on = self._on.get(task.id)
+        if on is None or on[1] < now:
+            # (a victim that began at this very instant never had the device: the task that
+            # preempts it was the next in the job's stream, launched ahead of it)
+            self._switching[slot] = now
         if self._delayed.pop(task.id, None) is not None:
             return task.progress_ns  # it never began: its progress is what it had
         self._stop(task, now)
