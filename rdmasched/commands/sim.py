@@ -25,7 +25,15 @@ from rdmasched.commands.args import (
 )
 from rdmasched.demo.defaults import DEMO_MAX_NODES
 from rdmasched.demo.job import WorkloadConfig
+from rdmasched.sim.harvest import (
+    ALONE,
+    DEVICE_PREEMPT_US,
+    TIMESLICE_INTERFERENCE,
+    compare_to_alone,
+    format_harvest,
+)
 from rdmasched.sim.linkmodel import PRESETS, preset
+from rdmasched.sim.pipeline import PipelineConfig
 from rdmasched.sim.report import (
     calibrate,
     compare,
@@ -41,6 +49,9 @@ HELP = (
     "simulate a cluster of up to 100,000 nodes running the real node core, against "
     "central, k8s-class and fifo baselines (docs/SIM.md)"
 )
+#: the schedulers run unless --schedulers says (with --harvest: the node cores' ones)
+DEFAULT_SCHEDULERS = ("rdmasched", "fifo", "central", "k8s")
+HARVEST_SCHEDULERS = ("rdmasched", "fifo", "timeslice")
 #: the default of --central-max-nodes: the baselines at every size
 CENTRAL_MAX_NODES = 0
 
@@ -104,8 +115,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--schedulers",
         type=_schedulers,
-        default=",".join(SCHEDULERS),
-        help="schedulers to run at each size, comma-separated",
+        default=None,
+        help="schedulers to run at each size, comma-separated (default "
+        f"{','.join(DEFAULT_SCHEDULERS)}; with --harvest {','.join(HARVEST_SCHEDULERS)})",
     )
     p.add_argument(
         "--central-max-nodes",
@@ -218,6 +230,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="--trace: each node's event ring, events (about 120 bytes each; a run's rings "
         "may take 2 GiB at most)",
     )
+    p.add_argument(
+        "--harvest",
+        action="store_true",
+        help="watch every node's devices: the co-located (background) work harvested, "
+        "device idle, useful work, the device's preemption cost; each size also runs the "
+        "job-alone reference (fifo, --backlog 0) and the table compares against it "
+        "(docs/SIM.md, 'Harvest'); node-core schedulers only",
+    )
+    p.add_argument(
+        "--device-preempt-us",
+        type=_nonneg,
+        default=DEVICE_PREEMPT_US,
+        help="with --harvest: a device's context switch on a preemption, us (the task the "
+        f"core starts begins that much later; default {DEVICE_PREEMPT_US:g})",
+    )
+    p.add_argument(
+        "--interference",
+        type=_slowdown,
+        default=TIMESLICE_INTERFERENCE,
+        help="timeslice: a job task beside co-located work takes this many times its length "
+        f"(default {TIMESLICE_INTERFERENCE:.3f} = 88.2/49.1 ms, the real DDP example)",
+    )
+    p.add_argument(
+        "--pipeline",
+        type=_pos_int,
+        metavar="STAGES",
+        help="a 1F1B pipeline-parallel job of STAGES stages on consecutive nodes instead of "
+        "the synthetic data-parallel job (the nodes a multiple of STAGES)",
+    )
+    p.add_argument("--micro-batches", type=_pos_int, default=16, help="--pipeline: per step")
+    p.add_argument("--forward-ms", type=ms, default=1.0, help="--pipeline: a forward pass, ms")
+    p.add_argument("--backward-ms", type=ms, default=2.0, help="--pipeline: a backward pass, ms")
+    p.add_argument(
+        "--pipeline-mb",
+        type=_nonneg,
+        default=0.0,
+        help="--pipeline: activations sent stage to stage per micro-batch, MB",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument(
         "--plot",
@@ -248,6 +298,8 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     from rdmasched.errors import RdmaschedError
     from rdmasched.topology import check_leaf_pod
 
+    if args.schedulers is None:
+        args.schedulers = list(HARVEST_SCHEDULERS if args.harvest else DEFAULT_SCHEDULERS)
     check_liveness(parser, args.heartbeat_ms, args.dead_after_ms)
     try:
         check_leaf_pod(args.leaf, args.pod, "--leaf/--pod")
@@ -262,6 +314,11 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 f"runs, which take at most {DEMO_MAX_NODES} nodes (processes on this host)"
             )
         sizes = list(args.calibrate_sizes)
+    if args.harvest and (args.calibrate or any(s in CENTRAL for s in args.schedulers)):
+        parser.error(
+            "--harvest watches the node cores' devices: give --schedulers from "
+            "rdmasched,fifo,timeslice (not central or k8s), and no --calibrate"
+        )
     base = base_config(args, load_trace=False)
     for n in sizes:
         try:
@@ -313,8 +370,28 @@ def base_config(args: argparse.Namespace, load_trace: bool = True) -> SimConfig:
         link_model=args.link_model,
         trace_mode=args.trace_mode,
         full_mesh=args.full_mesh,
+        harvest=args.harvest,
+        device_preempt_us=args.device_preempt_us if args.harvest else 0.0,
+        interference=args.interference,
+        pipeline=None
+        if args.pipeline is None
+        else PipelineConfig(
+            stages=args.pipeline,
+            micro_batches=args.micro_batches,
+            forward_ms=args.forward_ms,
+            backward_ms=args.backward_ms,
+            activation_mb=args.pipeline_mb,
+        ),
     )
     return cfg
+
+
+def _workload_name(args: argparse.Namespace) -> str:
+    if args.pipeline is not None:
+        return f"1f1b-p{args.pipeline}-m{args.micro_batches}"
+    if args.workload:
+        return f"trace:{os.path.basename(args.workload)}"
+    return "data-parallel"
 
 
 def _real_demo(args: argparse.Namespace, cfg: SimConfig) -> Any:
@@ -366,6 +443,8 @@ def main(args: argparse.Namespace) -> int:
     runs: list[tuple[int, str]] = []
     not_run: list[dict[str, Any]] = []
     for n in args.sizes:
+        if args.harvest:
+            runs.append((n, ALONE))  # the job-alone reference first
         for sched in args.schedulers:
             if sched in CENTRAL and cap and n > cap:
                 why = f"--central-max-nodes {cap}: one coordinator handles every node's tasks"
@@ -390,12 +469,22 @@ def main(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"  {sched} at {n} nodes ...", file=sys.stderr, flush=True)
         cfg = replace(base, nodes=n, scheduler=sched)
+        if sched == ALONE:  # the workload under fifo, its co-located work off
+            w = replace(base.workload, background_backlog=0)
+            cfg = replace(cfg, scheduler="fifo", workload=w)
         if args.trace:
             sub = args.trace if len(runs) == 1 else os.path.join(args.trace, f"{sched}-n{n}")
             cfg = replace(cfg, trace_dir=sub)
-        rows.append(simulate(cfg))
+        row = simulate(cfg)
+        if args.harvest:
+            row["workload"] = _workload_name(args)
+            if sched == ALONE:
+                row["reference"] = ALONE
+        rows.append(row)
         gc.collect()  # the run's cluster (GBs at 100,000 nodes) before the next is built
     compare(rows)
+    if args.harvest:
+        compare_to_alone(rows)
     if args.plot:
         plot(rows, args.plot)
     if args.json:
@@ -405,11 +494,14 @@ def main(args: argparse.Namespace) -> int:
             "central_call_ns": call,
             "central_call_measured": measured,
             "workload": base.workload.as_dict()
-            | ({"trace": base.trace.source} if base.trace is not None else {}),
+            | ({"trace": base.trace.source} if base.trace is not None else {})
+            | ({"pipeline": base.pipeline.as_dict()} if base.pipeline is not None else {}),
             "runs": rows,
             "not_run": not_run,
         } | run_info(vars(args))
         print(json.dumps(doc, indent=2))
+    elif args.harvest:
+        print(format_harvest(rows))
     else:
         print(format_table(rows, not_run))
         if args.plot:

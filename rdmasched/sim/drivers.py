@@ -15,7 +15,7 @@ backend that counts what conservation tests check and applies the node's slowdow
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rdmasched import _wire
 from rdmasched.daemon.core import (
@@ -39,6 +39,9 @@ from rdmasched.messages import Heartbeat
 from rdmasched.scheduler import Task
 from rdmasched.sim.engine import Endpoint, Engine, Network
 from rdmasched.topology import Topology
+
+if TYPE_CHECKING:
+    from rdmasched.sim.harvest import NodeHarvest
 
 #: the one priority every task gets under "fifo" (the scheduler forces 255 on sync tasks)
 FIFO_PRIORITY = 100
@@ -146,12 +149,18 @@ class Shaped:
         self.ledger = ledger
         self.ep = ep  # the node's endpoint: is the node alive
         self.engine = ep.engine
+        #: the node's devices (rdmasched/sim/harvest.py; None: not watched), and the factor
+        #: its timers are stretched by while it starts a task beside co-located work
+        self.harvest: NodeHarvest | None = None
+        self.dilation = 1.0
 
     def now(self) -> int:
         return self.engine.now
 
     def call_later(self, delay_ns: int, fn: Callable[[], None]) -> None:
         engine = self.engine
+        if self.dilation != 1.0:
+            delay_ns = round(delay_ns * self.dilation)
         engine.at(engine.now + delay_ns, _if_alive, self.ep, fn)
 
     def submit_local(self, task: Task) -> None:
@@ -160,6 +169,8 @@ class Shaped:
             task.cost_ns = round(task.cost_ns * self.factor)
         if self.fifo:
             task.priority = FIFO_PRIORITY
+        if self.harvest is not None and self.harvest.submitted(task):
+            return  # co-located work left to the device's time-slicing (timeslice)
         self.inner.submit_local(task)
 
     def sync_ready(self, step: int, group: int | None = None) -> None:
@@ -178,6 +189,8 @@ class Shaped:
         self.ledger.run_ends += 1
         if task_kind(task.id) != KIND_BACKGROUND:
             self.ledger.progress += 1
+        if self.harvest is not None:
+            self.harvest.ended(task)
         self.inner.complete(task, runtime_ns)
 
 
@@ -198,6 +211,7 @@ class CoreNode:
         self.core = core
         self.ledger = ledger
         self.trainer: SimTrainer | None = None
+        self.harvest: NodeHarvest | None = None  # its devices, when watched (harvest.py)
         self.ep = Endpoint(engine, me, cpu_ns, self.on_message)
         net.endpoints[me] = self.ep
         self.load = 0
@@ -275,14 +289,23 @@ class CoreNode:
                     )
             elif t is Start:
                 ledger.decisions += 1
-                trainer.on_start(e.task, e.slot)
+                if self.harvest is None:
+                    trainer.on_start(e.task, e.slot)
+                else:
+                    self.harvest.start(e.task, e.slot)
             elif t is PreemptTask:
                 ledger.decisions += 1
-                progress = trainer.on_preempt(e.victim, e.slot, e.cancel)
+                if self.harvest is None:
+                    progress = trainer.on_preempt(e.victim, e.slot, e.cancel)
+                else:
+                    progress = self.harvest.preempt(e.victim, e.slot, e.cancel)
                 effects[i:i] = core.preempted(e.victim, progress, engine.now)
             elif t is RunSync:
                 ledger.decisions += 1
-                trainer.on_start(e.task, e.slot)  # LATER: the trainer completes it
+                if self.harvest is None:  # LATER: the trainer completes it
+                    trainer.on_start(e.task, e.slot)
+                else:
+                    self.harvest.start(e.task, e.slot)
             elif t is SetLoad:
                 self.load = e.load
             elif t is SetTimer:

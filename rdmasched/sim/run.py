@@ -34,7 +34,9 @@ from rdmasched.sim.drivers import (
     make_core,
 )
 from rdmasched.sim.engine import Endpoint, Engine, Network
+from rdmasched.sim.harvest import TIMESLICE_INTERFERENCE, NodeHarvest, harvest_figures
 from rdmasched.sim.linkmodel import PRESETS, LinkModel
+from rdmasched.sim.pipeline import PipelineConfig, PipelineTrainer, pipeline_figures
 from rdmasched.sim.trace import (
     TRACE_CORE_SLOTS,
     TRACE_GROUP_BASE,
@@ -49,7 +51,7 @@ from rdmasched.wire import Kind
 from rdmasched.workload import Replicated, Workload, replicate
 from rdmasched.workload.streams import MODES, Mode
 
-SCHEDULERS = ("rdmasched", "fifo", "central", "k8s")
+SCHEDULERS = ("rdmasched", "fifo", "central", "k8s", "timeslice")
 #: the schedulers whose decisions one coordinator makes (the others: every node's own core)
 CENTRAL = ("central", "k8s")
 #: the stall window unless the k8s baseline needs more (SimConfig.stall_window_ms)
@@ -134,6 +136,14 @@ class SimConfig:
     #: none); `events` is each core's event ring then (0: the ring is off)
     trace_dir: str | None = None
     events: int = 0
+    #: watch every node's devices: the co-located work harvested, device idle, the device's
+    #: preemption cost (rdmasched/sim/harvest.py; docs/SIM.md, "Harvest"); on under
+    #: "timeslice", where `interference` slows a job task beside co-located work
+    harvest: bool = False
+    device_preempt_us: float = 0.0
+    interference: float = TIMESLICE_INTERFERENCE
+    #: a 1F1B pipeline-parallel job instead of the synthetic data-parallel one
+    pipeline: PipelineConfig | None = None
 
     def stall_window_ms(self) -> float:
         """The stall window: `stall_ms` if given; else 5 s, and under k8s at least twice
@@ -172,6 +182,24 @@ class SimConfig:
             raise ArgumentError(f"trace mode {self.trace_mode!r}: one of {', '.join(MODES)}")
         if self.trace is not None and self.job_nodes not in (0, self.nodes):
             raise ArgumentError("a trace replay runs one job over every node (no --job-nodes)")
+        if self.pipeline is not None:
+            if self.trace is not None or self.job_nodes not in (0, self.nodes):
+                raise ArgumentError("a pipeline job is its own workload (no trace, no --job-nodes)")
+            self.pipeline.check(self.nodes)
+        if not (math.isfinite(self.device_preempt_us) and self.device_preempt_us >= 0):
+            raise ArgumentError(
+                f"device preemption cost must be >= 0 us, not {self.device_preempt_us}"
+            )
+        if not (math.isfinite(self.interference) and self.interference >= 1):
+            raise ArgumentError(f"interference must be a factor >= 1, not {self.interference}")
+        if (self.harvest or self.scheduler == "timeslice") and self.trace is not None:
+            raise ArgumentError(
+                "co-located work in a trace replay is not modelled: the replay's compute "
+                "streams are the trainer's in-order servers, not the core's slots (docs/SIM.md, "
+                "Harvest); --harvest and timeslice run the data-parallel and 1F1B jobs"
+            )
+        if self.harvest and self.scheduler in CENTRAL:
+            raise ArgumentError(f"harvest figures are the node cores' (not {self.scheduler}'s)")
         if not 0 < self.heartbeat_ms < self.dead_after_ms:
             raise ArgumentError(
                 f"need 0 < heartbeat ({self.heartbeat_ms} ms) < dead-after "
@@ -271,6 +299,7 @@ class Run:
             self.replay = ReplayPlan(cfg.trace, cfg.trace_mode)
             self.groups = [TRACE_GROUP_BASE + j for j in range(trace_groups(self.rep))]
         self.trainers: list[SimTrainer] = []
+        self.harvests: list[NodeHarvest] = []
         self.alive = [True] * n
         self.killed: list[int] = []
         #: each node's slots: a trace replay's core orders its one bucket stream
@@ -327,12 +356,22 @@ class Run:
                 node,
                 i,
                 self.factors[i],
-                cfg.scheduler == "fifo",
+                cfg.scheduler in ("fifo", "timeslice"),
                 self.ledger,
                 node.ep,
                 self.group_of(i),
             )
             node.trainer = self._trainer(i, backend)
+            if cfg.harvest or cfg.scheduler == "timeslice":
+                h = NodeHarvest(
+                    node.trainer,
+                    backend,
+                    cfg.slots,
+                    preempt_ns=round(cfg.device_preempt_us * 1000),
+                    timeslice=cfg.interference if cfg.scheduler == "timeslice" else None,
+                )
+                node.harvest = backend.harvest = h
+                self.harvests.append(h)
             self.trainers.append(node.trainer)
             self.nodes.append(node)
             self.cores.append(core)
@@ -394,6 +433,17 @@ class Run:
 
     def _trainer(self, i: int, backend: Shaped) -> SimTrainer:
         cfg = self.cfg
+        if cfg.pipeline is not None:
+            return PipelineTrainer(
+                i,
+                cfg.slots,
+                cfg.workload,
+                backend,
+                self.ledger,
+                cfg.pipeline,
+                self.trainers,
+                self._hop_ns,
+            )
         if self.rep is None:
             return SimTrainer(i, cfg.slots, cfg.workload, backend, self.ledger)
         assert self.replay is not None
@@ -410,6 +460,13 @@ class Run:
 
     def _endpoint(self, i: int) -> Endpoint:
         return self.net.endpoints[i]
+
+    def _hop_ns(self, a: int, b: int) -> int:
+        """A pipeline's activations from node `a` to node `b`: the link model's level."""
+        links = self.cfg.links
+        lv = links.levels[links.level(self.topo, a, b)]
+        mb = self.cfg.pipeline.activation_mb if self.cfg.pipeline is not None else 0.0
+        return int(lv.latency_ns + mb * 1e6 / lv.bandwidth * 1e9)
 
     # ---- running ---------------------------------------------------------------------------
     def _kill(self, count: int) -> None:
@@ -541,6 +598,15 @@ class Run:
         }
         if self.coordinator is not None:
             out["coordinator_msgs"] = self._eps[self._coord_node].handled
+        if cfg.pipeline is not None:
+            out |= pipeline_figures(live, cfg.pipeline)
+        if self.harvests:
+            hs = [h for h in self.harvests if self.alive[h.trainer.node]]
+            spans = [(h.trainer.t_end or self.engine.now) - h.trainer.t0 for h in hs]
+            out["device_preempt_us"] = cfg.device_preempt_us
+            if cfg.scheduler == "timeslice":
+                out["interference"] = cfg.interference
+            out |= harvest_figures(hs, spans)
         return out
 
 
