@@ -41,11 +41,11 @@ _PEERS = (
 #: (16 nodes, 20 steps, the median of three rounds, process CPU time)
 CENTRAL_CALL = Recorded(
     "central_call_ns",
-    4_127,
+    8_089,
     "ns per call",
-    "measure_central_call_ns() via `rdmasched sim --measure`, 2026-12-02T02:40Z, commit "
-    "c9e1e87 + this branch, compiled core (rdmasched/daemon/core.so), 1-min load 1.3; "
-    "docs/figures/sim-baselines.json, 'measure'",
+    "rdmasched sim --measure --sizes 16 --steps 2 --schedulers central --json, "
+    "2026-12-02T02:22Z, commit 0076549, compiled node core, AMD EPYC 2-vCPU host, 1-min "
+    "load 4.2 (process CPU time); docs/figures/sim-baselines.json, 'measure'",
 )
 
 #: a turn of the central coordinator's loop: what it pays once per batch of messages it
