@@ -30,6 +30,7 @@ from rdmasched.scheduler import Task
 from rdmasched.sim.drivers import CoreNode, Ledger, SimLoop
 from rdmasched.sim.engine import Endpoint, Engine, Network
 from rdmasched.sim.linkmodel import PRESETS, LinkModel
+from rdmasched.topology import DEFAULT_SLOTS_PER_LANE, LANE_HEADER_BYTES, SLOT_BYTES
 from rdmasched.wire import Kind
 
 if TYPE_CHECKING:
@@ -175,7 +176,11 @@ def build_central(run: Run) -> None:
 
 def central_figures(run: Run) -> dict[str, Any]:
     eps = run.coord_eps
+    lane_bytes = DEFAULT_SLOTS_PER_LANE * SLOT_BYTES + LANE_HEADER_BYTES
     return {
+        # a coordinator holds a lane to each node of its job
+        "coordinator_lanes": run.job_nodes,
+        "coordinator_ring_bytes": run.job_nodes * lane_bytes,
         "coordinators": len(eps),
         "coordinator_msgs": sum(e.handled for e in eps),
         "coordinator_turns": sum(e.turns for e in eps),
