@@ -177,6 +177,17 @@ class SimConfig:
             )
         if self.k8s_pods_per_s <= 0:
             raise ArgumentError("k8s pods/s must be > 0")
+        for name in (
+            "central_call_ns",
+            "central_batch_ns",
+            "two_level_task_ns",
+            "two_level_delay_ns",
+            "two_level_global_ns",
+        ):
+            if getattr(self, name) < 0:
+                raise ArgumentError(f"{name} must be >= 0 ns, not {getattr(self, name)}")
+        if self.two_level_report_ns <= 0:
+            raise ArgumentError(f"two_level_report_ns must be > 0, not {self.two_level_report_ns}")
         if self.stall_ms is not None and not (math.isfinite(self.stall_ms) and self.stall_ms > 0):
             raise ArgumentError(f"stall must be > 0 virtual ms, not {self.stall_ms}")
         if self.events < 0:

@@ -194,3 +194,17 @@ def test_the_headline_compares_with_exclusive(capsys: pytest.CaptureFixture[str]
     assert rows["two-level"]["vs_rdmasched"]["step_time_x"] > 1.0
     assert main(["sim", "--sizes", "16", "--steps", "2"]) == 0
     assert "x excl" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"central_call_ns": -1},
+        {"central_batch_ns": -5},
+        {"two_level_task_ns": -1},
+        {"two_level_report_ns": 0},
+    ],
+)
+def test_bad_costs_are_refused(bad: dict[str, int]) -> None:
+    with pytest.raises(ArgumentError, match=next(iter(bad))):
+        Run(replace(cfg(4, "two-level"), **bad))
