@@ -187,9 +187,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--central-call-ns",
         type=_central_call,
         help="the central coordinator's cost per call into a node core, ns, or a preset: "
-        "compiled (the recorded figure of this coordinator, the default), dask (Dask "
-        "distributed's measured cost per task, halved: a task is two calls); "
-        "docs/SIM.md, 'Costs'",
+        "compiled, or dask (Dask distributed's measured cost per task, halved: a task is "
+        "two calls) (default compiled: this coordinator's recorded figure, or --measure's; "
+        "docs/SIM.md, 'Costs')",
     )
     p.add_argument(
         "--measure",
