@@ -25,6 +25,7 @@ from rdmasched.commands.args import (
 )
 from rdmasched.demo.defaults import DEMO_MAX_NODES
 from rdmasched.demo.job import WorkloadConfig
+from rdmasched.sim import costs
 from rdmasched.sim.harvest import (
     ALONE,
     DEVICE_PREEMPT_US,
@@ -42,15 +43,22 @@ from rdmasched.sim.report import (
     format_table,
     plot,
 )
-from rdmasched.sim.run import CENTRAL, SCHEDULERS, SimConfig, measure_central_call_ns, simulate
+from rdmasched.sim.run import (
+    CENTRAL,
+    DEFAULT_SCHEDULERS,
+    SCHEDULERS,
+    SimConfig,
+    measure_central_call_ns,
+    simulate,
+)
 from rdmasched.workload.streams import MODES
 
 HELP = (
     "simulate a cluster of up to 100,000 nodes running the real node core, against "
-    "central, k8s-class and fifo baselines (docs/SIM.md)"
+    "exclusive (Slurm/Kueue gang), two-level (Ray-like), central (Dask-like) and fifo "
+    "baselines (docs/SIM.md)"
 )
 #: the schedulers run unless --schedulers says (with --harvest: the node cores' ones)
-DEFAULT_SCHEDULERS = ("rdmasched", "fifo", "central", "k8s")
 HARVEST_SCHEDULERS = ("rdmasched", "fifo", "timeslice")
 #: the default of --central-max-nodes: the baselines at every size
 CENTRAL_MAX_NODES = 0
@@ -64,6 +72,16 @@ def _schedulers(text: str) -> list[str]:
             f"schedulers are a comma-separated subset of {','.join(SCHEDULERS)}"
         )
     return list(dict.fromkeys(out))
+
+
+def _central_call(text: str) -> int:
+    from rdmasched.errors import ArgumentError
+    from rdmasched.sim.costs import central_call_ns
+
+    try:
+        return central_call_ns(text)
+    except ArgumentError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _kill(text: str) -> tuple[int, float]:
@@ -116,8 +134,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--schedulers",
         type=_schedulers,
         default=None,
-        help="schedulers to run at each size, comma-separated (default "
-        f"{','.join(DEFAULT_SCHEDULERS)}; with --harvest {','.join(HARVEST_SCHEDULERS)})",
+        help="schedulers to run at each size, comma-separated, of "
+        f"{','.join(SCHEDULERS)} (default {','.join(DEFAULT_SCHEDULERS)}; with --harvest "
+        f"{','.join(HARVEST_SCHEDULERS)}; k8s: a pod bound per task, not what anyone runs "
+        "for training, only when named)",
     )
     p.add_argument(
         "--central-max-nodes",
@@ -191,9 +211,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--central-call-ns",
-        type=_pos_int,
-        help="the central coordinator's cost per call into a node core (default measured "
-        "at start-up by timing the real coordinator code)",
+        type=_central_call,
+        help="the central coordinator's cost per call into a node core, ns, or a preset: "
+        "compiled, or dask (Dask distributed's measured cost per task, halved: a task is "
+        "two calls) (default compiled: this coordinator's recorded figure, or --measure's; "
+        "docs/SIM.md, 'Costs')",
+    )
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="measure the costs this machine can measure again (the compiled central "
+        "coordinator's cost per call), print them beside the recorded ones and use them "
+        "(default: the recorded figures of rdmasched/sim/costs.py)",
     )
     p.add_argument(
         "--k8s-pods-per-s", type=_positive, default=100.0, help="k8s baseline: decisions/s"
@@ -414,6 +443,22 @@ def _real_demo(args: argparse.Namespace, cfg: SimConfig) -> Any:
     return run
 
 
+def _call_ns(args: argparse.Namespace, base: SimConfig, say: Any) -> tuple[int, str]:
+    """The central coordinator's cost per call, and how it was had: "given"
+    (--central-call-ns), "measured" (--measure, printed beside the recorded figure) or
+    "recorded" (costs.CENTRAL_CALL, the default)."""
+    recorded = int(costs.CENTRAL_CALL.value)
+    if args.central_call_ns is not None:
+        call, how = args.central_call_ns, "given"
+    elif args.measure:
+        call, how = measure_central_call_ns(), "measured"
+    else:
+        call, how = base.central_call_ns, "recorded"
+    extra = f"; recorded {recorded} ns ({costs.CENTRAL_CALL.source})" if how != "recorded" else ""
+    say(f"central coordinator: {call} ns per call into a node core ({how}{extra})")
+    return call, how
+
+
 def main(args: argparse.Namespace) -> int:
     from rdmasched.bench.output import run_info
 
@@ -421,9 +466,7 @@ def main(args: argparse.Namespace) -> int:
     base = base_config(args)
     say = (lambda s: print(s, file=sys.stderr)) if args.json else print
     if args.calibrate:
-        call = args.central_call_ns or measure_central_call_ns()
-        how = "given" if args.central_call_ns else "measured here"
-        say(f"central coordinator: {call} ns per call into a node core ({how})")
+        call, how = _call_ns(args, base, say)
         base = replace(base, central_call_ns=call)
         from rdmasched.demo.runner import signals_interrupt
 
@@ -452,14 +495,11 @@ def main(args: argparse.Namespace) -> int:
             else:
                 runs.append((n, sched))
     needs_central = any(s in CENTRAL for _, s in runs)
-    call = args.central_call_ns
-    measured = False
-    if call is None:
-        call = measure_central_call_ns() if needs_central else base.central_call_ns
-        measured = needs_central
-    if needs_central:
-        how = "measured on this machine" if measured else "given"
-        say(f"central coordinator: {call} ns per call into a node core ({how})")
+    if needs_central or args.measure:
+        call, how = _call_ns(args, base, say)
+    else:
+        call, how = base.central_call_ns, "recorded"
+    measured = how == "measured"
     base = replace(base, central_call_ns=call)
     if args.trace:
         base = replace(base, events=args.trace_events)
@@ -493,6 +533,8 @@ def main(args: argparse.Namespace) -> int:
             "links": base.links.as_dict(),
             "central_call_ns": call,
             "central_call_measured": measured,
+            "central_call_how": how,
+            "costs": costs.table(),
             "workload": base.workload.as_dict()
             | ({"trace": base.trace.source} if base.trace is not None else {})
             | ({"pipeline": base.pipeline.as_dict()} if base.pipeline is not None else {}),

@@ -68,8 +68,8 @@ class Coordinator:
             )
             self.cores[node] = core
         #: sync group -> its members. The coordinator tracks each group once: a SYNC_READY
-        #: is counted here, and the last one of a step releases it on every member's core
-        #: (whose group is itself alone), so a step costs it O(members) calls, not O(N²)
+        #: is counted here (one counter per group step), and the last one of a step
+        #: releases it, one broadcast, on every member's core (whose group is itself alone)
         self.groups: dict[int, frozenset[int]] = {}
         #: (group, step) -> the members that reported it ready
         self._ready: dict[tuple[int, int], set[int]] = {}
@@ -96,14 +96,18 @@ class Coordinator:
             self._do(node, self.cores[node].define_group(group, frozenset((node,)), now))
 
     def sync_calls(self, group: int, step: int, member: int) -> int:
-        """The calls into node cores a SYNC_READY of `member` for `step` of `group` will
-        make: 1 (counted), and one per member if it is the last one of the step."""
+        """What a SYNC_READY of `member` for `step` of `group` costs, in calls: 1 (a
+        counter of the group step), and 1 more if it is the last one of the step (the
+        release: one broadcast to the members). The members' cores each start the step's
+        sync task on it (`member_ready`); that is the nodes' part of the release, what a
+        node does on a broadcast, so it is not a call of the coordinator's: a barrier
+        costs it O(1) per SYNC_READY, not O(members)."""
         members = self.groups.get(group)
         if members is None or member not in members:
             return 1
         ready = self._ready.get((group, step), ())
         last = member not in ready and len(ready) + 1 == len(members)
-        return 1 + len(members) if last else 1
+        return 2 if last else 1
 
     @property
     def rejected(self) -> int:

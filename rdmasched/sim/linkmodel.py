@@ -117,6 +117,18 @@ PRESETS: dict[str, LinkModel] = {
         False,
         "perftest ib_write_lat 1.5 us, ConnectX-7 RoCE back to back",
     ),
+    # TCP-class (two-level's global scheduler, Ray's gRPC): issue 21's TCP-class figures,
+    # 40 us one way and 20 us of CPU a message; a Python gRPC call between two EC2 hosts
+    # measured 0.6-0.7 ms round trip over TLS (A. Vuorinen, "A crude gRPC benchmark",
+    # 2021), so these favour the baseline; 25 Gb/s
+    "tcp": LinkModel(
+        "tcp",
+        _tiers(40_000, 3.125e9),
+        20_000,
+        False,
+        "issue 21: TCP-class 40 us one way, 20 us CPU a message; gRPC 0.6-0.7 ms RTT "
+        "(Vuorinen 2021)",
+    ),
 }
 
 

@@ -18,7 +18,9 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("slot_idle_pct", "idle %", "{:.2f}"),
     ("device_idle_pct", "dev idle %", "{:.2f}"),
     ("step_time_ms", "step ms", "{:.3f}"),
+    ("vs_exclusive.step_time_x", "x excl", "{:.2f}"),
     ("vs_rdmasched.step_time_x", "x rdms", "{:.2f}"),
+    ("background_tasks_per_node_per_s", "bg/node/s", "{:.0f}"),
     ("steps_per_s", "steps/s", "{:.1f}"),
     ("sync_release_p50_us", "rel p50 us", "{:.1f}"),
     ("sync_release_p99_us", "rel p99 us", "{:.1f}"),
@@ -43,18 +45,28 @@ def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
     return fmt.format(v)
 
 
+#: the rows every row is compared with, at its size: `exclusive` (what users run for
+#: training today, the headline's reference) and rdmasched
+REFERENCES = ("exclusive", "rdmasched")
+
+
 def compare(rows: Sequence[dict[str, Any]]) -> None:
-    """Each row against rdmasched's at its size (if that ran and has a step time), as
-    `vs_rdmasched`: step time as a multiple of rdmasched's, idle % as points above it."""
-    base = {r["nodes"]: r for r in rows if r["scheduler"] == "rdmasched"}
-    for r in rows:
-        b = base.get(r["nodes"])
-        if b is None or r.get("step_time_ms") is None or not b.get("step_time_ms"):
-            continue
-        r["vs_rdmasched"] = {
-            "step_time_x": r["step_time_ms"] / b["step_time_ms"],
-            "idle_pct_points": r["slot_idle_pct"] - b["slot_idle_pct"],
-        }
+    """Each row against the reference rows at its size (if they ran and have a step time),
+    as `vs_exclusive` and `vs_rdmasched`: step time as a multiple of the reference's, idle
+    % as points above it, and the background tasks done as a multiple of the reference's
+    (None when it did none)."""
+    for ref in REFERENCES:
+        base = {r["nodes"]: r for r in rows if r["scheduler"] == ref}
+        for r in rows:
+            b = base.get(r["nodes"])
+            if b is None or r.get("step_time_ms") is None or not b.get("step_time_ms"):
+                continue
+            bg, bg_ref = r.get("background_tasks_done"), b.get("background_tasks_done")
+            r[f"vs_{ref}"] = {
+                "step_time_x": r["step_time_ms"] / b["step_time_ms"],
+                "idle_pct_points": r["slot_idle_pct"] - b["slot_idle_pct"],
+                "background_x": bg / bg_ref if bg is not None and bg_ref else None,
+            }
 
 
 def format_table(rows: Sequence[dict[str, Any]], not_run: Sequence[dict[str, Any]] = ()) -> str:

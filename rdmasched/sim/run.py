@@ -15,7 +15,7 @@ import os
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rdmasched import _wire
@@ -25,6 +25,7 @@ from rdmasched.demo.job import GROUP, WorkloadConfig
 from rdmasched.errors import ArgumentError
 from rdmasched.messages import Complete, Dispatch, SyncReady
 from rdmasched.scheduler.events import WORDS
+from rdmasched.sim import baselines, costs
 from rdmasched.sim.drivers import (
     CoreNode,
     Ledger,
@@ -51,17 +52,22 @@ from rdmasched.wire import Kind
 from rdmasched.workload import Replicated, Workload, replicate
 from rdmasched.workload.streams import MODES, Mode
 
-SCHEDULERS = ("rdmasched", "fifo", "central", "k8s", "timeslice")
-#: the schedulers whose decisions one coordinator makes (the others: every node's own core)
+SCHEDULERS = ("rdmasched", "fifo", "central", "k8s", "exclusive", "two-level", "timeslice")
+#: what `rdmasched sim` runs unless --schedulers says otherwise: the baselines that stand
+#: for what users run (docs/SIM.md, "Schedulers"); the per-task k8s only when named
+DEFAULT_SCHEDULERS = ("rdmasched", "fifo", "exclusive", "two-level", "central")
+#: the schedulers whose decisions a coordinator makes (the others: every node's own core)
 CENTRAL = ("central", "k8s")
+#: the schedulers whose tasks all get one priority (in the order they come)
+ONE_PRIORITY = ("fifo", "exclusive", "two-level", "timeslice")
 #: the stall window unless the k8s baseline needs more (SimConfig.stall_window_ms)
 STALL_MS = 5_000.0
 #: with several jobs, job j's sync group
 JOB_GROUP_BASE = 64
 MS = 1_000_000
 
-#: kube-scheduler: ~100 pods/s (docs/SIM.md has the sources)
-K8S_PODS_PER_S = 100.0
+#: kube-scheduler: ~100 pods/s (costs.K8S_PODS_PER_S; docs/SIM.md has the sources)
+K8S_PODS_PER_S = costs.K8S_PODS_PER_S.value
 #: `--trace`: a core's event ring holds WORDS u64 per event (scheduler/events.py); the rings
 #: of a run may take this much at most
 TRACE_BYTES_PER_EVENT = 8 * WORDS
@@ -109,8 +115,16 @@ class SimConfig:
     kill: tuple[tuple[int, float], ...] = ()
     heartbeat_ms: int = 50
     dead_after_ms: int = 500
-    #: the central coordinator's CPU time per call into one of its node cores, ns
-    central_call_ns: int = 3_000
+    #: the central coordinator's CPU time per call into one of its node cores, ns, and
+    #: per turn of its loop (a batch of messages); recorded figures (sim/costs.py)
+    central_call_ns: int = int(costs.CENTRAL_CALL.value)
+    central_batch_ns: int = int(costs.CENTRAL_BATCH.value)
+    #: two-level (Ray-like): a task's turn through the local scheduler, the rest of its
+    #: submit -> start latency, a global decision, the nodes' report period (sim/costs.py)
+    two_level_task_ns: int = int(costs.RAY_TASK.value)
+    two_level_delay_ns: int = int(costs.RAY_START_P50.value - costs.RAY_TASK.value)
+    two_level_global_ns: int = int(costs.RAY_GLOBAL_DECISION.value)
+    two_level_report_ns: int = int(costs.RAY_REPORT_PERIOD.value)
     k8s_pods_per_s: float = K8S_PODS_PER_S
     k8s_period_ms: float = 0.0
     #: stop when no compute or sync task is done anywhere for this long (virtual ms);
@@ -207,6 +221,17 @@ class SimConfig:
             )
         if self.k8s_pods_per_s <= 0:
             raise ArgumentError("k8s pods/s must be > 0")
+        for name in (
+            "central_call_ns",
+            "central_batch_ns",
+            "two_level_task_ns",
+            "two_level_delay_ns",
+            "two_level_global_ns",
+        ):
+            if getattr(self, name) < 0:
+                raise ArgumentError(f"{name} must be >= 0 ns, not {getattr(self, name)}")
+        if self.two_level_report_ns <= 0:
+            raise ArgumentError(f"two_level_report_ns must be > 0, not {self.two_level_report_ns}")
         if self.stall_ms is not None and not (math.isfinite(self.stall_ms) and self.stall_ms > 0):
             raise ArgumentError(f"stall must be > 0 virtual ms, not {self.stall_ms}")
         if self.events < 0:
@@ -305,10 +330,19 @@ class Run:
         #: each node's slots: a trace replay's core orders its one bucket stream
         self.slots = TRACE_CORE_SLOTS if cfg.trace is not None else cfg.slots
         self.coordinator: Coordinator | None = None
+        self.coordinators: list[Coordinator] = []
+        self.coord_eps: list[Any] = []
+        self.glob: baselines.GlobalScheduler | None = None
         self.cores: list[NodeCore] = []
+        #: the workload the trainers run: under `exclusive` nothing is co-located
+        self.workload = cfg.workload
+        if cfg.scheduler == "exclusive":
+            self.workload = replace(cfg.workload, background_backlog=0)
         t0, c0 = time.perf_counter(), time.process_time()
         with _few_collections():
-            if cfg.scheduler in CENTRAL:
+            if cfg.scheduler == "central":
+                baselines.build_central(self)
+            elif cfg.scheduler == "k8s":
                 self._build_central()
             else:
                 self._build_cores()
@@ -337,6 +371,9 @@ class Run:
         n = cfg.nodes
         self.nodes: list[CoreNode] = []
         mesh = {j: topo.domain(j) for j in range(n)} if cfg.full_mesh else {}
+        two_level = cfg.scheduler == "two-level"
+        if two_level:
+            self.glob = baselines.GlobalScheduler(eng, PRESETS["tcp"], cfg.two_level_global_ns)
         for i in range(n):
             # the core knows the nodes it holds lanes to (the whole cluster in one leaf)
             known = mesh if cfg.full_mesh else {j: topo.domain(j) for j in (i, *topo.neighbours(i))}
@@ -351,12 +388,28 @@ class Run:
                 topology=None if cfg.full_mesh else topo,
                 events=cfg.events,
             )
-            node = CoreNode(eng, self.net, i, core, cfg.links.cpu_ns, self.ledger)
+            node: CoreNode
+            if self.glob is not None:
+                node = baselines.TwoLevelNode(
+                    eng,
+                    self.net,
+                    i,
+                    core,
+                    cfg.links.cpu_ns,
+                    self.ledger,
+                    self.glob,
+                    cfg.two_level_task_ns,
+                    cfg.two_level_delay_ns,
+                )
+                self.glob.nodes.append(node)
+                node.start_reports(i * cfg.two_level_report_ns // n, cfg.two_level_report_ns)
+            else:
+                node = CoreNode(eng, self.net, i, core, cfg.links.cpu_ns, self.ledger)
             backend = Shaped(
                 node,
                 i,
                 self.factors[i],
-                cfg.scheduler in ("fifo", "timeslice"),
+                cfg.scheduler in ONE_PRIORITY,
                 self.ledger,
                 node.ep,
                 self.group_of(i),
@@ -432,30 +485,16 @@ class Run:
         self._eps = eps
 
     def _trainer(self, i: int, backend: Shaped) -> SimTrainer:
-        cfg = self.cfg
+        cfg, w = self.cfg, self.workload
         if cfg.pipeline is not None:
             return PipelineTrainer(
-                i,
-                cfg.slots,
-                cfg.workload,
-                backend,
-                self.ledger,
-                cfg.pipeline,
-                self.trainers,
-                self._hop_ns,
+                i, cfg.slots, w, backend, self.ledger, cfg.pipeline, self.trainers, self._hop_ns
             )
         if self.rep is None:
-            return SimTrainer(i, cfg.slots, cfg.workload, backend, self.ledger)
+            return SimTrainer(i, cfg.slots, w, backend, self.ledger)
         assert self.replay is not None
         return TraceTrainer(
-            i,
-            self.slots,
-            cfg.workload,
-            backend,
-            self.ledger,
-            self.rep,
-            self.sync_ns,
-            self.replay,
+            i, self.slots, w, backend, self.ledger, self.rep, self.sync_ns, self.replay
         )
 
     def _endpoint(self, i: int) -> Endpoint:
@@ -596,7 +635,14 @@ class Run:
             "cpu_s": round(self.cpu_s, 3),
             "events_per_cpu_s": round(self.engine.events / self.cpu_s) if self.cpu_s > 0 else None,
         }
-        if self.coordinator is not None:
+        done = sum(led.completed.values())
+        out["background_tasks_done"] = done - led.progress
+        out["background_tasks_per_node_per_s"] = (
+            (done - led.progress) / n / (span_ns / 1e9) if span_ns else 0.0
+        )
+        if cfg.scheduler == "central":
+            out |= baselines.central_figures(self)
+        elif self.coordinator is not None:
             out["coordinator_msgs"] = self._eps[self._coord_node].handled
         if cfg.pipeline is not None:
             out |= pipeline_figures(live, cfg.pipeline)
@@ -607,6 +653,11 @@ class Run:
             if cfg.scheduler == "timeslice":
                 out["interference"] = cfg.interference
             out |= harvest_figures(hs, spans)
+        if cfg.scheduler == "exclusive":
+            jobs = -(-n // self.job_nodes)
+            out |= baselines.admission(jobs, self.job_nodes, cfg.k8s_pods_per_s)
+        if self.glob is not None:
+            out |= baselines.two_level_figures(self)
         return out
 
 
@@ -624,11 +675,14 @@ def simulate(cfg: SimConfig) -> dict[str, Any]:
 
 
 def measure_central_call_ns(nodes: int = 16, steps: int = 20, slots: int = 4) -> int:
-    """The real coordinator's CPU time per call into one of its node cores on this machine,
-    ns: it is fed real messages (tasks submitted, completed, SYNC_READYs) for `steps` steps
-    of `nodes` nodes, timed, and the time divided by the calls it made (one per DISPATCH or
-    COMPLETE, one per SYNC_READY, and one per node for the last SYNC_READY of a step). The
-    median of three rounds."""
+    """The real coordinator's CPU time per call into one of its node cores on this machine
+    (its node cores compiled as the build has them), ns: it is fed real messages (tasks
+    submitted, completed, SYNC_READYs) for `steps` steps of `nodes` nodes, its process CPU
+    time taken, and divided by the calls it made (one per DISPATCH or COMPLETE, one per
+    SYNC_READY, and one per node for the last SYNC_READY of a step: the members' cores
+    each start the sync, which the simulated coordinator is charged as one broadcast). The
+    median of three rounds. `rdmasched sim --measure` runs it; the default is the recorded
+    figure, costs.CENTRAL_CALL."""
     return sorted(_time_coordinator(nodes, steps, slots) for _ in range(3))[1]
 
 
@@ -674,11 +728,11 @@ def _time_coordinator(nodes: int, steps: int, slots: int) -> int:
             calls += 1
     net.endpoints.clear()  # the orders it sends go nowhere
     on = coord.on_message
-    t0 = time.perf_counter_ns()
+    t0 = time.process_time_ns()  # CPU time: another process's load is not counted
     for m, peer in msgs:
         eng.now += 1000
         on(m, peer)
-    dt = time.perf_counter_ns() - t0
+    dt = time.process_time_ns() - t0
     if coord.rejected:
         raise AssertionError(f"the coordinator refused {coord.rejected} inputs while timed")
     return max(1, dt // calls)

@@ -274,6 +274,7 @@ def test_trace_replay() -> None:
 
 def test_cli_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["sim", "--sizes", "8,16", "--steps", "2", "--central-call-ns", "2000"]
+    args += ["--schedulers", "rdmasched,fifo,central,k8s"]  # the default: test_sim_baselines
     assert main([*args, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     runs = doc["runs"]
@@ -303,6 +304,7 @@ def test_cli_central_baselines_up_to_a_size(capsys: pytest.CaptureFixture[str]) 
     with why, in the JSON and under the table. Each row is compared with rdmasched's at
     its size."""
     args = ["sim", "--sizes", "8,16", "--steps", "2", "--central-call-ns", "2000"]
+    args += ["--schedulers", "rdmasched,fifo,central,k8s"]
     assert main([*args, "--central-max-nodes", "8", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [(r["nodes"], r["scheduler"]) for r in doc["runs"]] == [
