@@ -47,7 +47,7 @@ from rdmasched.demo.taskid import task_id, task_kind
 from rdmasched.errors import ArgumentError
 from rdmasched.scheduler import Task
 from rdmasched.sim.linkmodel import PRESETS
-from rdmasched.sim.run import MS, Run, SimConfig
+from rdmasched.sim.run import MS, SCHEDULERS, Run, SimConfig
 
 #: the real run these costs come from (`rdmasched bench failover --json`)
 FAILOVER_JSON = Path(__file__).resolve().parents[2] / "docs" / "figures" / "failover.json"
@@ -78,6 +78,11 @@ RESTARTS = ("spare", "shrink")
 #: runs: nothing of rdmasched on the job's nodes)
 REAL_MODE = {"rdmasched": True, "exclusive": False}
 RESTART_PARTS = ("respawn_s", "rendezvous_s", "process_start_s", "first_step_s")
+#: what exclusive's training run is built as: the simulator's "exclusive" baseline where
+#: run.py has it; else its in-node part, the node cores with one priority ("fifo") and
+#: nothing co-located (`failure_config`), which is what that baseline runs in a step (its
+#: one-time binding at the job's start moves no step)
+EXCLUSIVE_BUILD = "exclusive" if "exclusive" in SCHEDULERS else "fifo"
 
 #: the co-located preemptible work of `Spill`: its task kind (demo/taskid.py uses 1 and 2),
 #: job and priority (the demo's background priority)
@@ -461,7 +466,8 @@ def failure_config(cfg: SimConfig, kill_step: float = 1.5) -> SimConfig:
     w = cfg.workload
     step_ms = w.compute_ms + w.sync_ms
     if cfg.scheduler == "exclusive":
-        return replace(cfg, kill=(), workload=replace(w, background_backlog=0))
+        w = replace(w, background_backlog=0)
+        return replace(cfg, scheduler=EXCLUSIVE_BUILD, kill=(), workload=w)
     kill = cfg.kill or ((1, kill_step * step_ms),)
     last = max(at for _, at in kill)
     need = math.ceil((last + cfg.dead_after_ms + 4 * cfg.heartbeat_ms) / step_ms) + 1
@@ -607,7 +613,8 @@ def calibrate(doc: dict[str, Any], *, probe_ms: float = 1.0) -> list[dict[str, A
     for sched in ("rdmasched", "exclusive"):
         real = _mode(doc, REAL_MODE[sched])
         rc = restart_costs(doc, sched)
-        c = replace(base, scheduler=sched, kill=((1, (between + 0.5) * step_ms),))
+        build = EXCLUSIVE_BUILD if sched == "exclusive" else sched
+        c = replace(base, scheduler=build, kill=((1, (between + 0.5) * step_ms),))
         m = measure(c, probe_ms=probe_ms, spill=False)
         step = m["step_s"]
         # exclusive: the run's own process-group timeout

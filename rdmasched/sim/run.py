@@ -40,7 +40,7 @@ from rdmasched.topology import DEFAULT_SLOTS_PER_LANE, LANE_HEADER_BYTES, SLOT_B
 from rdmasched.wire import Kind
 from rdmasched.workload import Replicated, Workload, replicate
 
-SCHEDULERS = ("rdmasched", "fifo", "central", "k8s", "exclusive")
+SCHEDULERS = ("rdmasched", "fifo", "central", "k8s")
 #: the schedulers whose decisions one coordinator makes (the others: every node's own core)
 CENTRAL = ("central", "k8s")
 #: the stall window unless the k8s baseline needs more (SimConfig.stall_window_ms)
