@@ -542,18 +542,24 @@ def compare(
     doc: dict[str, Any],
     schedulers: tuple[str, ...] = ("rdmasched", "exclusive"),
     say: Callable[[str], None] | None = None,
+    reuse: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """At `cfg.nodes`: each scheduler's failure run (measured) and its timeline
-    (modelled), one row each."""
+    (modelled), one row each. `reuse` (scheduler -> a row of a smaller size): the
+    timeline with that row's measured step and detection instead of a run at this size
+    (marked `measured_at_nodes`: a size too costly to simulate, docs/SIM.md "Failures")."""
     model.check()
     rows = []
     for sched in schedulers:
         if sched not in REAL_MODE:
             raise ArgumentError(f"failures compares rdmasched and exclusive, not {sched!r}")
-        if say:
-            say(f"  failures: {sched} at {cfg.nodes} nodes ...")
-        c = failure_config(replace(cfg, scheduler=sched))
-        m = measure(c)
+        old = (reuse or {}).get(sched)
+        if old is not None:
+            m = old["measured"]
+        else:
+            if say:
+                say(f"  failures: {sched} at {cfg.nodes} nodes ...")
+            m = measure(failure_config(replace(cfg, scheduler=sched)))
         rc = restart_costs(doc, sched)
         if sched == "exclusive":
             detect = model.pg_timeout_s
@@ -583,6 +589,7 @@ def compare(
                 "restart_parts": rc,
                 "restart_mode": model.restart,
                 **tl,
+                "measured_at_nodes": m["nodes"],
                 "measured": m,
             }
         )
@@ -657,8 +664,11 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         m = r["measured"]
         x = r.get("goodput_x_first")
+        m_at = r.get("measured_at_nodes", r["nodes"])
+        at = "" if m_at == r["nodes"] else f" (as {m_at:,})"
         lines.append(
-            f"| {r['nodes']:,} | {r['scheduler']} | {r['step_s'] * 1e3:.1f} | {r['detect_s']:.3f} "
+            f"| {r['nodes']:,}{at} | {r['scheduler']} | {r['step_s'] * 1e3:.1f} "
+            f"| {r['detect_s']:.3f} "
             f"| {r['restart_s']:.1f} | {r['failures']} | {r['lost_steps_per_failure']:,.0f} "
             f"| {r['effective_pct']:.1f} | {r['goodput_steps_per_s']:.2f} "
             f"| {'-' if x is None else f'{x:.3f}'} | {m.get('redispatches', '-')} |"

@@ -159,8 +159,8 @@ def _sim(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    p = _sim("--failures", "--sizes", "8", "--schedulers", "fifo")
-    assert p.returncode == 2 and "compares rdmasched and exclusive" in p.stderr
+    p = _sim("--failures", "--sizes", "64", "--failures-measure-max-nodes", "16")
+    assert p.returncode == 2 and "no size up to 16" in p.stderr
     bad = tmp_path / "bad.json"
     bad.write_text("[1]")
     p = _sim("--failures-calibrate", "--failover-json", str(bad))
