@@ -175,3 +175,11 @@ def test_cli_calibration_json() -> None:
     doc = json.loads(p.stdout)
     assert {r["scheduler"] for r in doc["calibration"]} == {"rdmasched", "exclusive"}
     assert "commit" in doc and "machine" in doc
+
+
+def test_the_docs_example_runs() -> None:
+    """docs/SIM.md's "Failures" section: its Python example runs as written."""
+    text = (ROOT / "docs" / "SIM.md").read_text()
+    section = text.split("\n## Failures\n", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/SIM.md (Failures)", "exec"), {})
