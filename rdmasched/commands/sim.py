@@ -318,6 +318,79 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"node counts to calibrate at: real `rdmasched demo` runs, so each at most "
         f"{DEMO_MAX_NODES} (the demo's nodes)",
     )
+    _add_failure_arguments(p)
+
+
+def _add_failure_arguments(p: argparse.ArgumentParser) -> None:
+    """The failure model's options (docs/SIM.md, "Failures"; rdmasched/sim/failures.py)."""
+    from rdmasched.sim import failures as f
+
+    g = p.add_argument_group("failures (docs/SIM.md, 'Failures')")
+    g.add_argument(
+        "--failures",
+        action="store_true",
+        help="a node dies mid-step: detection, restart and goodput for rdmasched and "
+        "exclusive at each size",
+    )
+    g.add_argument(
+        "--failures-calibrate",
+        action="store_true",
+        help="the failure model at 2 nodes with the real `rdmasched bench failover` run's "
+        "settings, beside its figures (--failover-json)",
+    )
+    g.add_argument(
+        "--failover-json",
+        metavar="FILE",
+        default=str(f.FAILOVER_JSON),
+        help="the real run the restart costs come from (default docs/figures/failover.json)",
+    )
+    g.add_argument(
+        "--mtbf-node-h",
+        type=_positive,
+        default=f.MTBF_NODE_S / 3600,
+        help="each node's mean time between failures, hours (default Llama 3's: 419 "
+        "interruptions in 54 days on 2,048 nodes)",
+    )
+    g.add_argument(
+        "--ckpt-cost-s",
+        type=_nonneg,
+        default=f.CKPT_COST_S,
+        help="a checkpoint's blocking cost, s (default Llama 3 405B's state at 2 TB/s)",
+    )
+    g.add_argument(
+        "--ckpt-interval-s",
+        type=_positive,
+        default=None,
+        help="seconds of work between checkpoints (default Young's optimum for the job)",
+    )
+    g.add_argument(
+        "--pg-timeout-s",
+        type=_positive,
+        default=f.NCCL_PG_TIMEOUT_S,
+        help="exclusive: the process group's timeout the survivors wait for, s (default "
+        "PyTorch's for NCCL, 600)",
+    )
+    g.add_argument(
+        "--requeue-s",
+        type=_nonneg,
+        default=0.0,
+        help="exclusive: from the job's failure to its restart by the scheduler, s",
+    )
+    g.add_argument(
+        "--restart",
+        choices=f.RESTARTS,
+        default="spare",
+        help="the job restarts on the survivors plus a spare node, or on the survivors alone",
+    )
+    g.add_argument("--window-h", type=_positive, default=168.0, help="the modelled window, hours")
+    g.add_argument(
+        "--failures-measure-max-nodes",
+        type=_count,
+        default=0,
+        metavar="M",
+        help="simulate the failure only at sizes up to M; a larger size's timeline takes "
+        "the step and detection measured at the largest of those (default 0: every size)",
+    )
 
 
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -465,6 +538,8 @@ def main(args: argparse.Namespace) -> int:
     logging.getLogger("rdmasched.daemon").setLevel(logging.ERROR)
     base = base_config(args)
     say = (lambda s: print(s, file=sys.stderr)) if args.json else print
+    if args.failures or args.failures_calibrate:
+        return _failures(args, base, say)
     if args.calibrate:
         call, how = _call_ns(args, base, say)
         base = replace(base, central_call_ns=call)
@@ -551,4 +626,55 @@ def main(args: argparse.Namespace) -> int:
         for r in rows:
             if r.get("trace"):
                 print(f"trace: {r['trace']} ({r['scheduler']} at {r['nodes']} nodes)")
+    return 0
+
+
+def _failures(args: argparse.Namespace, base: SimConfig, say: Any) -> int:
+    """`--failures` and `--failures-calibrate` (rdmasched/sim/failures.py)."""
+    from rdmasched.bench.output import run_info
+    from rdmasched.errors import RdmaschedError
+    from rdmasched.sim import failures as f
+
+    try:
+        doc = f.real_failover(args.failover_json)
+        if args.failures_calibrate:
+            cal = f.calibrate(doc)
+            out: dict[str, Any] = {"calibration": cal, "failover_json": args.failover_json}
+            text = f.format_calibration(cal)
+        else:
+            model = f.FailureModel(
+                mtbf_node_s=args.mtbf_node_h * 3600,
+                ckpt_cost_s=args.ckpt_cost_s,
+                ckpt_interval_s=args.ckpt_interval_s,
+                pg_timeout_s=args.pg_timeout_s,
+                requeue_s=args.requeue_s,
+                restart=args.restart,
+                window_s=args.window_h * 3600,
+                seed=args.seed,
+            )
+            model.check()
+            scheds = tuple(f.REAL_MODE)  # rdmasched and exclusive, whatever --schedulers
+            rows: list[dict[str, Any]] = []
+            cap = args.failures_measure_max_nodes
+            last: dict[str, dict[str, Any]] | None = None
+            for n in sorted(args.sizes):
+                reuse = last if cap and n > cap else None
+                if cap and n > cap and last is None:
+                    print(f"rdmasched sim: no size up to {cap} to measure {n} by", file=sys.stderr)
+                    return 2
+                got = f.compare(replace(base, nodes=n), model, doc, scheds, say, reuse)
+                if reuse is None:
+                    last = {r["scheduler"]: r for r in got}
+                rows += got
+                gc.collect()
+            out = {"model": model.as_dict(), "failover_json": args.failover_json, "runs": rows}
+            out["workload"] = base.workload.as_dict()
+            text = f.format_rows(rows)
+    except RdmaschedError as exc:
+        print(f"rdmasched sim: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(out | run_info(vars(args)), indent=2))
+    else:
+        print(text)
     return 0
