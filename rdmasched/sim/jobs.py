@@ -387,6 +387,9 @@ class JobCluster:
         self.busy: list[_Run | None] = [None] * n
         self.since = [0] * n
         self.busy_ns = 0
+        #: busy node-time before the last arrival (`window_ns`): the offered-load window
+        self.busy_window_ns = 0
+        self.window_ns = max(j.arrival_ns for j in self.jobs)
         self.leaf_of = [self.topo.leaf(i) for i in range(n)]
         nleaves = max(self.leaf_of) + 1
         self.idle_in_leaf = [0] * nleaves
@@ -416,7 +419,9 @@ class JobCluster:
         if run is None:
             return
         self.busy[node] = None
-        self.busy_ns += self.engine.now - self.since[node]
+        now = self.engine.now
+        self.busy_ns += now - self.since[node]
+        self.busy_window_ns += max(0, min(now, self.window_ns) - self.since[node])
         leaf = self.leaf_of[node]
         self.idle_in_leaf[leaf] += 1
         if run.job.priority == LOW:
@@ -635,6 +640,10 @@ class JobCluster:
         n = cfg.nodes
         now = self.engine.now
         busy_ns = self.busy_ns + sum(now - self.since[i] for i in range(n) if self.busy[i])
+        win = self.window_ns
+        busy_win = self.busy_window_ns + sum(
+            max(0, min(now, win) - self.since[i]) for i in range(n) if self.busy[i]
+        )
         ended = [st for st in self.state.values() if st.end >= 0]
         span = max((st.end for st in ended), default=now) if stopped is None else now
         useful = sum(st.job.work_ns * st.job.nodes for st in ended)
@@ -676,6 +685,7 @@ class JobCluster:
                 for p in (HIGH, LOW)
             },
             "device_idle_pct": 100.0 * (1 - busy_ns / (n * span)) if span else None,
+            "device_idle_arrivals_pct": 100.0 * (1 - busy_win / (n * win)) if win else None,
             "utilisation_pct": 100.0 * useful / (n * span) if span else None,
             "lost_node_s": lost / S,
             "useful_node_s": useful / S,
@@ -717,7 +727,7 @@ def format_jobs_table(rows: list[dict[str, Any]]) -> str:
     idle and utilisation (% of the cluster's node-time), preemptions."""
     head = (
         f"{'scheduler':<10} {'nodes':>6} {'jobs':>5} {'JCT mean':>9} {'p50':>7} {'p99':>8} "
-        f"{'queue mean':>10} {'p99':>7} {'idle %':>7} {'util %':>7} {'preempt':>7}"
+        f"{'queue mean':>10} {'p99':>7} {'idle %':>7} {'idle~':>6} {'util %':>7} {'preempt':>7}"
     )
     lines = [head]
     for r in rows:
@@ -725,6 +735,7 @@ def format_jobs_table(rows: list[dict[str, Any]]) -> str:
             f"{r['scheduler']:<10} {r['nodes']:>6} {r['finished']:>5} {_f(r['jct_mean_s'])} "
             f"{_f(r['jct_p50_s'], 7)} {_f(r['jct_p99_s'], 8)} {_f(r['queue_mean_s'], 10)} "
             f"{_f(r['queue_p99_s'], 7)} {_f(r['device_idle_pct'], 7)} "
+            f"{_f(r['device_idle_arrivals_pct'], 6)} "
             f"{_f(r['utilisation_pct'], 7)} {r['preemptions']:>7}"
         )
         for name, s in r["by_size"].items():
