@@ -402,6 +402,7 @@ class JobCluster:
         self.preemptions = 0
         self.overlaps = 0  # a member started on a busy node (must stay 0)
         self.partial = 0  # a run whose members did not all start before it stopped
+        self._begun = False
 
     # ---- bookkeeping of the nodes -----------------------------------------------------------
     def _occupy(self, node: int, run: _Run) -> None:
@@ -605,10 +606,16 @@ class JobCluster:
         return (done % self.ckpt) * v.job.nodes
 
     # ---- running ----------------------------------------------------------------------------
+    def begin(self) -> None:
+        """Every job's arrival on the clock (once; `run` does it if not done)."""
+        if not self._begun:
+            self._begun = True
+            for j in self.jobs:
+                self.engine.at(j.arrival_ns, self._arrive, j.id)
+
     def run(self) -> dict[str, Any]:
         cfg, eng = self.cfg, self.engine
-        for j in self.jobs:
-            eng.at(j.arrival_ns, self._arrive, j.id)
+        self.begin()
         longest = max(j.work_ns for j in self.jobs)
         stall = max(int((cfg.stall_ms or 60_000) * 1e6), 3 * longest, 20 * self.hb_ns)
         limit = cfg.wall_limit_s
@@ -656,7 +663,7 @@ class JobCluster:
             wait = [(st.first_start - st.job.arrival_ns) / S for st in xs if st.first_start >= 0]
             return {
                 "jobs": len(xs),
-                "finished": len(jct),
+                "ended": len(jct),
                 "jct_mean_s": _mean(jct),
                 "jct_p50_s": _q(jct, 0.5),
                 "jct_p99_s": _q(jct, 0.99),
@@ -732,7 +739,7 @@ def format_jobs_table(rows: list[dict[str, Any]]) -> str:
     lines = [head]
     for r in rows:
         lines.append(
-            f"{r['scheduler']:<10} {r['nodes']:>6} {r['finished']:>5} {_f(r['jct_mean_s'])} "
+            f"{r['scheduler']:<10} {r['nodes']:>6} {r['ended']:>5} {_f(r['jct_mean_s'])} "
             f"{_f(r['jct_p50_s'], 7)} {_f(r['jct_p99_s'], 8)} {_f(r['queue_mean_s'], 10)} "
             f"{_f(r['queue_p99_s'], 7)} {_f(r['device_idle_pct'], 7)} "
             f"{_f(r['device_idle_arrivals_pct'], 6)} "
@@ -741,14 +748,14 @@ def format_jobs_table(rows: list[dict[str, Any]]) -> str:
         for name, s in r["by_size"].items():
             if s["jobs"]:
                 lines.append(
-                    f"  size {name:<5} {s['finished']:>11} {_f(s['jct_mean_s'])} "
+                    f"  size {name:<5} {s['ended']:>11} {_f(s['jct_mean_s'])} "
                     f"{_f(s['jct_p50_s'], 7)} {_f(s['jct_p99_s'], 8)} "
                     f"{_f(s['queue_mean_s'], 10)} {_f(s['queue_p99_s'], 7)}"
                 )
         for name, s in r["by_priority"].items():
             if s["jobs"]:
                 lines.append(
-                    f"  prio {name:<5} {s['finished']:>11} {_f(s['jct_mean_s'])} "
+                    f"  prio {name:<5} {s['ended']:>11} {_f(s['jct_mean_s'])} "
                     f"{_f(s['jct_p50_s'], 7)} {_f(s['jct_p99_s'], 8)} "
                     f"{_f(s['queue_mean_s'], 10)} {_f(s['queue_p99_s'], 7)}"
                 )
