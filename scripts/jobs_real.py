@@ -23,8 +23,8 @@ from typing import Any
 
 from rdmasched.cluster import ClusterConfig
 from rdmasched.daemon.node import Node
-from rdmasched.sim import PRESETS, SimConfig, simulate
-from rdmasched.sim.jobs import LOW, Job, JobsConfig
+from rdmasched.sim import PRESETS, SimConfig
+from rdmasched.sim.jobs import LOW, Job, JobCluster, JobsConfig
 
 NODES = 4
 HEARTBEAT_MS, DEAD_AFTER_MS = 50, 500
@@ -149,8 +149,6 @@ def main() -> int:
         dead_after_ms=DEAD_AFTER_MS,
         jobs=JobsConfig(jobs=jobs(), source="scripts/jobs_real.py", checkpoint_steps=50),
     )
-    from rdmasched.sim.jobs import JobCluster
-
     c = JobCluster(cfg)
     sim = c.run()
     rows = []
