@@ -21,6 +21,7 @@ import time
 import uuid
 from typing import Any
 
+from rdmasched.bench.output import run_info
 from rdmasched.cluster import ClusterConfig
 from rdmasched.daemon.node import Node
 from rdmasched.sim import PRESETS, SimConfig
@@ -169,9 +170,8 @@ def main() -> int:
         "jct_error_pct": 100 * (mean["sim_jct_s"] - mean["real_jct_s"]) / mean["real_jct_s"],
         "queue_error_s": mean["sim_queue_s"] - mean["real_queue_s"],
         "sim_finished": sim["finished"],
-        "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "load_1min": os.getloadavg()[0],
-    }
+    } | run_info(vars(args))
     text = json.dumps(doc, indent=2)
     print(text)
     if args.json:
