@@ -402,6 +402,7 @@ class JobCluster:
         self.preemptions = 0
         self.overlaps = 0  # a member started on a busy node (must stay 0)
         self.partial = 0  # a run whose members did not all start before it stopped
+        self.rehomed = 0  # waiting gangs cancelled and submitted on a leaf with room
         self._begun = False
 
     # ---- bookkeeping of the nodes -----------------------------------------------------------
@@ -552,6 +553,29 @@ class JobCluster:
             cn.submit_gang(self._member(run, m, prio, coord), job.nodes)
         if job.priority == HIGH:
             self._press(run)
+        else:
+            self.engine.at(self.engine.now + 2 * self.hb_ns, self._rehome, run)
+
+    def _rehome(self, run: _Run) -> None:
+        """A waiting gang whose coordinator's leaf has too few idle nodes while another
+        leaf has enough is cancelled (nothing of it is held or runs) and submitted there;
+        looked at every two heartbeats while it waits."""
+        st = self.state[run.job.id]
+        if run.t_first >= 0 or run.preempted or st.current is not run:
+            return
+        idle = self.idle_in_leaf
+        here = self.leaf_of[run.coord]
+        best = max(range(len(idle)), key=lambda x: (idle[x], -x))
+        if idle[here] < run.job.nodes <= idle[best] and st.runs < INCARNATIONS_MAX - 1:
+            run.preempted = True
+            self.rehomed += 1
+            cn = self.nodes[run.coord]
+            cn.do(cn.core.preempt(None, run.core_job, True, self.engine.now))
+            for t in run.tasks:
+                self.by_task.pop(t.id, None)
+            self._submit(run.job.id)
+            return
+        self.engine.at(self.engine.now + 2 * self.hb_ns, self._rehome, run)
 
     def _coordinator(self, high: bool) -> int:
         idle, low = self.idle_in_leaf, self.low_in_leaf
@@ -700,6 +724,7 @@ class JobCluster:
             "gangs_placed": sum(g["placed"] for g in gangs),
             "gang_attempts_failed": sum(g["attempts_failed"] for g in gangs),
             "backfilled": self.queue.backfilled if self.queue is not None else None,
+            "rehomed": self.rehomed,
             "overlaps": self.overlaps,
             "partial_runs": self.partial,
             "rejected": sum(sum(c.core.rejected.values()) for c in self.nodes),
