@@ -12,7 +12,8 @@ whole nodes running training steps, under one of two schedulers:
   (`preempt(job=J, cancel=True)` on their coordinators); each node's core then stops its
   member (the gang's ABORT, the preempt handler with `cancel`). A preempted job loses the
   steps since its last checkpoint and is submitted again as a new gang once its preemptor
-  runs.
+  runs. A waiting gang whose leaf has no room while another leaf has is cancelled and
+  submitted there (`_rehome`).
 - **exclusive**: what Slurm does with whole-node jobs (`EasyBackfill`, a small model of
   slurmctld's queue): a priority-ordered FIFO queue with EASY backfill; a job starts only
   when its whole gang fits, runs on its nodes to the end, and is never preempted. Its
