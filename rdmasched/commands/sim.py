@@ -33,6 +33,7 @@ from rdmasched.sim.harvest import (
     compare_to_alone,
     format_harvest,
 )
+from rdmasched.sim.jobs import JOB_SCHEDULERS, JobsConfig, format_jobs_table, load_jobs
 from rdmasched.sim.linkmodel import PRESETS, preset
 from rdmasched.sim.pipeline import PipelineConfig
 from rdmasched.sim.report import (
@@ -66,10 +67,11 @@ CENTRAL_MAX_NODES = 0
 
 def _schedulers(text: str) -> list[str]:
     out = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [x for x in out if x not in SCHEDULERS]
+    known = tuple(dict.fromkeys(SCHEDULERS + JOB_SCHEDULERS))
+    bad = [x for x in out if x not in known]
     if not out or bad:
         raise argparse.ArgumentTypeError(
-            f"schedulers are a comma-separated subset of {','.join(SCHEDULERS)}"
+            f"schedulers are a comma-separated subset of {','.join(known)}"
         )
     return list(dict.fromkeys(out))
 
@@ -179,6 +181,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="host",
         help="--workload, a GPU trace: host (ops wait for the host that issued them, at the "
         "trace's pace), device (the GPU alone), kernels (the GPU alone, no launch gaps)",
+    )
+    p.add_argument(
+        "--jobs",
+        metavar="FILE|poisson",
+        help="the multi-job workload instead of the synthetic job: jobs arriving as gangs of "
+        "whole nodes, from a CSV file (arrival_s,nodes,duration_s,step_ms,priority) or a "
+        "Poisson mix; run under rdmasched and exclusive (docs/SIM.md, 'Multi-job cluster') "
+        "(default none)",
+    )
+    p.add_argument("--jobs-count", type=_pos_int, default=200, help="--jobs poisson: jobs")
+    p.add_argument("--jobs-load", type=_positive, default=0.9, help="--jobs poisson: offered load")
+    p.add_argument(
+        "--jobs-high", type=_nonneg, default=0.2, help="--jobs poisson: high-priority share"
+    )
+    p.add_argument("--jobs-step-ms", type=_positive, default=100.0, help="--jobs poisson: step, ms")
+    p.add_argument(
+        "--jobs-steps", type=_pos_int, default=300, help="--jobs poisson: median steps a job"
+    )
+    p.add_argument(
+        "--jobs-checkpoint-steps",
+        type=_pos_int,
+        default=50,
+        help="--jobs: a preempted job keeps its steps up to its last checkpoint, every this "
+        "many steps",
     )
     p.add_argument("--links", choices=sorted(PRESETS), default="ib", help="link model")
     p.add_argument("--cpu-ns", type=_count, help="per-message CPU cost, ns (default the model's)")
@@ -421,7 +447,10 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             "--harvest watches the node cores' devices: give --schedulers from "
             "rdmasched,fifo,timeslice (not central or k8s), and no --calibrate"
         )
-    base = base_config(args, load_trace=False)
+    try:
+        base = base_config(args, load_trace=False)
+    except RdmaschedError as exc:
+        parser.error(str(exc))
     for n in sizes:
         try:
             replace(base, nodes=n).check()
@@ -484,6 +513,7 @@ def base_config(args: argparse.Namespace, load_trace: bool = True) -> SimConfig:
             backward_ms=args.backward_ms,
             activation_mb=args.pipeline_mb,
         ),
+        jobs=_jobs(args),
     )
     return cfg
 
@@ -494,6 +524,63 @@ def _workload_name(args: argparse.Namespace) -> str:
     if args.workload:
         return f"trace:{os.path.basename(args.workload)}"
     return "data-parallel"
+
+
+def _jobs(args: argparse.Namespace) -> JobsConfig | None:
+    """--jobs: the multi-job workload (None: the synthetic job or a trace)."""
+    if not args.jobs:
+        return None
+    if args.jobs != "poisson":
+        return load_jobs(args.jobs, args.jobs_checkpoint_steps)
+    return JobsConfig(
+        count=args.jobs_count,
+        load=args.jobs_load,
+        high=args.jobs_high,
+        step_ms=args.jobs_step_ms,
+        median_steps=args.jobs_steps,
+        checkpoint_steps=args.jobs_checkpoint_steps,
+    )
+
+
+def _jobs_main(args: argparse.Namespace, base: SimConfig) -> int:
+    """--jobs: each size under the schedulers of --schedulers that run it."""
+    from rdmasched.bench.output import run_info
+
+    assert base.jobs is not None
+    scheds = [s for s in args.schedulers if s in JOB_SCHEDULERS]
+    not_run = [
+        {"scheduler": s, "why": "the multi-job workload runs under rdmasched and exclusive"}
+        for s in args.schedulers
+        if s not in JOB_SCHEDULERS
+    ]
+    if not scheds:
+        print(
+            f"rdmasched sim: --jobs runs under {' or '.join(JOB_SCHEDULERS)}; "
+            "give one of them in --schedulers",
+            file=sys.stderr,
+        )
+        return 2
+    rows = []
+    for n in args.sizes:
+        for sched in scheds:
+            if not args.json:
+                print(f"  {sched} at {n} nodes ...", file=sys.stderr, flush=True)
+            rows.append(simulate(replace(base, nodes=n, scheduler=sched)))
+            gc.collect()
+    if args.json:
+        doc = {
+            "command": "rdmasched sim --jobs",
+            "links": base.links.as_dict(),
+            "jobs": base.jobs.as_dict(),
+            "heartbeat_ms": base.heartbeat_ms,
+            "dead_after_ms": base.dead_after_ms,
+            "runs": rows,
+            "not_run": not_run,
+        } | run_info(vars(args))
+        print(json.dumps(doc, indent=2))
+    else:
+        print(format_jobs_table(rows))
+    return 0
 
 
 def _real_demo(args: argparse.Namespace, cfg: SimConfig) -> Any:
@@ -537,6 +624,8 @@ def main(args: argparse.Namespace) -> int:
 
     logging.getLogger("rdmasched.daemon").setLevel(logging.ERROR)
     base = base_config(args)
+    if base.jobs is not None:
+        return _jobs_main(args, base)
     say = (lambda s: print(s, file=sys.stderr)) if args.json else print
     if args.failures or args.failures_calibrate:
         return _failures(args, base, say)

@@ -15,7 +15,7 @@ backend that counts what conservation tests check and applies the node's slowdow
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rdmasched import _wire
 from rdmasched.daemon.core import (
@@ -194,6 +194,15 @@ class Shaped:
         self.inner.complete(task, runtime_ns)
 
 
+class Handlers(Protocol):
+    """A node's dispatch and preempt handlers, as `CoreNode` calls them (a `SimTrainer`,
+    or another workload's: rdmasched/sim/jobs.py)."""
+
+    def on_start(self, task: Task, slot: int) -> None: ...
+
+    def on_preempt(self, task: Task, slot: int, cancel: bool) -> int: ...
+
+
 def _if_alive(ep: Endpoint, fn: Callable[[], None]) -> None:
     if ep.alive:
         fn()
@@ -210,7 +219,7 @@ class CoreNode:
         self.me = me
         self.core = core
         self.ledger = ledger
-        self.trainer: SimTrainer | None = None
+        self.trainer: Handlers | None = None
         self.harvest: NodeHarvest | None = None  # its devices, when watched (harvest.py)
         self.ep = Endpoint(engine, me, cpu_ns, self.on_message)
         net.endpoints[me] = self.ep
@@ -230,6 +239,11 @@ class CoreNode:
 
     def submit_local(self, task: Task) -> None:
         self.do(self.core.dispatch(task, self.engine.now))
+
+    def submit_gang(self, task: Task, gang: int) -> None:
+        """Member `task` of gang `task.job` of `gang` members, submitted here: this node
+        coordinates the gang (docs/GANGS.md)."""
+        self.do(self.core.submit(task, self.engine.now, gang=gang))
 
     def sync_ready(self, step: int, group: int = GROUP) -> None:
         self.do(self.core.sync_ready(group, step, self.engine.now))

@@ -342,7 +342,7 @@ class Spill:
         self.per_node = per_node
         self.cost_ns = cost_ns
         for node in run.nodes:
-            node.trainer = _Host(self, node, node.trainer)  # type: ignore[assignment]
+            node.trainer = _Host(self, node, node.trainer)
         run.engine.at(at_ns, self._submit)
 
     def _submit(self) -> None:

@@ -36,6 +36,7 @@ from rdmasched.sim.drivers import (
 )
 from rdmasched.sim.engine import Endpoint, Engine, Network
 from rdmasched.sim.harvest import TIMESLICE_INTERFERENCE, NodeHarvest, harvest_figures
+from rdmasched.sim.jobs import JOB_SCHEDULERS, JobsConfig, simulate_jobs
 from rdmasched.sim.linkmodel import PRESETS, LinkModel
 from rdmasched.sim.pipeline import PipelineConfig, PipelineTrainer, pipeline_figures
 from rdmasched.sim.trace import (
@@ -158,6 +159,9 @@ class SimConfig:
     interference: float = TIMESLICE_INTERFERENCE
     #: a 1F1B pipeline-parallel job instead of the synthetic data-parallel one
     pipeline: PipelineConfig | None = None
+    #: the multi-job workload (rdmasched/sim/jobs.py) instead of the synthetic job: jobs
+    #: arriving as gangs of whole nodes, under rdmasched or exclusive (None: not it)
+    jobs: JobsConfig | None = None
 
     def stall_window_ms(self) -> float:
         """The stall window: `stall_ms` if given; else 5 s, and under k8s at least twice
@@ -172,7 +176,14 @@ class SimConfig:
         return max(STALL_MS, 2 * pods * 1000 / self.k8s_pods_per_s)
 
     def check(self) -> None:
-        if self.scheduler not in SCHEDULERS:
+        if self.jobs is not None:
+            if self.scheduler not in JOB_SCHEDULERS:
+                raise ArgumentError(
+                    f"the multi-job workload (--jobs) runs under {' or '.join(JOB_SCHEDULERS)}, "
+                    f"not {self.scheduler}"
+                )
+            self.jobs.check()
+        elif self.scheduler not in SCHEDULERS:
             raise ArgumentError(
                 f"unknown scheduler {self.scheduler!r}; one of: {', '.join(SCHEDULERS)}"
             )
@@ -671,6 +682,10 @@ def _pod(cfg: SimConfig, n: int) -> int:
 
 
 def simulate(cfg: SimConfig) -> dict[str, Any]:
+    if cfg.jobs is not None:
+        cfg.check()
+        with _few_collections():
+            return simulate_jobs(cfg)
     return Run(cfg).run()
 
 

@@ -1,0 +1,180 @@
+"""The multi-job cluster in the simulator (rdmasched/sim/jobs.py, docs/SIM.md "Multi-job
+cluster"): gangs placed whole by the node cores, the exclusive queue's EASY backfill,
+preemption of a low-priority job by a high one under rdmasched, conservation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rdmasched.cli import main
+from rdmasched.errors import ArgumentError
+from rdmasched.scheduler.gang import GANG_WAITING, Phase
+from rdmasched.sim import SimConfig, simulate
+from rdmasched.sim.jobs import HIGH, LOW, EasyBackfill, Job, JobCluster, JobsConfig, load_jobs
+
+S = 1_000_000_000
+STEP = 100_000_000  # 100 ms
+
+
+def _cfg(nodes: int, scheduler: str, jobs: tuple[Job, ...], ckpt: int = 50) -> SimConfig:
+    return SimConfig(
+        nodes=nodes,
+        scheduler=scheduler,
+        leaf=8,
+        heartbeat_ms=1000,
+        dead_after_ms=3000,
+        jobs=JobsConfig(jobs=jobs, source="test", checkpoint_steps=ckpt),
+    )
+
+
+def _job(i: int, at_s: float, nodes: int, secs: float, prio: int = LOW) -> Job:
+    return Job(i, int(at_s * S), nodes, int(secs * S) // STEP, STEP, prio)
+
+
+def test_a_gang_is_placed_whole_or_not_at_all() -> None:
+    # 8 nodes; A takes 6, B (4) arrives while only 2 are free: none of B's members may
+    # start (no node held for it, its gang waits for capacity) until A ends, then all 4
+    jobs = (_job(1, 0, 6, 20), _job(2, 1, 4, 5), _job(3, 2, 2, 3))
+    c = JobCluster(_cfg(8, "rdmasched", jobs))
+    c.begin()
+    c.engine.run(lambda: False, 10 * S)
+    b = c.state[2].current
+    assert b is not None and b.started == 0 and b.t_first < 0
+    assert not any(r is b for r in c.busy)
+    gang = c.nodes[b.coord].core.gangs.gangs[b.core_job]
+    assert gang.phase is Phase.WAITING and gang.reason == GANG_WAITING
+    assert c.nodes[b.coord].core.gangs.stats()["held_for_others"] == 0
+    # C (2 nodes) fitted beside A and ran at once: a small gang passes a large waiting one
+    assert c.state[3].end > 0
+    r = c.run()
+    assert r["finished"] and r["overlaps"] == 0 and r["partial_runs"] == 0
+    assert c.state[2].first_start >= c.state[1].end
+    # all of a gang's members start within a message's latency of each other
+    assert r["gang_start_spread_max_us"] < 1000
+    assert r["gangs_placed"] == 3 and r["rejected"] == 0
+
+
+def test_easy_backfill_never_delays_the_head_reservation() -> None:
+    q = EasyBackfill(5)
+    left = {1: 10 * S, 2: 10 * S, 3: 20 * S, 4: 20 * S, 5: 5 * S}
+    a = Job(1, 0, 3, 100, STEP)
+    q.submit(a)
+    assert [j.id for j, _ in q.schedule(0, lambda j: left[j.id])] == [1]
+    for j in (Job(2, 1, 4, 100, STEP), Job(3, 2, 1, 200, STEP), Job(4, 3, 1, 200, STEP)):
+        q.submit(j)
+    q.submit(Job(5, 4, 1, 50, STEP))
+    # B (4 nodes) waits for A: its reservation at 10 s needs 4 of the 5 nodes, one spare.
+    # C (1 node, to 20 s) takes the spare node; D (1 node, to 20 s) would delay B: it
+    # waits; E (1 node, ends at 5 s) ends before B's reservation: backfilled
+    started = [j.id for j, _ in q.schedule(0, lambda j: left[j.id])]
+    assert started == [3, 5]
+    assert [j.id for j in q.queue] == [2, 4]
+    q.finish(5)  # E ends at 5 s: D still may not start (it would run past 10 s on B's node)
+    assert q.schedule(5 * S, lambda j: left[j.id]) == []
+    q.finish(1)  # A ends at 10 s: B starts on the 4 free nodes, D still waits
+    got = q.schedule(10 * S, lambda j: left[j.id])
+    assert [(j.id, len(n)) for j, n in got] == [(2, 4)]
+    assert q.backfilled == 2
+
+
+def test_exclusive_starts_a_job_only_when_its_gang_fits_and_never_preempts() -> None:
+    jobs = (_job(1, 0, 6, 20), _job(2, 1, 4, 5, HIGH), _job(3, 2, 2, 3))
+    c = JobCluster(_cfg(8, "exclusive", jobs))
+    r = c.run()
+    assert r["finished"] and r["preemptions"] == 0 and r["overlaps"] == 0
+    # B is high priority but waits for A (no preemption); C backfills beside A
+    assert c.state[2].first_start >= c.state[1].end
+    assert c.state[3].first_start < c.state[1].end
+    assert r["backfilled"] == 1
+
+
+def test_rdmasched_preempts_a_low_priority_job_for_a_high_one() -> None:
+    # L takes all 8 nodes for 60 s; H (4 nodes, high) arrives at 10.05 s: under rdmasched
+    # L's gang is cancelled, H runs within a few heartbeats, L is placed again after H
+    # started and loses only the steps since its last checkpoint (every 50 steps: 5 s)
+    jobs = (_job(1, 0, 8, 60), _job(2, 10.05, 4, 10, HIGH))
+    c = JobCluster(_cfg(8, "rdmasched", jobs))
+    r = c.run()
+    low, high = c.state[1], c.state[2]
+    assert r["finished"] and r["overlaps"] == 0
+    assert low.preemptions == 1 and r["preemptions"] == 1
+    assert high.first_start - high.job.arrival_ns < 3 * S
+    assert 0 < low.lost_steps < 50
+    assert low.runs == 2 and low.end > high.first_start
+    # the same mix under exclusive: H waits for L's end
+    e = JobCluster(_cfg(8, "exclusive", jobs))
+    re = e.run()
+    assert re["preemptions"] == 0
+    assert e.state[2].first_start >= e.state[1].end
+    assert r["by_priority"]["high"]["jct_mean_s"] < re["by_priority"]["high"]["jct_mean_s"]
+
+
+@pytest.mark.parametrize("scheduler", ["rdmasched", "exclusive"])
+def test_conservation(scheduler: str) -> None:
+    cfg = SimConfig(
+        nodes=32,
+        scheduler=scheduler,
+        leaf=8,
+        heartbeat_ms=1000,
+        dead_after_ms=3000,
+        jobs=JobsConfig(count=40, load=1.5, high=0.3, median_steps=100, checkpoint_steps=20),
+    )
+    c = JobCluster(cfg)
+    r = c.run()
+    assert r["finished"] and r["finished"] is True
+    assert r["overlaps"] == 0 and r["partial_runs"] == 0 and r["rejected"] == 0
+    assert all(st.left == 0 and st.end > 0 for st in c.state.values())
+    assert r["jobs"] == 40 == sum(s["jobs"] for s in r["by_size"].values())
+    # every node-second a job held is its work kept, its work lost, or what a preempted
+    # run did past its last whole step and its gang's start spread
+    useful = sum(j.work_ns * j.nodes for j in c.jobs)
+    lost = sum(st.lost_steps * st.job.step_ns * st.job.nodes for st in c.state.values())
+    assert r["useful_node_s"] == pytest.approx(useful / S)
+    slack = sum(st.preemptions * st.job.nodes * st.job.step_ns for st in c.state.values())
+    assert useful + lost <= c.busy_ns <= useful + lost + slack + 40 * 10**6
+    assert all(x is None for x in c.busy) and not c.by_task
+    assert 0 <= r["device_idle_pct"] <= 100
+    assert r["utilisation_pct"] == pytest.approx(
+        100 - r["device_idle_pct"] - 100 * lost / S / (32 * r["virtual_s"]), abs=0.5
+    )
+    if scheduler == "exclusive":
+        assert r["preemptions"] == 0 and r["gangs_placed"] == 0
+    else:
+        assert r["gangs_placed"] == 40 + r["preemptions"]
+
+
+def test_the_same_seed_gives_the_same_figures() -> None:
+    cfg = _cfg(16, "rdmasched", (_job(1, 0, 8, 5), _job(2, 0.5, 6, 3, HIGH), _job(3, 1, 4, 2)))
+    a, b = simulate(cfg), simulate(cfg)
+    for k in ("jct_mean_s", "queue_p99_s", "device_idle_pct", "preemptions", "msgs"):
+        assert a[k] == b[k]
+
+
+def test_a_jobs_file(tmp_path: Path) -> None:
+    p = tmp_path / "jobs.csv"
+    p.write_text("arrival_s,nodes,duration_s,step_ms,priority\n0,2,3,100,low\n0.5,1,1,100,high\n")
+    cfg = load_jobs(str(p))
+    assert [(j.nodes, j.steps, j.priority) for j in cfg.jobs] == [(2, 30, LOW), (1, 10, HIGH)]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("arrival_s,nodes\n0,2\n")
+    with pytest.raises(ArgumentError, match="line 2"):
+        load_jobs(str(bad))
+    big = SimConfig(nodes=4, scheduler="rdmasched", leaf=4, jobs=load_jobs(str(p)))
+    assert simulate(big)["finished"]
+
+
+def test_the_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "jobs.csv"
+    p.write_text("arrival_s,nodes,duration_s,step_ms,priority\n0,2,2,100,low\n")
+    args = ["sim", "--sizes", "4", "--leaf", "4", "--pod", "4", "--jobs", str(p)]
+    args += ["--heartbeat-ms", "1000", "--dead-after-ms", "3000"]
+    assert main([*args, "--schedulers", "rdmasched,exclusive,fifo"]) == 0
+    out = capsys.readouterr().out
+    assert "rdmasched" in out and "exclusive" in out
+    assert main(["sim", "--sizes", "4", "--jobs", str(tmp_path / "none.csv")]) == 2
+    assert "No such file" in capsys.readouterr().err
+    assert main([*args, "--schedulers", "fifo"]) == 2
+    with pytest.raises(ArgumentError, match="rdmasched or exclusive"):
+        SimConfig(nodes=4, scheduler="central", jobs=JobsConfig()).check()
