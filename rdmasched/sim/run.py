@@ -34,6 +34,7 @@ from rdmasched.sim.drivers import (
     make_core,
 )
 from rdmasched.sim.engine import Endpoint, Engine, Network
+from rdmasched.sim.hostmodel import Host, HostModel, HostShaped, HostSimLoop
 from rdmasched.sim.linkmodel import PRESETS, LinkModel
 from rdmasched.sim.trace import TRACE_GROUP_BASE, TraceTrainer, allreduce_ns, trace_groups
 from rdmasched.topology import DEFAULT_SLOTS_PER_LANE, LANE_HEADER_BYTES, SLOT_BYTES, Topology
@@ -120,6 +121,9 @@ class SimConfig:
     #: none); `events` is each core's event ring then (0: the ring is off)
     trace_dir: str | None = None
     events: int = 0
+    #: the nodes as processes sharing one host's CPUs, each a sleeping loop
+    #: (rdmasched/sim/hostmodel.py; None: every node has its own CPU, the headline's model)
+    host_model: HostModel | None = None
 
     def stall_window_ms(self) -> float:
         """The stall window: `stall_ms` if given; else 5 s, and under k8s at least twice
@@ -167,6 +171,8 @@ class SimConfig:
             raise ArgumentError(f"stall must be > 0 virtual ms, not {self.stall_ms}")
         if self.events < 0:
             raise ArgumentError(f"events must be >= 0, not {self.events}")
+        if self.host_model is not None:
+            self.host_model.check()
         ring = self.nodes * self.events * TRACE_BYTES_PER_EVENT
         if ring > TRACE_RING_MAX_BYTES:
             raise ArgumentError(
@@ -259,6 +265,8 @@ class Run:
         self.killed: list[int] = []
         self.coordinator: Coordinator | None = None
         self.cores: list[NodeCore] = []
+        hm = cfg.host_model
+        self.host = None if hm is None else Host(self.engine, hm, cfg.seed)
         t0, c0 = time.perf_counter(), time.process_time()
         with _few_collections():
             if cfg.scheduler in CENTRAL:
@@ -290,6 +298,9 @@ class Run:
         n = cfg.nodes
         self.nodes: list[CoreNode] = []
         mesh = {j: topo.domain(j) for j in range(n)} if cfg.full_mesh else {}
+        host = self.host
+        node_of = CoreNode if host is None else host.node
+        shaped = Shaped if host is None else HostShaped
         for i in range(n):
             # the core knows the nodes it holds lanes to (the whole cluster in one leaf)
             known = mesh if cfg.full_mesh else {j: topo.domain(j) for j in (i, *topo.neighbours(i))}
@@ -304,8 +315,8 @@ class Run:
                 topology=None if cfg.full_mesh else topo,
                 events=cfg.events,
             )
-            node = CoreNode(eng, self.net, i, core, cfg.links.cpu_ns, self.ledger)
-            backend = Shaped(
+            node = node_of(eng, self.net, i, core, cfg.links.cpu_ns, self.ledger)
+            backend = shaped(
                 node,
                 i,
                 self.factors[i],
@@ -331,7 +342,11 @@ class Run:
         me = n  # the coordinator: one more host, in the first leaf
         eps: dict[int, Endpoint] = {}
         net.beside[me] = 0
-        coord_loop = SimLoop(eng, net, me, lambda: eps[me])
+        host = self.host
+        endpoint = Endpoint if host is None else host.endpoint
+        sim_loop = SimLoop if host is None else HostSimLoop
+        shaped = Shaped if host is None else HostShaped
+        coord_loop = sim_loop(eng, net, me, lambda: eps[me])
         k8s = cfg.scheduler == "k8s"
         if k8s:
             coord_loop.send_cost_ns = int(1e9 / cfg.k8s_pods_per_s)
@@ -358,16 +373,16 @@ class Run:
             return call * (sync_calls(m.id, m.arg0, m.arg2) if m.kind == _SYNC else 1)
 
         period = int(cfg.k8s_period_ms * MS) if k8s else 0
-        eps[me] = Endpoint(eng, me, call, coord.on_message, period_ns=period, cost=cost)
+        eps[me] = endpoint(eng, me, call, coord.on_message, period_ns=period, cost=cost)
         net.endpoints[me] = eps[me]
         self._coord_node = me
         self.executors: list[Executor] = []
         for i in range(n):
-            loop = SimLoop(eng, net, i, lambda i=i: eps[i])  # type: ignore[misc]
+            loop = sim_loop(eng, net, i, lambda i=i: eps[i])  # type: ignore[misc]
             ex = Executor(loop, i, me)  # type: ignore[arg-type]
-            eps[i] = Endpoint(eng, i, cfg.links.cpu_ns, ex.on_message)
+            eps[i] = endpoint(eng, i, cfg.links.cpu_ns, ex.on_message)
             net.endpoints[i] = eps[i]
-            backend = Shaped(ex, i, self.factors[i], False, self.ledger, eps[i], self.group_of(i))
+            backend = shaped(ex, i, self.factors[i], False, self.ledger, eps[i], self.group_of(i))
             tr = self._trainer(i, backend)
             ex.trainer = tr
             self.trainers.append(tr)
@@ -514,6 +529,8 @@ class Run:
         }
         if self.coordinator is not None:
             out["coordinator_msgs"] = self._eps[self._coord_node].handled
+        if self.host is not None:
+            out["host_model"] = self.host.figures(span_ns)
         return out
 
 
