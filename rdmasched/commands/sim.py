@@ -407,21 +407,9 @@ def _calibrate(args: argparse.Namespace, base: SimConfig, say: Any) -> int:
     measured just before them (unless given), its fit (--fit-sizes), the table."""
     from rdmasched.bench.output import run_info
     from rdmasched.demo.runner import signals_interrupt
-    from rdmasched.errors import ArgumentError
-    from rdmasched.files import read_text
     from rdmasched.sim.hostmodel import measure_wakeups
 
-    old: dict[str, Any] | None = None
-    if args.calibrate_real is not None:
-        text = read_text(args.calibrate_real, "--calibrate-real", "a JSON file")
-        try:
-            old = json.loads(text)
-        except ValueError as exc:
-            raise ArgumentError(
-                f"--calibrate-real {args.calibrate_real}: not JSON: {exc}"
-            ) from None
-        if not isinstance(old, dict):
-            raise ArgumentError(f"--calibrate-real {args.calibrate_real}: not a calibration")
+    old: dict[str, Any] | None = args.calibrate_doc
     call = args.central_call_ns or (old or {}).get("central_call_ns") or measure_central_call_ns()
     how = (
         "given" if args.central_call_ns else ("of the real runs' file" if old else "measured here")
@@ -452,7 +440,7 @@ def _calibrate(args: argparse.Namespace, base: SimConfig, say: Any) -> int:
         fit: dict[str, Any] | None = None
         if fit_sizes:
             hm, best, tried = fit_host_model(
-                base, reals, fit_sizes, full_mesh=args.full_mesh, progress=None
+                base, reals, fit_sizes, full_mesh=args.full_mesh, progress=_stderr
             )
             base = replace(base, host_model=hm)
             fit = {"sizes": fit_sizes, "score_pct": best, "fitted": hm.free(), "tried": tried}
@@ -565,3 +553,7 @@ def main(args: argparse.Namespace) -> int:
             if r.get("trace"):
                 print(f"trace: {r['trace']} ({r['scheduler']} at {r['nodes']} nodes)")
     return 0
+
+
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)

@@ -227,6 +227,7 @@ def calibrate(
     progress: Callable[[str], None] | None = None,
     full_mesh: bool = False,
     fitted_on: Sequence[int] = (),
+    plain: bool = True,
 ) -> list[dict[str, Any]]:
     """At each size: the simulator with the shm link model beside a real `rdmasched demo`
     (both schedulers); the difference in % of the real figure. `real` runs the demo at a
@@ -234,7 +235,8 @@ def calibrate(
     cluster is the demo's (`demo_cluster`): its topology (leaves of 8 unless `full_mesh`)
     and its liveness settings, which `real` must run too. With a host model in `base`
     the simulator runs with it and, beside it, without (`plain_sim_*`); `fitted_on`: the
-    sizes whose real runs its free parameters were fitted on (each row says if it is one)."""
+    sizes whose real runs its free parameters were fitted on (each row says if it is one);
+    `plain` False: not the run without it."""
     reals = real if isinstance(real, dict) else real_runs(sizes, real)
     steps = max(1, base.workload.steps)
     out = []
@@ -268,10 +270,11 @@ def calibrate(
             if base.host_model is not None:
                 row["host_model"] = sim.get("host_model")
                 row["fitted_on"] = n in fitted_on
-                plain = _figures(simulate(replace(cfg, host_model=None)), steps)
+            if base.host_model is not None and plain:
+                plain_f = _figures(simulate(replace(cfg, host_model=None)), steps)
                 for name in FIGURES:
-                    row[f"plain_sim_{name}"] = plain[name]
-                    row[f"plain_diff_{name}_pct"] = _diff(plain[name], real_f[name])
+                    row[f"plain_sim_{name}"] = plain_f[name]
+                    row[f"plain_diff_{name}_pct"] = _diff(plain_f[name], real_f[name])
             out.append(row)
     return out
 
@@ -291,10 +294,10 @@ def score(rows: Sequence[dict[str, Any]], sizes: Sequence[int] | None = None) ->
 
 #: the values `fit_host_model` tries for each free parameter, us
 FIT_GRID: dict[str, tuple[float, ...]] = {
-    "msg_us": (5, 10, 15, 20, 25, 30, 40, 50, 60, 80),
-    "timer_us": (5, 10, 15, 20, 25, 30, 40, 50, 60, 80),
-    "post_us": (5, 10, 15, 20, 25, 30, 40, 50, 60, 80),
-    "switch_us": (0, 5, 10, 20, 30, 50, 80),
+    "msg_us": (10, 20, 30, 40, 60),
+    "timer_us": (10, 20, 30, 40, 60),
+    "post_us": (5, 10, 20, 30, 40),
+    "switch_us": (0, 10, 20, 40),
 }
 
 
@@ -318,7 +321,9 @@ def fit_host_model(
     def cost(m: HostModel) -> float:
         key = tuple(m.free().values())
         if key not in tried:
-            rows = calibrate(replace(base, host_model=m), sizes, reals, full_mesh=full_mesh)
+            rows = calibrate(
+                replace(base, host_model=m), sizes, reals, full_mesh=full_mesh, plain=False
+            )
             tried[key] = score(rows)
             if progress:
                 progress(f"fit: {m.free()} -> {tried[key]:.1f}%")
