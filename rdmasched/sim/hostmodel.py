@@ -87,6 +87,7 @@ MSG_CPU_NS = 30_000
 TIMER_CPU_NS = 30_000
 POST_CPU_NS = 30_000
 SWITCH_CPU_NS = 0
+WAKE_KEEP_PCT = 100.0
 
 #: the keys `--host-model K=V,...` takes, and what each sets
 SPEC_KEYS = {
@@ -96,16 +97,18 @@ SPEC_KEYS = {
     "timer_us": "CPU per timer handled, us",
     "post_us": "CPU per call posted to the loop's inbox, us",
     "switch_us": "CPU per turn on a CPU that last ran another process, us",
+    "wake_pct": "draw wake-ups from their percentiles up to this one (50-100)",
     "wake": "'recorded' (WAKE_MSG_US, WAKE_TIMER_US) or 'none' (wake-ups take no time)",
 }
 
 
-#: the free parameters: their `--host-model` key -> HostModel field (ns)
+#: the free parameters: their `--host-model` key -> (HostModel field, its unit in the key's)
 FREE = {
-    "msg_us": "msg_cpu_ns",
-    "timer_us": "timer_cpu_ns",
-    "post_us": "post_cpu_ns",
-    "switch_us": "switch_cpu_ns",
+    "msg_us": ("msg_cpu_ns", US),
+    "timer_us": ("timer_cpu_ns", US),
+    "post_us": ("post_cpu_ns", US),
+    "switch_us": ("switch_cpu_ns", US),
+    "wake_pct": ("wake_keep_pct", 1),
 }
 
 
@@ -124,10 +127,17 @@ class HostModel:
     #: wake-up latency percentiles, us (0th..100th, evenly spaced); () takes no time
     wake_msg_us: tuple[float, ...] = WAKE_MSG_US
     wake_timer_us: tuple[float, ...] = WAKE_TIMER_US
+    #: draw the wake-ups from their percentiles up to this one only: the measured tail
+    #: above it is other work on the host when it was measured, not the loop's
+    wake_keep_pct: float = WAKE_KEEP_PCT
 
     def check(self) -> None:
         if self.cpus < 1:
             raise ArgumentError(f"host model: cpus must be >= 1, not {self.cpus}")
+        if not 50 <= self.wake_keep_pct <= 100:
+            raise ArgumentError(
+                f"host model: wake_pct must be in 50..100, not {self.wake_keep_pct}"
+            )
         if not (math.isfinite(self.spin_us) and self.spin_us >= 0):
             raise ArgumentError(f"host model: spin_us must be >= 0, not {self.spin_us}")
         for name in ("msg_cpu_ns", "timer_cpu_ns", "post_cpu_ns", "switch_cpu_ns"):
@@ -147,8 +157,10 @@ class HostModel:
         return d
 
     def with_free(self, key: str, us: float) -> HostModel:
-        """This model with free parameter `key` (FREE's keys) set to `us` microseconds."""
-        kw: dict[str, Any] = {FREE[key]: round(us * US)}
+        """This model with free parameter `key` (FREE's keys) set to `us` (in the key's
+        unit: microseconds, or a percentile)."""
+        name, unit = FREE[key]
+        kw: dict[str, Any] = {name: round(us * unit) if unit != 1 else float(us)}
         return replace(self, **kw)
 
     def free(self) -> dict[str, float]:
@@ -158,6 +170,7 @@ class HostModel:
             "timer_us": self.timer_cpu_ns / US,
             "post_us": self.post_cpu_ns / US,
             "switch_us": self.switch_cpu_ns / US,
+            "wake_pct": self.wake_keep_pct,
         }
 
 
@@ -208,6 +221,13 @@ def draw(quantiles: Sequence[float], u: float) -> float:
     return quantiles[i] + (x - i) * (quantiles[i + 1] - quantiles[i])
 
 
+def _kept(q: tuple[float, ...], pct: float) -> tuple[float, ...]:
+    """Evenly spaced percentiles `q` (0th..100th) up to the `pct`-th (the draws' range)."""
+    if not q or pct >= 100:
+        return q
+    return q[: max(2, int(pct / 100 * (len(q) - 1)) + 1)]
+
+
 #: a process's states
 SLEEP, WAKING, READY, RUN, SPIN = range(5)
 #: kinds of item
@@ -227,6 +247,8 @@ class Host:
         self.runq: deque[HostEndpoint] = deque()
         self.spin_ns = round(model.spin_us * US)
         self.item_ns = (model.msg_cpu_ns, model.timer_cpu_ns, model.post_cpu_ns)
+        self.wake_q = (_kept(model.wake_msg_us, model.wake_keep_pct),
+                       _kept(model.wake_timer_us, model.wake_keep_pct))  # fmt: skip
         #: figures: CPU time by use, wake-ups, time waited in the run queue
         self.handle_ns = 0
         self.spun_ns = 0
@@ -257,8 +279,7 @@ class Host:
 
     # ---- the run queue ---------------------------------------------------------------------
     def wake_ns_for(self, kind: int) -> int:
-        m = self.model
-        q = m.wake_timer_us if kind == TIMER else m.wake_msg_us
+        q = self.wake_q[1] if kind == TIMER else self.wake_q[0]
         return round(draw(q, self.rng.random()) * US)
 
     def want_cpu(self, p: HostEndpoint) -> None:

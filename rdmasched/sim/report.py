@@ -298,6 +298,7 @@ FIT_GRID: dict[str, tuple[float, ...]] = {
     "timer_us": (10, 20, 30, 40, 60),
     "post_us": (5, 10, 20, 30, 40),
     "switch_us": (0, 10, 20, 40),
+    "wake_pct": (90, 95, 99, 100),
 }
 
 

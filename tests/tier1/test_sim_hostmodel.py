@@ -138,6 +138,19 @@ def test_wake_up_draws_are_deterministic_per_seed() -> None:
     assert all(lo * US - 1 <= x <= hi * US + 1 for x in d)
 
 
+def test_wake_pct_keeps_the_percentiles_up_to_it() -> None:
+    """wake_pct=90: draws from the 0th..90th percentile only (the measured tail above it is
+    left out)."""
+    q = tuple(float(k) for k in range(101))  # the k-th percentile is k us
+    eng = Engine()
+    host = Host(eng, HostModel(wake_msg_us=q, wake_timer_us=q, wake_keep_pct=90), 1)
+    xs = [host.wake_ns_for(0) for _ in range(2000)]
+    assert max(xs) <= 90 * US and max(xs) > 85 * US
+    assert parse_spec("wake_pct=95").wake_keep_pct == 95.0
+    with pytest.raises(ArgumentError):
+        parse_spec("wake_pct=20")
+
+
 def test_recorded_wake_ups_are_percentiles() -> None:
     for q in (WAKE_MSG_US, WAKE_TIMER_US):
         assert len(q) == 101 and list(q) == sorted(q) and q[0] > 0
@@ -254,7 +267,7 @@ def test_calibrate_from_recorded_real_runs_round_trips_and_scores() -> None:
     want = [abs(r[f"diff_{k}_pct"]) for r in rows for k in ("step_time_ms", "slot_idle_pct")]
     want += [abs(r["diff_msgs_per_step_pct"]) for r in rows]
     assert s == pytest.approx(sum(want) / len(want))
-    assert set(FIT_GRID) == {"msg_us", "timer_us", "post_us", "switch_us"}
+    assert set(FIT_GRID) == {"msg_us", "timer_us", "post_us", "switch_us", "wake_pct"}
 
 
 def test_sim_help_names_the_host_model(capsys: pytest.CaptureFixture[str]) -> None:
