@@ -52,42 +52,31 @@ from rdmasched.sim.engine import Endpoint, Engine, Network
 US = 1_000
 
 #: A sleeping loop woken by a message (the doorbell's futex wake, the wait's return, the
-#: drain and the Python dispatch to the handler), us: the 0, 1, 2, ..., 100th percentiles
-#: of `measure_wakeups` on this project's 2-vCPU VM (AMD EPYC), 1,000 messages one every
-#: 1-3 ms (the receiver asleep each time). Printed by `rdmasched sim --measure-wakeups`
-#: (docs/SIM.md, "Calibration", gives the date, commit and load).
+#: drain and the Python dispatch to the handler), us: the 0, 5, 10, ..., 100th percentiles
+#: of `measure_wakeups(1000)` on this project's 2-vCPU VM (AMD EPYC), 2026-12-02 02:19 UTC,
+#: load average 1.9: 1,000 messages one every 1-3 ms (the receiver asleep each time). The
+#: calibration's host model was fitted with these (docs/SIM.md, "Calibration");
+#: `rdmasched sim --measure-wakeups` measures them again (0, 1, ..., 100th).
 WAKE_MSG_US: tuple[float, ...] = (
-    11.7, 18.9, 22.7, 24.3, 25.7, 27.6, 28.7, 29.6, 31.0, 32.3, 33.3, 33.8, 34.8, 35.5,
-    36.4, 37.3, 37.9, 38.9, 39.5, 39.9, 40.5, 41.2, 41.8, 42.4, 42.9, 43.6, 43.9, 44.5,
-    45.1, 45.9, 46.6, 47.4, 47.9, 48.2, 48.7, 49.3, 49.7, 50.4, 50.9, 51.5, 52.2, 52.7,
-    53.2, 53.9, 54.5, 55.1, 55.6, 56.1, 56.7, 57.2, 57.7, 58.5, 59.1, 59.6, 60.0, 60.9,
-    61.4, 62.0, 63.0, 64.0, 65.0, 65.5, 66.0, 66.3, 66.9, 67.6, 68.3, 68.7, 69.4, 70.1,
-    70.9, 71.6, 72.4, 73.0, 73.8, 74.6, 75.4, 76.4, 77.4, 78.7, 79.7, 80.4, 81.7, 83.1,
-    83.9, 85.2, 86.2, 87.1, 88.6, 90.3, 92.1, 94.0, 96.1, 99.0, 102.7, 106.2, 112.0, 123.3,
-    148.9, 201.5, 66452.0,
+    11.4, 29.3, 34.0, 37.1, 40.9, 44.5, 47.2, 50.5, 53.7, 56.5, 60.8, 64.6, 69.0, 73.4,
+    77.2, 84.0, 90.4, 97.2, 110.6, 138.4, 3279.3,
 )  # fmt: skip
 #: A sleeping loop woken by its own timer (the futex wait's timeout, with the thread's timer
 #: slack), the delay past the timer's due time to its callback, us: the same percentiles,
 #: same run, 1,000 timers 0.5-3 ms ahead.
 WAKE_TIMER_US: tuple[float, ...] = (
-    48.1, 84.4, 89.5, 93.4, 94.5, 95.8, 97.1, 98.1, 98.8, 99.9, 100.8, 101.6, 102.5, 103.1,
-    103.6, 104.2, 105.1, 105.7, 106.5, 107.0, 107.9, 108.7, 109.3, 109.8, 110.6, 111.0,
-    111.5, 112.1, 112.7, 113.1, 113.6, 114.0, 114.5, 115.0, 115.3, 115.8, 116.3, 116.7,
-    117.1, 117.5, 118.0, 118.5, 119.0, 119.5, 120.3, 121.1, 121.6, 122.2, 122.6, 123.1,
-    123.7, 124.2, 124.7, 125.4, 125.9, 126.5, 127.1, 127.6, 128.2, 128.8, 129.3, 129.9,
-    130.1, 131.1, 132.0, 132.5, 133.3, 133.9, 134.7, 135.6, 136.5, 137.2, 138.1, 139.0,
-    140.2, 141.5, 142.8, 144.0, 145.7, 147.1, 149.8, 152.6, 154.7, 157.1, 160.8, 163.4,
-    168.9, 178.5, 191.4, 216.0, 292.8, 462.0, 703.9, 907.8, 1167.7, 1711.1, 2484.5, 3394.5,
-    3969.8, 5200.4, 27284.8,
+    72.6, 117.1, 124.1, 129.3, 134.9, 140.1, 144.6, 149.6, 154.8, 161.1, 166.5, 172.8,
+    179.1, 186.9, 193.5, 210.5, 244.1, 327.0, 647.8, 1323.0, 10105.0,
 )  # fmt: skip
 
-#: the free parameters' defaults: fitted by `rdmasched sim --calibrate --host-model
-#: --fit-sizes 4,16` (docs/SIM.md, "Calibration", gives the run)
-MSG_CPU_NS = 30_000
-TIMER_CPU_NS = 30_000
-POST_CPU_NS = 30_000
-SWITCH_CPU_NS = 0
-WAKE_KEEP_PCT = 100.0
+#: the free parameters' defaults: fitted on the real runs at 4 and 16 nodes of
+#: docs/figures/calibration-host-real.json by `rdmasched sim --calibrate --host-model
+#: --fit-sizes 4,16` (docs/SIM.md, "Calibration", gives the command and the scores)
+MSG_CPU_NS = 40_000
+TIMER_CPU_NS = 20_000
+POST_CPU_NS = 20_000
+SWITCH_CPU_NS = 20_000
+WAKE_KEEP_PCT = 95.0
 
 #: the keys `--host-model K=V,...` takes, and what each sets
 SPEC_KEYS = {

@@ -153,7 +153,7 @@ def test_wake_pct_keeps_the_percentiles_up_to_it() -> None:
 
 def test_recorded_wake_ups_are_percentiles() -> None:
     for q in (WAKE_MSG_US, WAKE_TIMER_US):
-        assert len(q) == 101 and list(q) == sorted(q) and q[0] > 0
+        assert len(q) in (21, 101) and list(q) == sorted(q) and q[0] > 0
     HostModel().check()
 
 
