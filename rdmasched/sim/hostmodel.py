@@ -24,9 +24,11 @@ process of this model:
   the handler around the core) plus the endpoint's own cost (the link model's `cpu_ns`, or
   the central coordinator's calls into its node cores); a timer: `timer_cpu_ns`; a call a
   handler posted (`Node.complete`, `Node.dispatch`, `Node.sync_ready` run on the loop's
-  inbox after the handler: rdmasched/daemon/node.py `_call`): `post_cpu_ns`. These three are
-  the model's free parameters: `rdmasched sim --calibrate --host-model --fit-sizes` fits
-  them on real runs of some sizes and scores the others.
+  inbox after the handler: rdmasched/daemon/node.py `_call`): `post_cpu_ns`; a turn on a CPU
+  that last ran another process: `switch_cpu_ns`. These four and `wake_keep_pct` (the
+  measured wake-ups are drawn up to that percentile) are the model's free parameters
+  (FREE): `rdmasched sim --calibrate --host-model --fit-sizes` fits them on real runs of
+  some sizes and scores the others.
 
 A handler runs at the start of its item (its clock reads then) and what it sends leaves at
 the item's end, as the engine's `Endpoint` does. Draws come from one `random.Random` seeded
