@@ -33,6 +33,7 @@ from rdmasched.sim.harvest import (
     compare_to_alone,
     format_harvest,
 )
+from rdmasched.sim.hostmodel import SPEC_KEYS, parse_spec
 from rdmasched.sim.jobs import JOB_SCHEDULERS, JobsConfig, format_jobs_table, load_jobs
 from rdmasched.sim.linkmodel import PRESETS, preset
 from rdmasched.sim.pipeline import PipelineConfig
@@ -40,9 +41,13 @@ from rdmasched.sim.report import (
     calibrate,
     compare,
     demo_cluster,
+    fit_host_model,
     format_calibration,
     format_table,
     plot,
+    real_runs,
+    reals_from,
+    score,
 )
 from rdmasched.sim.run import (
     CENTRAL,
@@ -338,6 +343,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "unless --full-mesh",
     )
     p.add_argument(
+        "--host-model",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="K=V,...",
+        help="run the nodes as processes sharing one host's CPUs, each a loop that spins, "
+        "sleeps and wakes (rdmasched/sim/hostmodel.py; docs/SIM.md 'Calibration'); optional "
+        "K=V pairs, K one of: " + ", ".join(SPEC_KEYS) + " (default none: a CPU per node)",
+    )
+    p.add_argument(
+        "--fit-sizes",
+        type=node_counts,
+        default=None,
+        help="with --calibrate --host-model: fit the host model's free parameters on the "
+        "real runs at these sizes (some of --calibrate-sizes) and score it on the others "
+        "(default none: the parameters as given)",
+    )
+    p.add_argument(
+        "--calibrate-real",
+        metavar="FILE",
+        help="with --calibrate: take the real runs (and the wake-ups measured beside them) "
+        "from FILE, an earlier `--calibrate --json` output, instead of running them",
+    )
+    p.add_argument(
+        "--measure-wakeups",
+        action="store_true",
+        help="measure a sleeping loop's wake-up on this host (a message, a timer: the "
+        "host model's distributions) and print it",
+    )
+    p.add_argument(
         "--calibrate-sizes",
         type=node_counts,
         default="4,8,16,32",
@@ -447,6 +482,19 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             "--harvest watches the node cores' devices: give --schedulers from "
             "rdmasched,fifo,timeslice (not central or k8s), and no --calibrate"
         )
+    if args.fit_sizes is not None:
+        if not (args.calibrate and args.host_model is not None):
+            parser.error("--fit-sizes fits the host model: it needs --calibrate --host-model")
+        out = [n for n in args.fit_sizes if n not in args.calibrate_sizes]
+        if out:
+            parser.error(f"--fit-sizes {out[0]}: not one of --calibrate-sizes")
+    args.calibrate_doc = None
+    if args.calibrate_real is not None:
+        if not args.calibrate:
+            parser.error(
+                "--calibrate-real takes the real runs of a calibration: it needs --calibrate"
+            )
+        args.calibrate_doc = _calibration_doc(parser, args)
     try:
         base = base_config(args, load_trace=False)
     except RdmaschedError as exc:
@@ -456,6 +504,26 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             replace(base, nodes=n).check()
         except RdmaschedError as exc:
             parser.error(f"at {n} nodes: {exc}")
+
+
+def _calibration_doc(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """--calibrate-real FILE: an earlier calibration's JSON, with a real run at every size."""
+    from rdmasched.errors import RdmaschedError
+    from rdmasched.files import read_text
+
+    path = args.calibrate_real
+    try:
+        doc = json.loads(read_text(path, "--calibrate-real", "a JSON file"))
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+        reals = reals_from(doc)
+    except (RdmaschedError, ValueError) as exc:
+        parser.error(f"--calibrate-real {path}: {exc}")
+    missing = [n for n in args.calibrate_sizes if n not in reals]
+    if missing:
+        parser.error(f"--calibrate-real {path}: no real run at {missing[0]} nodes")
+    doc["reals"] = reals
+    return doc
 
 
 def base_config(args: argparse.Namespace, load_trace: bool = True) -> SimConfig:
@@ -514,6 +582,7 @@ def base_config(args: argparse.Namespace, load_trace: bool = True) -> SimConfig:
             activation_mb=args.pipeline_mb,
         ),
         jobs=_jobs(args),
+        host_model=None if args.host_model is None else parse_spec(args.host_model),
     )
     return cfg
 
@@ -619,6 +688,92 @@ def _call_ns(args: argparse.Namespace, base: SimConfig, say: Any) -> tuple[int, 
     return call, how
 
 
+def _wakeups_line(w: dict[str, Any]) -> str:
+    m, t = w["message"], w["timer"]
+    return (
+        f"a sleeping loop's wake-up ({w['samples']} of each, spin {w['spin_us']} us): on a "
+        f"message p50 {m['p50_us']} us, p99 {m['p99_us']} us, mean {m['mean_us']} us; on its "
+        f"timer p50 {t['p50_us']} us, p99 {t['p99_us']} us, mean {t['mean_us']} us"
+    )
+
+
+def _calibrate(args: argparse.Namespace, base: SimConfig, say: Any) -> int:
+    """`--calibrate`: the real runs (or those of --calibrate-real), the host model's wake-ups
+    measured just before them (unless given), its fit (--fit-sizes), the table."""
+    from rdmasched.bench.output import run_info
+    from rdmasched.demo.runner import signals_interrupt
+    from rdmasched.sim.hostmodel import measure_wakeups
+
+    old: dict[str, Any] | None = args.calibrate_doc
+    if old is not None and args.central_call_ns is None and old.get("central_call_ns"):
+        call = int(old["central_call_ns"])
+        say(f"central coordinator: {call} ns per call into a node core (the real runs' file)")
+    else:
+        call, _ = _call_ns(args, base, say)
+    base = replace(base, central_call_ns=call)
+    hm = base.host_model
+    wake: dict[str, Any] | None = None
+    if hm is not None and "cpus=" not in args.host_model:  # the real runs' host
+        hm = replace(hm, cpus=len(os.sched_getaffinity(0)))
+        base = replace(base, host_model=hm)
+    if hm is not None and "wake=" not in args.host_model:
+        wake = (old or {}).get("wakeups") if old else measure_wakeups()
+        if wake is not None:
+            say(_wakeups_line(wake) + (" (the real runs' file)" if old else " (measured here)"))
+            hm = replace(
+                hm,
+                wake_msg_us=tuple(wake["message"]["percentiles_us"]),
+                wake_timer_us=tuple(wake["timer"]["percentiles_us"]),
+            )
+            base = replace(base, host_model=hm)
+    sizes = args.calibrate_sizes
+    # SIGTERM/SIGHUP/SIGINT stop the calibration as they stop the demo (its real runs
+    # stop their processes and remove their segments), in its simulated runs too
+    with signals_interrupt():
+        reals = old["reals"] if old is not None else real_runs(sizes, _real_demo(args, base))
+        fit_sizes = list(args.fit_sizes or ())
+        fit: dict[str, Any] | None = None
+        if fit_sizes:
+            hm, best, tried = fit_host_model(
+                base, reals, fit_sizes, full_mesh=args.full_mesh, progress=_stderr
+            )
+            base = replace(base, host_model=hm)
+            fit = {"sizes": fit_sizes, "score_pct": best, "fitted": hm.free(), "tried": tried}
+            say(f"host model fitted on {fit_sizes} nodes: {hm.free()} (mean error {best:.1f}%)")
+        cal = calibrate(base, sizes, reals, full_mesh=args.full_mesh, fitted_on=fit_sizes)
+    others = [n for n in sizes if n not in fit_sizes]
+    scores = {
+        "fitted_sizes_pct": score(cal, fit_sizes) if fit_sizes else None,
+        "other_sizes_pct": score(cal, others) if others else None,
+    }
+    if args.json:
+        doc: dict[str, Any] = {"central_call_ns": call, "calibration": cal}
+        if base.host_model is not None:
+            doc |= {"host_model": base.host_model.as_dict(), "wakeups": wake, "fit": fit}
+            doc["scores"] = scores
+        if old is not None:
+            doc["real_runs_from"] = {
+                "file": args.calibrate_real,
+                "commit": old.get("commit"),
+                "date_utc": old.get("date_utc"),
+            }
+        print(json.dumps(doc | run_info(vars(args)), indent=2))
+    else:
+        print(format_calibration(cal))
+        if base.host_model is not None:
+            print(
+                f"host model {base.host_model.free()}, {base.host_model.cpus} CPUs, spin "
+                f"{base.host_model.spin_us:g} us: mean |error| of step time, idle % and "
+                f"messages per step {_pct(scores['fitted_sizes_pct'])} on the sizes fitted "
+                f"on, {_pct(scores['other_sizes_pct'])} on the others"
+            )
+    return 0
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}%"
+
+
 def main(args: argparse.Namespace) -> int:
     from rdmasched.bench.output import run_info
 
@@ -629,23 +784,18 @@ def main(args: argparse.Namespace) -> int:
     say = (lambda s: print(s, file=sys.stderr)) if args.json else print
     if args.failures or args.failures_calibrate:
         return _failures(args, base, say)
-    if args.calibrate:
-        call, how = _call_ns(args, base, say)
-        base = replace(base, central_call_ns=call)
-        from rdmasched.demo.runner import signals_interrupt
+    if args.measure_wakeups:
+        from rdmasched.sim.hostmodel import measure_wakeups
 
-        # SIGTERM/SIGHUP/SIGINT stop the calibration as they stop the demo (its real runs
-        # stop their processes and remove their segments), in its simulated runs too
-        with signals_interrupt():
-            cal = calibrate(
-                base, args.calibrate_sizes, _real_demo(args, base), full_mesh=args.full_mesh
-            )
+        wake = measure_wakeups()
+        load = round(os.getloadavg()[0], 2)
         if args.json:
-            doc = {"central_call_ns": call, "calibration": cal} | run_info(vars(args))
-            print(json.dumps(doc, indent=2))
+            print(json.dumps({"wakeups": wake, "loadavg_after": load} | run_info(vars(args))))
         else:
-            print(format_calibration(cal))
+            print(_wakeups_line(wake) + f" (load average {load} after)")
         return 0
+    if args.calibrate:
+        return _calibrate(args, base, say)
     cap = args.central_max_nodes
     runs: list[tuple[int, str]] = []
     not_run: list[dict[str, Any]] = []
@@ -767,3 +917,7 @@ def _failures(args: argparse.Namespace, base: SimConfig, say: Any) -> int:
     else:
         print(text)
     return 0
+
+
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)

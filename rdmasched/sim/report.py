@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from rdmasched.errors import ArgumentError
+from rdmasched.sim.hostmodel import FREE, HostModel
 from rdmasched.sim.linkmodel import preset
 from rdmasched.sim.run import SimConfig, simulate
 
@@ -140,50 +142,126 @@ def demo_cluster(n: int, full_mesh: bool = False) -> tuple[int | None, int, int]
     return defaults.leaf(n, full_mesh=full_mesh), hb, dead
 
 
+#: what a calibration keeps of a real demo run (per scheduler)
+REAL_KEYS = (
+    "step_time_ms",
+    "slot_idle_pct",
+    "msgs_per_node_step",
+    "msgs_per_node_step_by_kind",
+    "lanes_max",
+)
+#: the figures a calibration compares, and the ones a host model is fitted and scored on
+FIGURES = ("step_time_ms", "slot_idle_pct", "msgs_per_step", "msgs_per_step_no_hb")
+SCORED = ("step_time_ms", "slot_idle_pct", "msgs_per_step")
+
+
+def real_runs(
+    sizes: Sequence[int], real: Callable[[int], dict[str, Any]]
+) -> dict[int, dict[str, Any]]:
+    """A real `rdmasched demo` run at each size, one after the other (nothing of the
+    calibration's own runs beside them): what the calibration compares of each scheduler
+    (REAL_KEYS), and the host's 1-minute load average before and after the run."""
+    out: dict[int, dict[str, Any]] = {}
+    for n in sizes:
+        before = os.getloadavg()[0]
+        demo = real(n)
+        load = (round(before, 2), round(os.getloadavg()[0], 2))
+        out[n] = {"load": load} | {
+            k: {x: demo[k].get(x) for x in REAL_KEYS} for k in ("rdmasched", "central")
+        }
+    return out
+
+
+def reals_from(doc: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """The real runs of an earlier `rdmasched sim --calibrate --json` document."""
+    out: dict[int, dict[str, Any]] = {}
+    try:
+        for row in doc["calibration"]:
+            n = int(row["nodes"])
+            r = out.setdefault(n, {"load": tuple(row["loadavg_before_after_real"])})
+            r[row["scheduler"]] = {x: row["real"][x] for x in REAL_KEYS}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArgumentError(
+            f"not a calibration document with its real runs (rdmasched sim --calibrate "
+            f"--json): {exc!r}"
+        ) from None
+    return out
+
+
+def _sim_config(base: SimConfig, n: int, sched: str, full_mesh: bool) -> SimConfig:
+    leaf, hb, dead = demo_cluster(n, full_mesh)
+    return replace(
+        base,
+        nodes=n,
+        scheduler=sched,
+        links=preset("shm"),
+        full_mesh=leaf is None,
+        leaf=leaf or base.leaf,
+        heartbeat_ms=hb,
+        dead_after_ms=dead,
+    )
+
+
+def _figures(sim: dict[str, Any], steps: int) -> dict[str, float | None]:
+    """The simulated side of a calibration row: messages per step are every write on a
+    lane (a relayed message once per hop), as the demo's nodes count what they write; and
+    the same without heartbeats, whose number per step grows with the step's wall time,
+    not with the steps."""
+    hb = sim["msgs_by_kind"].get("HEARTBEAT", 0) + sim.get("relays_by_kind", {}).get("HEARTBEAT", 0)
+    w = sim.get("lane_writes", sim["msgs"]) / steps
+    return {
+        "step_time_ms": sim["step_time_ms"],
+        "slot_idle_pct": sim["slot_idle_pct"],
+        "msgs_per_step": w,
+        "msgs_per_step_no_hb": w - hb / steps,
+    }
+
+
+def _real_figures(r: dict[str, Any], n: int) -> dict[str, float | None]:
+    per_node, kinds = r.get("msgs_per_node_step"), r.get("msgs_per_node_step_by_kind")
+    w = per_node * n if per_node is not None else None
+    hb = kinds.get("HEARTBEAT", 0.0) * n if isinstance(kinds, dict) else None
+    return {
+        "step_time_ms": r.get("step_time_ms"),
+        "slot_idle_pct": r.get("slot_idle_pct"),
+        "msgs_per_step": w,
+        "msgs_per_step_no_hb": w - hb if w is not None and hb is not None else None,
+    }
+
+
+def _diff(s: float | None, r: float | None) -> float | None:
+    return 100.0 * (s - r) / r if s is not None and r else None
+
+
 def calibrate(
     base: SimConfig,
     sizes: Sequence[int],
-    real: Callable[[int], dict[str, Any]],
+    real: Callable[[int], dict[str, Any]] | dict[int, dict[str, Any]],
     progress: Callable[[str], None] | None = None,
     full_mesh: bool = False,
+    fitted_on: Sequence[int] = (),
+    plain: bool = True,
 ) -> list[dict[str, Any]]:
-    """At each size: the simulator with the shm link model and a real `rdmasched demo`
-    (both schedulers), side by side; the difference in % of the real figure. The simulated
+    """At each size: the simulator with the shm link model beside a real `rdmasched demo`
+    (both schedulers); the difference in % of the real figure. `real` runs the demo at a
+    size, or holds the real runs already made (`real_runs`, `reals_from`). The simulated
     cluster is the demo's (`demo_cluster`): its topology (leaves of 8 unless `full_mesh`)
-    and its liveness settings, which `real` must run too."""
+    and its liveness settings, which `real` must run too. With a host model in `base`
+    the simulator runs with it and, beside it, without (`plain_sim_*`); `fitted_on`: the
+    sizes whose real runs its free parameters were fitted on (each row says if it is one);
+    `plain` False: not the run without it."""
+    reals = real if isinstance(real, dict) else real_runs(sizes, real)
+    steps = max(1, base.workload.steps)
     out = []
-    shm = preset("shm")
     for n in sizes:
         leaf, hb, dead = demo_cluster(n, full_mesh)
-        load_before = os.getloadavg()[0]
-        demo = real(n)
-        # the host's 1-minute load average around the real run: the real figures depend on it
-        load = (round(load_before, 2), round(os.getloadavg()[0], 2))
-        for sched, key in (("rdmasched", "rdmasched"), ("central", "central")):
+        rn = reals[n]
+        for sched in ("rdmasched", "central"):
             if progress:
                 progress(f"sim {sched} at {n} nodes")
-            cfg = replace(
-                base,
-                nodes=n,
-                scheduler=sched,
-                links=shm,
-                full_mesh=leaf is None,
-                leaf=leaf or base.leaf,
-                heartbeat_ms=hb,
-                dead_after_ms=dead,
-            )
+            cfg = _sim_config(base, n, sched, full_mesh)
             sim = simulate(cfg)
-            r = demo[key]
-            steps = max(1, base.workload.steps)
-            # messages per step: every write on a lane (a relayed message once per hop), as
-            # the demo's nodes count what they write; and the same without heartbeats, whose
-            # number per step grows with the step's wall time, not with the steps
-            sim_hb = sim["msgs_by_kind"].get("HEARTBEAT", 0)
-            sim_hb += sim.get("relays_by_kind", {}).get("HEARTBEAT", 0)
-            sim_w = sim.get("lane_writes", sim["msgs"]) / steps
-            real_per_node, kinds = r.get("msgs_per_node_step"), r.get("msgs_per_node_step_by_kind")
-            real_w = real_per_node * n if real_per_node is not None else None
-            real_hb = kinds.get("HEARTBEAT", 0.0) * n if isinstance(kinds, dict) else None
+            r = rn[sched]
             row: dict[str, Any] = {
                 "nodes": n,
                 "scheduler": sched,
@@ -191,47 +269,124 @@ def calibrate(
                 "heartbeat_ms": hb,
                 "dead_after_ms": dead,
                 "sim_finished": sim["finished"],
-                "loadavg_before_after_real": load,
+                "loadavg_before_after_real": list(rn["load"]),
+                "real": r,
             }
             if sched == "rdmasched":  # the same cluster on both sides: the same lanes
                 row["sim_lanes_per_node"] = sim.get("lanes_per_node")
                 row["real_lanes_per_node"] = r.get("lanes_max")
-            for name, s_val, r_val in (
-                ("step_time_ms", sim["step_time_ms"], r.get("step_time_ms")),
-                ("slot_idle_pct", sim["slot_idle_pct"], r.get("slot_idle_pct")),
-                ("msgs_per_step", sim_w, real_w),
-                (
-                    "msgs_per_step_no_hb",
-                    sim_w - sim_hb / steps,
-                    real_w - real_hb if real_w is not None and real_hb is not None else None,
-                ),
-            ):
-                row[f"sim_{name}"] = s_val
-                row[f"real_{name}"] = r_val
-                row[f"diff_{name}_pct"] = (
-                    100.0 * (s_val - r_val) / r_val if s_val is not None and r_val else None
-                )
+            sim_f, real_f = _figures(sim, steps), _real_figures(r, n)
+            for name in FIGURES:
+                row[f"sim_{name}"] = sim_f[name]
+                row[f"real_{name}"] = real_f[name]
+                row[f"diff_{name}_pct"] = _diff(sim_f[name], real_f[name])
+            if base.host_model is not None:
+                row["host_model"] = sim.get("host_model")
+                row["fitted_on"] = n in fitted_on
+            if base.host_model is not None and plain:
+                plain_f = _figures(simulate(replace(cfg, host_model=None)), steps)
+                for name in FIGURES:
+                    row[f"plain_sim_{name}"] = plain_f[name]
+                    row[f"plain_diff_{name}_pct"] = _diff(plain_f[name], real_f[name])
             out.append(row)
     return out
 
 
+def score(rows: Sequence[dict[str, Any]], sizes: Sequence[int] | None = None) -> float:
+    """The mean |difference| (% of the real figure) over the rows at `sizes` (None: all),
+    both schedulers, the figures a host model is fitted on (SCORED)."""
+    errs = [
+        abs(r[f"diff_{name}_pct"])
+        for r in rows
+        if sizes is None or r["nodes"] in sizes
+        for name in SCORED
+        if r.get(f"diff_{name}_pct") is not None
+    ]
+    return sum(errs) / len(errs) if errs else math.inf
+
+
+#: the values `fit_host_model` tries for each free parameter, us
+FIT_GRID: dict[str, tuple[float, ...]] = {
+    "msg_us": (10, 20, 30, 40, 60),
+    "timer_us": (10, 20, 30, 40, 60),
+    "post_us": (5, 10, 20, 30, 40),
+    "switch_us": (0, 10, 20, 40),
+    "wake_pct": (90, 95, 99, 100),
+}
+
+
+def fit_host_model(
+    base: SimConfig,
+    reals: dict[int, dict[str, Any]],
+    sizes: Sequence[int],
+    full_mesh: bool = False,
+    rounds: int = 2,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[HostModel, float, list[dict[str, Any]]]:
+    """The host model's free parameters (FIT_GRID) fitted on the real runs at `sizes`: one
+    parameter at a time, each set to the value of its grid that gives the lowest `score`
+    at those sizes with the others held, `rounds` times over. Returns the model, its
+    score there and every model tried (its parameters and score)."""
+    hm = base.host_model
+    if hm is None:
+        raise ArgumentError("fitting needs a host model (--host-model)")
+    tried: dict[tuple[float, ...], float] = {}
+
+    def cost(m: HostModel) -> float:
+        key = tuple(m.free().values())
+        if key not in tried:
+            rows = calibrate(
+                replace(base, host_model=m), sizes, reals, full_mesh=full_mesh, plain=False
+            )
+            tried[key] = score(rows)
+            if progress:
+                progress(f"fit: {m.free()} -> {tried[key]:.1f}%")
+        return tried[key]
+
+    best = cost(hm)
+    for _ in range(rounds):
+        moved = False
+        for key in FREE:
+            for v in FIT_GRID[key]:
+                m = hm.with_free(key, v)
+                c = cost(m)
+                if c < best - 1e-9:
+                    hm, best, moved = m, c, True
+        if not moved:
+            break
+    log = [dict(zip(FREE, k, strict=True)) | {"score_pct": v} for k, v in tried.items()]
+    return hm, best, log
+
+
 def format_calibration(rows: Sequence[dict[str, Any]]) -> str:
+    """The calibration as a table; with a host model, the simulator without it beside it,
+    and whether each size's real run was one the model was fitted on."""
+    host = any("plain_sim_step_time_ms" in r for r in rows)
     head = f"{'N':>3}  {'scheduler':<9}  {'figure':<19}  {'sim':>10}  {'real':>10}  {'diff %':>7}"
+    if host:
+        head += f"  {'no host model':>13}  {'diff %':>7}"
     lines = [head]
     for r in rows:
         if r.get("links") and r["scheduler"] == "rdmasched":
+            fit = ""
+            if host:
+                fit = "; fitted on this run" if r.get("fitted_on") else "; not fitted on it"
             lines.append(
                 f"{r['nodes']:>3}  nodes in {r['links']}, heartbeat {r['heartbeat_ms']} ms, "
                 f"dead after {r['dead_after_ms']} ms (both sides); load average before/after "
-                f"the real run {r['loadavg_before_after_real']}"
+                f"the real run {r['loadavg_before_after_real']}{fit}"
             )
-        for name in ("step_time_ms", "slot_idle_pct", "msgs_per_step", "msgs_per_step_no_hb"):
+        for name in FIGURES:
             s, x, d = r[f"sim_{name}"], r[f"real_{name}"], r[f"diff_{name}_pct"]
             flag = "  > 15%" if d is not None and abs(d) > 15 else ""
-            lines.append(
+            line = (
                 f"{r['nodes']:>3}  {r['scheduler']:<9}  {name:<19}  "
-                f"{_num(s):>10}  {_num(x):>10}  {_num(d):>7}{flag}"
+                f"{_num(s):>10}  {_num(x):>10}  {_num(d):>7}"
             )
+            if host:
+                p, pd = r.get(f"plain_sim_{name}"), r.get(f"plain_diff_{name}_pct")
+                line += f"  {_num(p):>13}  {_num(pd):>7}"
+            lines.append(line + flag)
     return "\n".join(lines)
 
 

@@ -36,6 +36,7 @@ from rdmasched.sim.drivers import (
 )
 from rdmasched.sim.engine import Endpoint, Engine, Network
 from rdmasched.sim.harvest import TIMESLICE_INTERFERENCE, NodeHarvest, harvest_figures
+from rdmasched.sim.hostmodel import Host, HostModel, HostShaped, HostSimLoop
 from rdmasched.sim.jobs import JOB_SCHEDULERS, JobsConfig, simulate_jobs
 from rdmasched.sim.linkmodel import PRESETS, LinkModel
 from rdmasched.sim.pipeline import PipelineConfig, PipelineTrainer, pipeline_figures
@@ -162,6 +163,9 @@ class SimConfig:
     #: the multi-job workload (rdmasched/sim/jobs.py) instead of the synthetic job: jobs
     #: arriving as gangs of whole nodes, under rdmasched or exclusive (None: not it)
     jobs: JobsConfig | None = None
+    #: the nodes as processes sharing one host's CPUs, each a sleeping loop
+    #: (rdmasched/sim/hostmodel.py; None: every node has its own CPU, the headline's model)
+    host_model: HostModel | None = None
 
     def stall_window_ms(self) -> float:
         """The stall window: `stall_ms` if given; else 5 s, and under k8s at least twice
@@ -247,6 +251,8 @@ class SimConfig:
             raise ArgumentError(f"stall must be > 0 virtual ms, not {self.stall_ms}")
         if self.events < 0:
             raise ArgumentError(f"events must be >= 0, not {self.events}")
+        if self.host_model is not None:
+            self.host_model.check()
         ring = self.nodes * self.events * TRACE_BYTES_PER_EVENT
         if ring > TRACE_RING_MAX_BYTES:
             raise ArgumentError(
@@ -349,11 +355,15 @@ class Run:
         self.workload = cfg.workload
         if cfg.scheduler == "exclusive":
             self.workload = replace(cfg.workload, background_backlog=0)
+        hm = cfg.host_model
+        self.host = None if hm is None else Host(self.engine, hm, cfg.seed)
         t0, c0 = time.perf_counter(), time.process_time()
         with _few_collections():
-            if cfg.scheduler == "central":
+            if cfg.scheduler == "central" and self.host is None:
                 baselines.build_central(self)
-            elif cfg.scheduler == "k8s":
+            elif cfg.scheduler in CENTRAL:
+                # k8s; and central under the host model, which the calibration fitted on
+                # the demo's coordinator one message at a time (docs/SIM.md, "Calibration")
                 self._build_central()
             else:
                 self._build_cores()
@@ -385,6 +395,9 @@ class Run:
         two_level = cfg.scheduler == "two-level"
         if two_level:
             self.glob = baselines.GlobalScheduler(eng, PRESETS["tcp"], cfg.two_level_global_ns)
+        host = self.host
+        node_of = CoreNode if host is None else host.node
+        shaped = Shaped if host is None else HostShaped
         for i in range(n):
             # the core knows the nodes it holds lanes to (the whole cluster in one leaf)
             known = mesh if cfg.full_mesh else {j: topo.domain(j) for j in (i, *topo.neighbours(i))}
@@ -415,8 +428,8 @@ class Run:
                 self.glob.nodes.append(node)
                 node.start_reports(i * cfg.two_level_report_ns // n, cfg.two_level_report_ns)
             else:
-                node = CoreNode(eng, self.net, i, core, cfg.links.cpu_ns, self.ledger)
-            backend = Shaped(
+                node = node_of(eng, self.net, i, core, cfg.links.cpu_ns, self.ledger)
+            backend = shaped(
                 node,
                 i,
                 self.factors[i],
@@ -452,7 +465,11 @@ class Run:
         me = n  # the coordinator: one more host, in the first leaf
         eps: dict[int, Endpoint] = {}
         net.beside[me] = 0
-        coord_loop = SimLoop(eng, net, me, lambda: eps[me])
+        host = self.host
+        endpoint = Endpoint if host is None else host.endpoint
+        sim_loop = SimLoop if host is None else HostSimLoop
+        shaped = Shaped if host is None else HostShaped
+        coord_loop = sim_loop(eng, net, me, lambda: eps[me])
         k8s = cfg.scheduler == "k8s"
         if k8s:
             coord_loop.send_cost_ns = int(1e9 / cfg.k8s_pods_per_s)
@@ -479,16 +496,16 @@ class Run:
             return call * (sync_calls(m.id, m.arg0, m.arg2) if m.kind == _SYNC else 1)
 
         period = int(cfg.k8s_period_ms * MS) if k8s else 0
-        eps[me] = Endpoint(eng, me, call, coord.on_message, period_ns=period, cost=cost)
+        eps[me] = endpoint(eng, me, call, coord.on_message, period_ns=period, cost=cost)
         net.endpoints[me] = eps[me]
         self._coord_node = me
         self.executors: list[Executor] = []
         for i in range(n):
-            loop = SimLoop(eng, net, i, lambda i=i: eps[i])  # type: ignore[misc]
+            loop = sim_loop(eng, net, i, lambda i=i: eps[i])  # type: ignore[misc]
             ex = Executor(loop, i, me)  # type: ignore[arg-type]
-            eps[i] = Endpoint(eng, i, cfg.links.cpu_ns, ex.on_message)
+            eps[i] = endpoint(eng, i, cfg.links.cpu_ns, ex.on_message)
             net.endpoints[i] = eps[i]
-            backend = Shaped(ex, i, self.factors[i], False, self.ledger, eps[i], self.group_of(i))
+            backend = shaped(ex, i, self.factors[i], False, self.ledger, eps[i], self.group_of(i))
             tr = self._trainer(i, backend)
             ex.trainer = tr
             self.trainers.append(tr)
@@ -669,6 +686,8 @@ class Run:
             out |= baselines.admission(jobs, self.job_nodes, cfg.k8s_pods_per_s)
         if self.glob is not None:
             out |= baselines.two_level_figures(self)
+        if self.host is not None:
+            out["host_model"] = self.host.figures(span_ns)
         return out
 
 

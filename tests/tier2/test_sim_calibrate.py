@@ -58,3 +58,37 @@ def test_calibrate_compares_the_same_cluster(
     # (heartbeats per step grow with the step's wall time, which the model does not have)
     assert abs(a["diff_msgs_per_step_no_hb_pct"]) <= 15
     assert a["sim_msgs_per_step_no_hb"] > 0
+
+
+@pytest.mark.slow
+def test_host_model_gives_the_real_runs_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 21 item 5: real demo runs of N processes on this host's few CPUs take longer
+    steps as N grows (every message and timer waits for a wake-up and a CPU); the simulator
+    with the host model (as many CPUs as this host, its wake-ups measured here) does too,
+    and without it (a CPU per node) it does not. A property, not a figure: loose enough not
+    to depend on the machine's load."""
+    import os
+
+    logging.getLogger("rdmasched.daemon").setLevel(logging.ERROR)
+    cpus = len(os.sched_getaffinity(0))
+    small, big = 4, min(32, 8 * cpus)
+    argv = ["sim", "--calibrate", "--calibrate-sizes", f"{small},{big}", "--steps", "20"]
+    assert main([*argv, "--host-model", "--central-call-ns", "4000", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["host_model"]["cpus"] == cpus
+    assert doc["wakeups"]["message"]["p50_us"] > 0
+    rows = {r["nodes"]: r for r in doc["calibration"] if r["scheduler"] == "rdmasched"}
+
+    def grows(key: str) -> float:
+        return float(rows[big][key] / rows[small][key])
+
+    real, hosted, plain = (
+        grows("real_step_time_ms"),
+        grows("sim_step_time_ms"),
+        grows("plain_sim_step_time_ms"),
+    )
+    assert real > 1.3, f"the real step did not grow from {small} to {big} nodes: {real:.2f}x"
+    assert hosted > 1.3, f"with the host model: {hosted:.2f}x (real {real:.2f}x)"
+    assert plain < 1.1, f"without it (a CPU per node): {plain:.2f}x"
+    for r in doc["calibration"]:
+        assert r["sim_finished"] and r["host_model"]["cpu_busy_pct"] > 0

@@ -1,0 +1,561 @@
+"""A host model for the simulator: N node processes sharing the CPUs of one host, each a
+sleeping loop that a message or a timer wakes up (docs/SIM.md, "Calibration").
+
+Off by default: the simulator's headline gives every node its own CPU, as a real cluster has.
+`rdmasched demo` runs N node processes (and, for the central baseline, the coordinator) on
+this host's few CPUs. With `SimConfig.host_model`, every node (and the coordinator) is one
+process of this model:
+
+- **A CPU per turn (a run queue).** The host has `cpus` CPUs and one first-come run queue.
+  A process that has work (a message, a timer due, a call its handlers posted) and is not on
+  a CPU waits in the queue; on a CPU it handles what is queued one item at a time, each
+  costing CPU time, and keeps the CPU until its queue is empty and its spin is over. Linux
+  does not preempt such short turns (tens of us, far below its time slice), so a turn is not
+  cut into shares.
+- **The real loop's spin and sleep** (rdmasched/daemon/loop.py, `LaneSet.wait`): after its
+  last item a process spins `spin_us` on its CPU, busy (the demo's nodes and coordinator
+  spin 50 us, `DemoConfig.spin_us`); work that comes while it spins is handled at once. Then
+  it sleeps and gives the CPU to the next process in the queue. Work for a sleeping process
+  wakes it: a message through the doorbell (futex), a timer when the futex wait times out.
+  The wake-up takes a latency drawn from a distribution measured on this host
+  (`measure_wakeups`, recorded in `WAKE_MSG_US` and `WAKE_TIMER_US` with the command that
+  printed them); then the process joins the run queue.
+- **What an item costs.** A message: `msg_cpu_ns` (the Python loop's dispatch, decoding and
+  the handler around the core) plus the endpoint's own cost (the link model's `cpu_ns`, or
+  the central coordinator's calls into its node cores); a timer: `timer_cpu_ns`; a call a
+  handler posted (`Node.complete`, `Node.dispatch`, `Node.sync_ready` run on the loop's
+  inbox after the handler: rdmasched/daemon/node.py `_call`): `post_cpu_ns`; a turn on a CPU
+  that last ran another process: `switch_cpu_ns`. These four and `wake_keep_pct` (the
+  measured wake-ups are drawn up to that percentile) are the model's free parameters
+  (FREE): `rdmasched sim --calibrate --host-model --fit-sizes` fits them on real runs of
+  some sizes and scores the others.
+
+A handler runs at the start of its item (its clock reads then) and what it sends leaves at
+the item's end, as the engine's `Endpoint` does. Draws come from one `random.Random` seeded
+from the run's seed: a run is deterministic.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from rdmasched import _wire
+from rdmasched.daemon.core import NodeCore
+from rdmasched.errors import ArgumentError
+from rdmasched.sim.drivers import CoreNode, Ledger, Shaped, SimLoop
+from rdmasched.sim.engine import Endpoint, Engine, Network
+
+US = 1_000
+
+#: A sleeping loop woken by a message (the doorbell's futex wake, the wait's return, the
+#: drain and the Python dispatch to the handler), us: the 0, 5, 10, ..., 100th percentiles
+#: of `measure_wakeups(1000)` on this project's 2-vCPU VM (AMD EPYC), 2026-12-02 02:19 UTC,
+#: load average 1.9: 1,000 messages one every 1-3 ms (the receiver asleep each time). The
+#: calibration's host model was fitted with these (docs/SIM.md, "Calibration");
+#: `rdmasched sim --measure-wakeups` measures them again (0, 1, ..., 100th).
+WAKE_MSG_US: tuple[float, ...] = (
+    11.4, 29.3, 34.0, 37.1, 40.9, 44.5, 47.2, 50.5, 53.7, 56.5, 60.8, 64.6, 69.0, 73.4,
+    77.2, 84.0, 90.4, 97.2, 110.6, 138.4, 3279.3,
+)  # fmt: skip
+#: A sleeping loop woken by its own timer (the futex wait's timeout, with the thread's timer
+#: slack), the delay past the timer's due time to its callback, us: the same percentiles,
+#: same run, 1,000 timers 0.5-3 ms ahead.
+WAKE_TIMER_US: tuple[float, ...] = (
+    72.6, 117.1, 124.1, 129.3, 134.9, 140.1, 144.6, 149.6, 154.8, 161.1, 166.5, 172.8,
+    179.1, 186.9, 193.5, 210.5, 244.1, 327.0, 647.8, 1323.0, 10105.0,
+)  # fmt: skip
+
+#: the free parameters' defaults: fitted on the real runs at 4 and 16 nodes of
+#: docs/figures/calibration-host-real.json by `rdmasched sim --calibrate --host-model
+#: --fit-sizes 4,16` (docs/SIM.md, "Calibration", gives the command and the scores)
+MSG_CPU_NS = 40_000
+TIMER_CPU_NS = 20_000
+POST_CPU_NS = 20_000
+SWITCH_CPU_NS = 20_000
+WAKE_KEEP_PCT = 95.0
+
+#: the keys `--host-model K=V,...` takes, and what each sets
+SPEC_KEYS = {
+    "cpus": "CPUs of the host",
+    "spin_us": "a loop's spin after its last item, us",
+    "msg_us": "CPU per message handled, us (besides the link model's cpu_ns)",
+    "timer_us": "CPU per timer handled, us",
+    "post_us": "CPU per call posted to the loop's inbox, us",
+    "switch_us": "CPU per turn on a CPU that last ran another process, us",
+    "wake_pct": "draw wake-ups from their percentiles up to this one (50-100)",
+    "wake": "'recorded' (WAKE_MSG_US, WAKE_TIMER_US) or 'none' (wake-ups take no time)",
+}
+
+
+#: the free parameters: their `--host-model` key -> (HostModel field, its unit in the key's)
+FREE = {
+    "msg_us": ("msg_cpu_ns", US),
+    "timer_us": ("timer_cpu_ns", US),
+    "post_us": ("post_cpu_ns", US),
+    "switch_us": ("switch_cpu_ns", US),
+    "wake_pct": ("wake_keep_pct", 1),
+}
+
+
+@dataclass(frozen=True)
+class HostModel:
+    """One host's CPUs and its processes' loops (module docstring)."""
+
+    cpus: int = 2
+    spin_us: float = 50.0
+    msg_cpu_ns: int = MSG_CPU_NS
+    timer_cpu_ns: int = TIMER_CPU_NS
+    post_cpu_ns: int = POST_CPU_NS
+    #: CPU a turn costs on a CPU that last ran another process (the context switch and the
+    #: caches refilled)
+    switch_cpu_ns: int = SWITCH_CPU_NS
+    #: wake-up latency percentiles, us (0th..100th, evenly spaced); () takes no time
+    wake_msg_us: tuple[float, ...] = WAKE_MSG_US
+    wake_timer_us: tuple[float, ...] = WAKE_TIMER_US
+    #: draw the wake-ups from their percentiles up to this one only: the measured tail
+    #: above it is other work on the host when it was measured, not the loop's
+    wake_keep_pct: float = WAKE_KEEP_PCT
+
+    def check(self) -> None:
+        if self.cpus < 1:
+            raise ArgumentError(f"host model: cpus must be >= 1, not {self.cpus}")
+        if not 50 <= self.wake_keep_pct <= 100:
+            raise ArgumentError(
+                f"host model: wake_pct must be in 50..100, not {self.wake_keep_pct}"
+            )
+        if not (math.isfinite(self.spin_us) and self.spin_us >= 0):
+            raise ArgumentError(f"host model: spin_us must be >= 0, not {self.spin_us}")
+        for name in ("msg_cpu_ns", "timer_cpu_ns", "post_cpu_ns", "switch_cpu_ns"):
+            if getattr(self, name) < 0:
+                raise ArgumentError(f"host model: {name} must be >= 0")
+        for name in ("wake_msg_us", "wake_timer_us"):
+            q = getattr(self, name)
+            if q and (len(q) < 2 or any(not (0 <= a <= b) for a, b in itertools.pairwise(q))):
+                raise ArgumentError(
+                    f"host model: {name} must be >= 2 ascending percentiles >= 0 (or none)"
+                )
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["wake_msg_us"] = list(self.wake_msg_us)
+        d["wake_timer_us"] = list(self.wake_timer_us)
+        return d
+
+    def with_free(self, key: str, us: float) -> HostModel:
+        """This model with free parameter `key` (FREE's keys) set to `us` (in the key's
+        unit: microseconds, or a percentile)."""
+        name, unit = FREE[key]
+        kw: dict[str, Any] = {name: round(us * unit) if unit != 1 else float(us)}
+        return replace(self, **kw)
+
+    def free(self) -> dict[str, float]:
+        """The fitted parameters, us."""
+        return {
+            "msg_us": self.msg_cpu_ns / US,
+            "timer_us": self.timer_cpu_ns / US,
+            "post_us": self.post_cpu_ns / US,
+            "switch_us": self.switch_cpu_ns / US,
+            "wake_pct": self.wake_keep_pct,
+        }
+
+
+def parse_spec(text: str, base: HostModel | None = None) -> HostModel:
+    """`--host-model` text: '' (the defaults) or K=V pairs, comma-separated (SPEC_KEYS)."""
+    hm = base or HostModel()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in SPEC_KEYS:
+            raise ArgumentError(
+                f"--host-model {part!r}: K=V pairs with K one of {', '.join(SPEC_KEYS)}"
+            )
+        value = value.strip()
+        if key == "wake":
+            if value == "recorded":
+                hm = replace(hm, wake_msg_us=WAKE_MSG_US, wake_timer_us=WAKE_TIMER_US)
+            elif value == "none":
+                hm = replace(hm, wake_msg_us=(), wake_timer_us=())
+            else:
+                raise ArgumentError(f"--host-model wake={value!r}: 'recorded' or 'none'")
+            continue
+        try:
+            v = float(value)
+        except ValueError:
+            v = -1.0
+        if not (math.isfinite(v) and v >= 0) or (key == "cpus" and (v < 1 or v != int(v))):
+            raise ArgumentError(f"--host-model {key}={value!r}: not a valid number")
+        if key == "cpus":
+            hm = replace(hm, cpus=int(v))
+        elif key == "spin_us":
+            hm = replace(hm, spin_us=v)
+        else:
+            hm = hm.with_free(key, v)
+    hm.check()
+    return hm
+
+
+def draw(quantiles: Sequence[float], u: float) -> float:
+    """The value at probability `u` (0..1) of a distribution given by evenly spaced
+    percentiles (its inverse CDF, linear between them); 0 without percentiles."""
+    if not quantiles:
+        return 0.0
+    x = u * (len(quantiles) - 1)
+    i = min(int(x), len(quantiles) - 2)
+    return quantiles[i] + (x - i) * (quantiles[i + 1] - quantiles[i])
+
+
+def _kept(q: tuple[float, ...], pct: float) -> tuple[float, ...]:
+    """Evenly spaced percentiles `q` (0th..100th) up to the `pct`-th (the draws' range)."""
+    if not q or pct >= 100:
+        return q
+    return q[: max(2, int(pct / 100 * (len(q) - 1)) + 1)]
+
+
+#: a process's states
+SLEEP, WAKING, READY, RUN, SPIN = range(5)
+#: kinds of item
+MSG, TIMER, POST = range(3)
+
+
+class Host:
+    """The CPUs and the run queue of one host, and its processes (`HostEndpoint`)."""
+
+    def __init__(self, engine: Engine, model: HostModel, seed: int) -> None:
+        model.check()
+        self.engine = engine
+        self.model = model
+        self.rng = random.Random(f"host-model/{seed}")
+        #: the free CPUs, each as the process it ran last (-1: none yet)
+        self.free_cpus: list[int] = [-1] * model.cpus
+        self.runq: deque[HostEndpoint] = deque()
+        self.spin_ns = round(model.spin_us * US)
+        self.item_ns = (model.msg_cpu_ns, model.timer_cpu_ns, model.post_cpu_ns)
+        self.wake_q = (_kept(model.wake_msg_us, model.wake_keep_pct),
+                       _kept(model.wake_timer_us, model.wake_keep_pct))  # fmt: skip
+        #: figures: CPU time by use, wake-ups, time waited in the run queue
+        self.handle_ns = 0
+        self.spun_ns = 0
+        self.wakeups = 0
+        self.wake_ns = 0
+        self.queued_ns = 0
+        self.turns = 0
+        self.switches = 0
+
+    # ---- the drivers' classes, bound to this host ------------------------------------------
+    def endpoint(
+        self,
+        engine: Engine,
+        node: int,
+        cpu_ns: int,
+        handler: Callable[[_wire.Message, int], None],
+        period_ns: int = 0,
+        cost: Callable[[_wire.Message], int] | None = None,
+    ) -> HostEndpoint:
+        ep = HostEndpoint(engine, node, cpu_ns, handler, period_ns, cost)
+        ep.host = self
+        return ep
+
+    def node(
+        self, engine: Engine, net: Network, me: int, core: NodeCore, cpu_ns: int, ledger: Ledger
+    ) -> HostCoreNode:
+        return HostCoreNode(self, engine, net, me, core, cpu_ns, ledger)
+
+    # ---- the run queue ---------------------------------------------------------------------
+    def wake_ns_for(self, kind: int) -> int:
+        q = self.wake_q[1] if kind == TIMER else self.wake_q[0]
+        return round(draw(q, self.rng.random()) * US)
+
+    def want_cpu(self, p: HostEndpoint) -> None:
+        """`p` is runnable: on a free CPU now (the one it ran on last, if free), else at the
+        back of the run queue."""
+        free = self.free_cpus
+        if free:
+            last = free.pop(free.index(p.node)) if p.node in free else free.pop()
+            p.on_cpu(last)
+        else:
+            p.state = READY
+            p.since = self.engine.now
+            self.runq.append(p)
+
+    def release(self, last: int) -> None:
+        """Process `last` went to sleep: its CPU to the first one waiting."""
+        if self.runq:
+            p = self.runq.popleft()
+            self.queued_ns += self.engine.now - p.since
+            p.on_cpu(last)
+        else:
+            self.free_cpus.append(last)
+
+    def figures(self, span_ns: int) -> dict[str, Any]:
+        cap = max(1, span_ns) * self.model.cpus
+        return {
+            **self.model.as_dict(),
+            "cpu_busy_pct": 100.0 * (self.handle_ns + self.spun_ns) / cap,
+            "cpu_handling_pct": 100.0 * self.handle_ns / cap,
+            "cpu_spinning_pct": 100.0 * self.spun_ns / cap,
+            "wakeups": self.wakeups,
+            "wake_mean_us": self.wake_ns / self.wakeups / US if self.wakeups else None,
+            "runq_wait_mean_us": self.queued_ns / self.turns / US if self.turns else None,
+            "turns": self.turns,
+            "switches": self.switches,
+        }
+
+
+class HostEndpoint(Endpoint):
+    """A node's (or the coordinator's) process under the host model: its loop sleeps,
+    wakes, waits for a CPU, handles its items one at a time and spins (module docstring)."""
+
+    __slots__ = ("host", "items", "posts", "since", "spin_token", "state")
+
+    def __init__(
+        self,
+        engine: Engine,
+        node: int,
+        cpu_ns: int,
+        handler: Callable[[_wire.Message, int], None],
+        period_ns: int = 0,
+        cost: Callable[[_wire.Message], int] | None = None,
+    ) -> None:
+        super().__init__(engine, node, cpu_ns, handler, period_ns, cost)
+        self.host: Host
+        self.items: deque[tuple[int, Any, Any]] = deque()
+        #: calls posted by the handlers: run before the next item, in order (the loop drains
+        #: its inbox after every message and timer)
+        self.posts: deque[tuple[int, Any, Any]] = deque()
+        self.state = SLEEP
+        self.since = 0
+        self.spin_token = 0
+
+    # ---- work in: a message, a timer due, a posted call --------------------------------------
+    def arrive(self, m: _wire.Message, writer: int) -> None:
+        if self.alive:
+            self._push(MSG, m, writer)
+
+    def fire(self, fn: Callable[..., None], *args: Any) -> None:
+        """A timer of this process is due: run `fn(*args)` on its loop."""
+        if self.alive:
+            self._push(TIMER, fn, args)
+
+    def post(self, fn: Callable[..., None], *args: Any) -> None:
+        """A call queued on this process's loop inbox (run after the current item)."""
+        if self.alive:
+            self._push(POST, fn, args)
+
+    def _push(self, kind: int, a: Any, b: Any) -> None:
+        (self.posts if kind == POST else self.items).append((kind, a, b))
+        st = self.state
+        if st == SLEEP:
+            host = self.host
+            lat = host.wake_ns_for(kind)
+            host.wakeups += 1
+            host.wake_ns += lat
+            self.state = WAKING
+            if lat:
+                self.engine.at(self.engine.now + lat, self._woken)
+            else:
+                self._woken()
+        elif st == SPIN:  # spinning: handled at once, on the CPU it holds
+            self.host.spun_ns += self.engine.now - self.since
+            self.spin_token += 1
+            self.state = RUN
+            self._next()
+        # WAKING, READY: queued for its turn; RUN: after the current item
+
+    def _woken(self) -> None:
+        self.host.want_cpu(self)
+
+    # ---- on a CPU ----------------------------------------------------------------------------
+    def on_cpu(self, last: int) -> None:
+        """A turn on a CPU that last ran process `last`."""
+        host = self.host
+        host.turns += 1
+        self.state = RUN
+        if last != self.node and host.model.switch_cpu_ns:
+            host.switches += 1
+            host.handle_ns += host.model.switch_cpu_ns
+            self.engine.at(self.engine.now + host.model.switch_cpu_ns, self._next)
+        else:
+            self._next()
+
+    def _next(self) -> None:
+        """Handle the next item (it costs CPU from now), or spin when none is left."""
+        engine = self.engine
+        now = engine.now
+        if not self.alive:
+            self.items.clear()
+            self.posts.clear()
+        if self.posts:
+            kind, a, b = self.posts.popleft()
+        elif self.items:
+            kind, a, b = self.items.popleft()
+        else:
+            self.state = SPIN
+            self.since = now
+            self.spin_token += 1
+            engine.at(now + self.host.spin_ns, self._spin_over, self.spin_token)
+            return
+        cost = self.host.item_ns[kind]
+        if kind == MSG:
+            cost += self.cpu_ns if self.cost is None else self.cost(a)
+            self.handled += 1
+        self.host.handle_ns += cost
+        self.busy_until = now + cost  # what the handler sends leaves at its item's end
+        if kind == MSG:
+            self.handler(a, b)
+        else:
+            a(*b)
+        engine.at(now + cost, self._next)
+
+    def _spin_over(self, token: int) -> None:
+        if token != self.spin_token or self.state != SPIN:
+            return  # work came while it spun
+        self.host.spun_ns += self.engine.now - self.since
+        self.state = SLEEP
+        self.host.release(self.node)
+
+
+class HostCoreNode(CoreNode):
+    """A node under rdmasched as one process of the host: its timers wake its loop, and what
+    its workload asks the node (`Node.dispatch`, `sync_ready`, `complete`) is posted to the
+    loop's inbox, as the threaded `Node` posts it."""
+
+    def __init__(
+        self,
+        host: Host,
+        engine: Engine,
+        net: Network,
+        me: int,
+        core: NodeCore,
+        cpu_ns: int,
+        ledger: Ledger,
+    ) -> None:
+        super().__init__(engine, net, me, core, cpu_ns, ledger)
+        self.hep = host.endpoint(engine, me, cpu_ns, self.on_message)
+        self.ep = self.hep
+        net.endpoints[me] = self.hep
+
+    def tick(self) -> None:
+        self.hep.fire(CoreNode.tick, self)
+
+    def wake(self) -> None:
+        self.hep.fire(CoreNode.wake, self)
+
+    def submit_local(self, task: Any) -> None:
+        self.hep.post(CoreNode.submit_local, self, task)
+
+    def sync_ready(self, step: int, group: int = 1) -> None:
+        self.hep.post(CoreNode.sync_ready, self, step, group)
+
+    def complete(self, task: Any, runtime_ns: int) -> None:
+        self.hep.post(CoreNode.complete, self, task, runtime_ns)
+
+
+class HostShaped(Shaped):
+    """The workload's backend under the host model: its timers (a task's end) are timers of
+    the node's loop."""
+
+    def call_later(self, delay_ns: int, fn: Callable[[], None]) -> None:
+        ep = self.ep
+        assert isinstance(ep, HostEndpoint)
+        self.engine.at(self.engine.now + delay_ns, ep.fire, fn)
+
+
+class HostSimLoop(SimLoop):
+    """The central baseline's loop shim under the host model: its timers wake its process."""
+
+    def call_later(self, delay_ns: int, fn: Callable[[], None]) -> None:
+        ep = self._ep()
+        assert isinstance(ep, HostEndpoint)
+        self.engine.at(self.engine.now + delay_ns, ep.fire, fn)
+
+
+# ---- measuring the wake-ups ------------------------------------------------------------------
+def measure_wakeups(
+    samples: int = 1000, spin_us: int = 50, gap_ms: tuple[float, float] = (1.0, 3.0)
+) -> dict[str, Any]:
+    """A sleeping loop's wake-up on this host, measured with the real loop and lanes: a
+    receiver process runs `Loop.run` on shm lanes (spinning `spin_us` after each message,
+    as the demo's nodes do); the sender writes a message stamped with the monotonic clock
+    every `gap_ms` (uniform), long after the receiver's spin ended, and the receiver's
+    handler records clock - stamp. Then the receiver sets `samples` timers, each 0.5-3 ms
+    ahead from a timer's callback (its loop asleep in between), and records how late each
+    callback ran. Returns both samples' percentiles (0, 1, ..., 100), us, and their p50/p99."""
+    import multiprocessing as mp
+    import os
+    import time
+    import uuid
+
+    from rdmasched.daemon.links import ShmLinks
+    from rdmasched.daemon.loop import Loop
+    from rdmasched.demo.runner import remove_segments
+    from rdmasched.wire import Kind
+
+    ctx = mp.get_context("fork")
+    name = f"wake{os.getpid() % 10000}{uuid.uuid4().hex[:6]}"
+    r, w = ctx.Pipe(duplex=False)
+
+    def receiver() -> None:
+        links = ShmLinks(name, 1, [0])
+        loop = Loop(links, spin_us=spin_us)
+        msg_lat: list[int] = []
+        timer_lat: list[int] = []
+        rng = random.Random(2)
+
+        def on_message(m: Any, peer: int) -> None:
+            msg_lat.append(time.monotonic_ns() - m.arg0)
+            if len(msg_lat) == samples:
+                loop.call_later(5_000_000, timer)
+
+        due = [0]
+
+        def timer() -> None:
+            now = time.monotonic_ns()
+            if due[0]:
+                timer_lat.append(now - due[0])
+            if len(timer_lat) < samples:
+                d = int(rng.uniform(0.5, 3.0) * 1e6)
+                due[0] = now + d
+                loop.call_at(due[0], timer)
+
+        loop.run(on_message, until=lambda: len(timer_lat) >= samples)
+        w.send((msg_lat, timer_lat))
+        links.close()
+
+    p = ctx.Process(target=receiver, daemon=True)
+    p.start()
+    try:
+        links = ShmLinks(name, 0, [1])
+        try:
+            loop = Loop(links, spin_us=0)
+            rng = random.Random(1)
+            for _ in range(samples):
+                time.sleep(rng.uniform(*gap_ms) / 1e3)
+                loop.send(1, int(Kind.HEARTBEAT), arg0=time.monotonic_ns())
+            if not r.poll(samples * 0.004 + 30):
+                raise RuntimeError("the wake-up receiver did not report")
+            msg_lat, timer_lat = r.recv()
+        finally:
+            links.close()
+    finally:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+        remove_segments(name, 2)
+    out: dict[str, Any] = {"samples": samples, "spin_us": spin_us, "gap_ms": list(gap_ms)}
+    for key, xs in (("message", msg_lat), ("timer", timer_lat)):
+        s = sorted(xs)
+        out[key] = {
+            "percentiles_us": [round(s[k * (len(s) - 1) // 100] / US, 1) for k in range(101)],
+            "p50_us": round(s[len(s) // 2] / US, 1),
+            "p99_us": round(s[min(len(s) - 1, len(s) * 99 // 100)] / US, 1),
+            "mean_us": round(sum(s) / len(s) / US, 1),
+        }  # fmt: skip
+    return out

@@ -1,0 +1,278 @@
+"""The simulator's host model (issue 21 item 5, rdmasched/sim/hostmodel.py): N processes
+sharing a host's CPUs through one run queue, each a loop that spins after its last item and
+sleeps, woken with a latency drawn from a measured distribution. Its arithmetic, its draws
+(deterministic per seed), and that it is off by default."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from rdmasched.cli import main
+from rdmasched.demo.job import WorkloadConfig
+from rdmasched.errors import ArgumentError
+from rdmasched.sim import PRESETS, SimConfig, simulate
+from rdmasched.sim.engine import Engine
+from rdmasched.sim.hostmodel import (
+    WAKE_MSG_US,
+    WAKE_TIMER_US,
+    Host,
+    HostModel,
+    draw,
+    parse_spec,
+)
+from rdmasched.sim.report import FIT_GRID, calibrate, reals_from, score
+
+US = 1_000
+#: no wake-up latency, no spin: only the run queue's arithmetic
+BARE = HostModel(
+    cpus=2, spin_us=0, msg_cpu_ns=0, timer_cpu_ns=100 * US, post_cpu_ns=0, switch_cpu_ns=0,
+    wake_msg_us=(), wake_timer_us=(),
+)  # fmt: skip
+
+
+def _host(model: HostModel) -> tuple[Engine, Host]:
+    eng = Engine()
+    return eng, Host(eng, model, seed=1)
+
+
+def _run(eng: Engine) -> None:
+    eng.run(lambda: False, 10**12)
+
+
+def test_run_queue_three_turns_on_two_cpus() -> None:
+    """Three processes each with one 100 us item at t=0 on 2 CPUs: two run at once, the
+    third waits for a CPU and ends at 200 us."""
+    eng, host = _host(BARE)
+    ends: dict[int, int] = {}
+    eps = [host.endpoint(eng, i, 0, lambda m, w: None) for i in range(3)]
+    for i, ep in enumerate(eps):
+        eng.at(0, ep.fire, lambda i=i: ends.setdefault(i, eng.now))
+    _run(eng)
+    # a handler runs at the start of its item: 0, 0 and 100 us; the CPUs were busy 300 us
+    assert ends == {0: 0, 1: 0, 2: 100 * US}
+    assert host.handle_ns == 300 * US
+    assert host.queued_ns == 100 * US  # the third waited one item's time
+    assert len(host.free_cpus) == 2
+
+
+def test_one_process_handles_its_items_in_a_row_and_posts_first() -> None:
+    """One process: its items one after the other, each its cost; a call its handler posts
+    runs before the next item (the loop drains its inbox after every timer)."""
+    eng, host = _host(replace(BARE, post_cpu_ns=10 * US))
+    ep = host.endpoint(eng, 0, 0, lambda m, w: None)
+    seen: list[tuple[str, int]] = []
+
+    def first() -> None:
+        seen.append(("first", eng.now))
+        ep.post(lambda: seen.append(("posted", eng.now)))
+
+    eng.at(0, ep.fire, first)
+    eng.at(0, ep.fire, lambda: seen.append(("second", eng.now)))
+    _run(eng)
+    assert seen == [("first", 0), ("posted", 100 * US), ("second", 110 * US)]
+
+
+def test_spin_keeps_the_cpu_and_takes_work_without_a_wake_up() -> None:
+    """After its last item a process spins `spin_us` on its CPU: work in that time is
+    handled at once (no wake-up); after it, the process sleeps and the next item pays a
+    wake-up; the spin holds the CPU from another process."""
+    model = replace(BARE, cpus=1, spin_us=50, wake_timer_us=(20.0, 20.0))
+    eng, host = _host(model)
+    a = host.endpoint(eng, 0, 0, lambda m, w: None)
+    b = host.endpoint(eng, 1, 0, lambda m, w: None)
+    seen: dict[str, int] = {}
+    eng.at(0, a.fire, lambda: seen.setdefault("a1", eng.now))
+    # a wakes at 20 us, its item ends at 120, it spins to 170: a timer due at 130 is
+    # handled at once, without a wake-up
+    eng.at(130 * US, a.fire, lambda: seen.setdefault("a2", eng.now))
+    # b is woken at 110 (+20 us) and waits for the one CPU: a runs to 230 and spins to 280
+    eng.at(110 * US, b.fire, lambda: seen.setdefault("b", eng.now))
+    # a timer of a, due long after its spin: a wake-up of 20 us, and the CPU is free
+    eng.at(1000 * US, a.fire, lambda: seen.setdefault("a3", eng.now))
+    _run(eng)
+    assert seen == {"a1": 20 * US, "a2": 130 * US, "b": 280 * US, "a3": 1020 * US}
+    assert host.wakeups == 3  # a at 0, b, a at 1000; not a at 130 (spinning)
+    assert host.spun_ns == (10 + 50 + 50 + 50) * US
+    assert host.queued_ns == 150 * US  # b, from 130 to 280
+
+
+def test_switch_costs_a_turn_on_a_cpu_another_process_ran() -> None:
+    eng, host = _host(replace(BARE, cpus=1, switch_cpu_ns=7 * US))
+    a = host.endpoint(eng, 0, 0, lambda m, w: None)
+    b = host.endpoint(eng, 1, 0, lambda m, w: None)
+    seen: dict[str, int] = {}
+    eng.at(0, a.fire, lambda: seen.setdefault("a", eng.now))
+    eng.at(0, b.fire, lambda: seen.setdefault("b", eng.now))
+    eng.at(500 * US, b.fire, lambda: seen.setdefault("b2", eng.now))
+    _run(eng)
+    # the first CPU ran nobody (-1): a pays 7 us; b after a pays 7; b again on its own: 0
+    assert seen == {"a": 7 * US, "b": 114 * US, "b2": 500 * US}
+    assert host.switches == 2
+
+
+def test_draw_is_the_inverse_cdf_of_the_percentiles() -> None:
+    q = (10.0, 20.0, 40.0)
+    assert draw(q, 0.0) == 10.0
+    assert draw(q, 0.25) == 15.0
+    assert draw(q, 0.5) == 20.0
+    assert draw(q, 0.75) == 30.0
+    assert draw(q, 1.0) == 40.0
+    assert draw((), 0.3) == 0.0
+
+
+def test_wake_up_draws_are_deterministic_per_seed() -> None:
+    def draws(seed: int) -> list[int]:
+        eng = Engine()
+        host = Host(eng, HostModel(), seed)
+        return [host.wake_ns_for(k % 3) for k in range(200)]
+
+    assert draws(1) == draws(1)
+    assert draws(1) != draws(2)
+    d = draws(3)
+    lo, hi = min(WAKE_MSG_US[0], WAKE_TIMER_US[0]), max(WAKE_MSG_US[-1], WAKE_TIMER_US[-1])
+    assert all(lo * US - 1 <= x <= hi * US + 1 for x in d)
+
+
+def test_wake_pct_keeps_the_percentiles_up_to_it() -> None:
+    """wake_pct=90: draws from the 0th..90th percentile only (the measured tail above it is
+    left out)."""
+    q = tuple(float(k) for k in range(101))  # the k-th percentile is k us
+    eng = Engine()
+    host = Host(eng, HostModel(wake_msg_us=q, wake_timer_us=q, wake_keep_pct=90), 1)
+    xs = [host.wake_ns_for(0) for _ in range(2000)]
+    assert max(xs) <= 90 * US and max(xs) > 85 * US
+    assert parse_spec("wake_pct=95").wake_keep_pct == 95.0
+    with pytest.raises(ArgumentError):
+        parse_spec("wake_pct=20")
+
+
+def test_recorded_wake_ups_are_percentiles() -> None:
+    for q in (WAKE_MSG_US, WAKE_TIMER_US):
+        assert len(q) in (21, 101) and list(q) == sorted(q) and q[0] > 0
+    HostModel().check()
+
+
+def _cfg(n: int, sched: str, hm: HostModel | None, seed: int = 1) -> SimConfig:
+    return SimConfig(
+        nodes=n,
+        scheduler=sched,
+        links=PRESETS["shm"],
+        leaf=8,
+        seed=seed,
+        workload=WorkloadConfig(steps=20, seed=seed),
+        central_call_ns=4000,
+        host_model=hm,
+    )
+
+
+@pytest.mark.parametrize("sched", ["rdmasched", "central"])
+def test_a_run_with_the_host_model_is_deterministic_and_finishes(sched: str) -> None:
+    a = simulate(_cfg(8, sched, HostModel()))
+    b = simulate(_cfg(8, sched, HostModel()))
+    assert a["finished"] and a["rejected"] == 0
+    for k in ("step_time_ms", "slot_idle_pct", "msgs", "events"):
+        assert a[k] == b[k]
+    assert a["host_model"] == b["host_model"]
+    assert 0 < a["host_model"]["cpu_busy_pct"] <= 100.0 + 1e-9
+    c = simulate(_cfg(8, sched, HostModel(), seed=2))
+    assert c["step_time_ms"] != a["step_time_ms"]
+
+
+def test_off_by_default_and_the_host_slows_a_crowded_host() -> None:
+    """Without the host model (the default) a node has its own CPU: the step does not grow
+    with N. With 2 CPUs for N processes it does, and one CPU more makes it shorter."""
+    assert SimConfig(nodes=4).host_model is None
+    plain = [simulate(_cfg(n, "rdmasched", None))["step_time_ms"] for n in (4, 32)]
+    hosted = [simulate(_cfg(n, "rdmasched", HostModel()))["step_time_ms"] for n in (4, 32)]
+    assert plain[1] < 1.05 * plain[0]
+    assert hosted[1] > 2 * hosted[0]
+    wider = simulate(_cfg(32, "rdmasched", HostModel(cpus=4)))["step_time_ms"]
+    assert wider < hosted[1]
+    assert "host_model" not in simulate(_cfg(4, "rdmasched", None))
+
+
+def test_parse_spec() -> None:
+    hm = parse_spec("cpus=3, msg_us=12.5,switch_us=4,wake=none")
+    assert hm.cpus == 3 and hm.msg_cpu_ns == 12_500 and hm.switch_cpu_ns == 4_000
+    assert hm.wake_msg_us == () and hm.wake_timer_us == ()
+    assert parse_spec("") == HostModel()
+    assert parse_spec("wake=recorded").wake_msg_us == WAKE_MSG_US
+    for bad in ("cpus=0", "cpus=1.5", "msg_us=-1", "nope=1", "msg_us", "wake=x", "spin_us=inf"):
+        with pytest.raises(ArgumentError):
+            parse_spec(bad)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--host-model", "cpus=0"],
+        ["--fit-sizes", "4"],  # no --calibrate --host-model
+        ["--calibrate", "--host-model", "--fit-sizes", "5"],  # not a calibrate size
+        ["--calibrate-real", "x.json"],  # no --calibrate
+    ],
+)
+def test_bad_host_model_flags_are_one_line_exit_2(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["sim", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err) and err[-1].startswith("rdmasched")
+
+
+def test_calibrate_real_file_that_is_not_one_is_one_line(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = tmp_path / "x.json"
+    p.write_text('{"calibration": [{"nodes": 4}]}')
+    argv = ["sim", "--calibrate", "--calibrate-sizes", "4", "--host-model"]
+    assert main([*argv, "--calibrate-real", str(p), "--central-call-ns", "4000"]) == 2
+    err = capsys.readouterr().err
+    assert "not a calibration document" in err and "Traceback" not in err
+    p.write_text("[1, 2")
+    assert main([*argv, "--calibrate-real", str(p)]) == 2
+    assert "--calibrate-real" in capsys.readouterr().err
+    assert main([*argv, "--calibrate-real", str(tmp_path / "none.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def _fake_real(n: int, step: float) -> dict[str, Any]:
+    """A real run's record as a calibration keeps it (REAL_KEYS), for the scoring code."""
+    r = {
+        "step_time_ms": step,
+        "slot_idle_pct": 1.0,
+        "msgs_per_node_step": 2.0,
+        "msgs_per_node_step_by_kind": {"HEARTBEAT": 0.2, "SYNC_READY": 1.8},
+        "lanes_max": 3,
+    }
+    return {"load": (0.5, 0.6), "rdmasched": r, "central": dict(r)}
+
+
+def test_calibrate_from_recorded_real_runs_round_trips_and_scores() -> None:
+    """The calibration's rows keep what they compared of the real run, so a later run can
+    take them (--calibrate-real) and score another host model against the same runs."""
+    base = replace(_cfg(4, "rdmasched", HostModel()), workload=WorkloadConfig(steps=5))
+    reals = {4: _fake_real(4, 7.0)}
+    rows = calibrate(base, [4], reals, fitted_on=[4])
+    assert [r["scheduler"] for r in rows] == ["rdmasched", "central"]
+    assert all(r["fitted_on"] and "plain_sim_step_time_ms" in r for r in rows)
+    again = reals_from(json.loads(json.dumps({"calibration": rows})))
+    assert again[4]["rdmasched"] == reals[4]["rdmasched"]
+    assert list(again[4]["load"]) == [0.5, 0.6]
+    s = score(rows)
+    want = [abs(r[f"diff_{k}_pct"]) for r in rows for k in ("step_time_ms", "slot_idle_pct")]
+    want += [abs(r["diff_msgs_per_step_pct"]) for r in rows]
+    assert s == pytest.approx(sum(want) / len(want))
+    assert set(FIT_GRID) == {"msg_us", "timer_us", "post_us", "switch_us", "wake_pct"}
+
+
+def test_sim_help_names_the_host_model(capsys: pytest.CaptureFixture[str]) -> None:
+    from rdmasched.cli import build_parser
+
+    args = build_parser().parse_args(["sim", "--host-model", "cpus=2"])
+    assert isinstance(args, argparse.Namespace) and args.host_model == "cpus=2"
+    assert build_parser().parse_args(["sim"]).host_model is None
