@@ -703,14 +703,32 @@ def host_client(
     the slot the moment a bucket sync freed it, from the step's own compute task, and keep
     it: the step would wait for the co-located work, the inversion this integration is there
     to prevent. A daemon you start yourself: ``rdmasched daemon --starvation-us off
-    --aging-us off``."""
+    --aging-us off``.
+
+    On a host whose every CPU runs a rank (LOCAL_WORLD_SIZE at least the CPUs this process
+    may use), the ranks' readers and a daemon started here sleep at once after a message
+    (``RDMASCHED_SPIN_US=0`` unless set): their spinning took its CPU from the ranks."""
     from rdmasched.client import Client
 
     env = dict(os.environ if env is None else env)
+    if _no_spare_cpu(env):
+        # every CPU of the host runs a rank: a reader spinning after each message (the
+        # daemon's, each rank's) takes its time from the ranks; sleep at once instead
+        env.setdefault("RDMASCHED_SPIN_US", "0")
     if strict:
         env.setdefault("RDMASCHED_STARVATION_US", "off")
         env.setdefault("RDMASCHED_AGING_US", "off")
     return Client.from_env(env, start_daemon=start_daemon, **kw)
+
+
+def _no_spare_cpu(env: dict[str, str]) -> bool:
+    """Whether the host's ranks (LOCAL_WORLD_SIZE) are as many as the CPUs this process may
+    run on."""
+    try:
+        ranks = int(env.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError:
+        return False  # Client.from_env says what is wrong with it
+    return ranks >= len(os.sched_getaffinity(0))
 
 
 def _exit_lost(rank: int, err: TorchSyncError) -> None:
