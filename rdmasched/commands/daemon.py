@@ -271,7 +271,7 @@ def daemon_spin_us(args: argparse.Namespace) -> int | None:
         return cast(int | None, args.spin_us)
     value = os.environ["RDMASCHED_SPIN_US"]
     try:
-        return cast(int, spin_us(value))
+        return spin_us(value)
     except argparse.ArgumentTypeError as exc:
         raise UserError(f"RDMASCHED_SPIN_US={value!r}: {exc}") from None
 

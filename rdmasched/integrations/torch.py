@@ -69,6 +69,13 @@ GROUP_BASE = 1 << 20
 #: task ids of the integration's own tasks start here; ids are unique per host, so each
 #: local rank has its own range: TASK_BASE + (local index << 40) + n
 TASK_BASE = 1 << 48
+#: what a co-located task's preemption does (`Colocated(preempt=)`): stop its processes
+#: (the freezer), or move them into the kernel's idle scheduling class
+PREEMPT_MODES = ("freeze", "idle")
+#: the watchdog's period while a step runs, s
+WATCH_S = 0.05
+#: the most buckets rank 0 chooses in one control message (the comm queue's broadcast)
+CHOICES_PER_MESSAGE = 16
 #: the exit status of a rank that left because another rank or host of the job was lost
 #: (`RankScheduler(exit_on_lost=True)`): sysexits' EX_TEMPFAIL, "try again"; torchrun's
 #: elastic agent restarts the job on the hosts left (docs/TORCH.md, "Fast failure")
@@ -226,6 +233,7 @@ class RankScheduler:
         self._seq = itertools.count()
         self._error: TorchSyncError | None = None
         self._closed = False
+        self._stop = threading.Event()  # the watchdog's wait, set by close()
         #: what happened, in order: (event, step, bucket index, monotonic ns), event one of
         #: "report" (the hook), "release" (the sync handler), "choose" (rank 0 picked it, in
         #: the same critical section as the releases), "start" (its all-reduce started),
@@ -329,11 +337,13 @@ class RankScheduler:
 
         Collectives of one process group must start in the same order on every rank, and a
         rank may see a release before another does (the last SYNC_READY reaches each rank at
-        its own time). So rank 0 (the leader) chooses: the released bucket of highest
-        priority, and broadcasts its choice on a control group; every rank then starts
-        that bucket's all-reduce once its own scheduler has released it too. (With each rank
-        choosing by itself, two ranks each waiting for the other's choice deadlock.)"""
-        choice = torch.zeros(2, dtype=torch.int64)
+        its own time). So rank 0 (the leader) chooses: the released buckets of highest
+        priority, as many as `max_inflight` leaves room for, and broadcasts its choices on
+        a control group, in one message; every rank then starts those buckets' all-reduces,
+        in that order, once its own scheduler has released each. (With each rank choosing by
+        itself, two ranks each waiting for the other's choice deadlock.)"""
+        # [count, index, step, index, step, ...]: up to CHOICES_PER_MESSAGE choices
+        choice = torch.zeros(1 + 2 * CHOICES_PER_MESSAGE, dtype=torch.int64)
         leader = self.rank == 0
         try:
             while True:
@@ -346,41 +356,38 @@ class RankScheduler:
                     if self._closed:
                         return
                     if leader:
-                        _, _, b = heapq.heappop(self._ready)
-                        choice[0], choice[1] = b.index, b.step
-                        self.log.append(("choose", b.step, b.index, time.monotonic_ns()))
+                        room = min(self.max_inflight - len(self._inflight), CHOICES_PER_MESSAGE)
+                        now = time.monotonic_ns()
+                        n = 0
+                        mine: list[_Bucket] = []
+                        while self._ready and len(mine) < room:
+                            _, _, b = heapq.heappop(self._ready)
+                            n = len(mine)
+                            choice[1 + 2 * n], choice[2 + 2 * n] = b.index, b.step
+                            self._inflight[(b.index, b.step)] = b  # failed with them by _fail
+                            self.log.append(("choose", b.step, b.index, now))
+                            mine.append(b)
+                        choice[0] = len(mine)
                 if self.world > 1:
                     dist.broadcast(choice, src=0, group=self._ctrl)
-                if not leader:
-                    index, step = int(choice[0]), int(choice[1])
+                for k in range(int(choice[0])):
+                    if leader:
+                        b = mine[k]
+                    else:
+                        got = self._take_released(int(choice[1 + 2 * k]), int(choice[2 + 2 * k]))
+                        if got is None:
+                            return  # closed, or the job failed
+                        b = got
                     with self._lock:
-                        while (
-                            not self._closed
-                            and self._error is None
-                            and not any(
-                                x[2].index == index and x[2].step == step for x in self._ready
-                            )
-                        ):
-                            self._lock.wait()
-                        if self._closed or self._error is not None:
-                            return
-                        entry = next(
-                            x for x in self._ready if x[2].index == index and x[2].step == step
-                        )
-                        self._ready.remove(entry)
-                        heapq.heapify(self._ready)
-                        b = entry[2]
-                with self._lock:
-                    if b.done:
-                        continue
-                    self._inflight[(b.index, b.step)] = b
-                    self.log.append(("start", b.step, b.index, time.monotonic_ns()))
-                try:
-                    work = dist.all_reduce(b.tensor, group=self._comm_pg, async_op=True)
-                    assert work is not None
-                    work.get_future().then(lambda f, b=b: self._collective_done(b, f))
-                except Exception as exc:
-                    self._collective_failed(b, exc)
+                        if b.done:
+                            continue
+                        self.log.append(("start", b.step, b.index, time.monotonic_ns()))
+                    try:
+                        work = dist.all_reduce(b.tensor, group=self._comm_pg, async_op=True)
+                        assert work is not None
+                        work.get_future().then(lambda f, b=b: self._collective_done(b, f))
+                    except Exception as exc:
+                        self._collective_failed(b, exc)
         except Exception as exc:  # the control broadcast failed: a rank is gone
             if not self._closed:
                 err = self._lost() or TorchSyncError(
@@ -388,6 +395,22 @@ class RankScheduler:
                 )
                 err.__cause__ = exc
                 self._fail(err)
+
+    def _take_released(self, index: int, step: int) -> _Bucket | None:
+        """(A follower) bucket (index, step), which the leader chose, once this rank's
+        scheduler released it, moved to the in-flight set; None if the job stopped first."""
+        with self._lock:
+            while True:
+                if self._closed or self._error is not None:
+                    return None
+                for k, x in enumerate(self._ready):
+                    if x[2].index == index and x[2].step == step:
+                        self._ready[k] = self._ready[-1]
+                        self._ready.pop()
+                        heapq.heapify(self._ready)
+                        self._inflight[(index, step)] = x[2]
+                        return x[2]
+                self._lock.wait()
 
     def _collective_done(self, b: _Bucket, f: torch.futures.Future[Any]) -> None:
         try:
@@ -427,9 +450,10 @@ class RankScheduler:
         """The bounded waits of this rank: its daemon, the processes of the other ranks on
         this machine (local reads, every 50 ms while busy), and a bucket not released in
         time. Another host's death is the daemons' to find; its news comes to `_on_peer`."""
-        while True:
+        # its own wait, not the lock's condition: every release and every all-reduce's end
+        # notifies that one, and woke this thread for nothing dozens of times a step
+        while not self._stop.wait(WATCH_S):
             with self._lock:
-                self._lock.wait(0.05)
                 if self._closed:
                     return
                 waiting = list(self._pending.values())
@@ -561,6 +585,7 @@ class RankScheduler:
                 return
             self._closed = True
             self._lock.notify_all()
+        self._stop.set()
         if self._pending or self._inflight or self._ready:
             self._fail(SchedulerGoneError("the RankScheduler was closed with syncs outstanding"))
         self._comm.join(5)
@@ -604,9 +629,16 @@ class Colocated:
         job: int = 2,
         freezer: Freezer | None = None,
         mechanism: str = "auto",
+        preempt: str = "freeze",
     ) -> None:
         if not 0 <= priority <= COMPUTE_PRIORITY_MAX:
             raise ArgumentError(f"priority must be 0..{COMPUTE_PRIORITY_MAX}, not {priority!r}")
+        if preempt not in PREEMPT_MODES:
+            raise ArgumentError(f"preempt must be one of {PREEMPT_MODES}, not {preempt!r}")
+        #: what a preemption does: "freeze" (stopped) or "idle" (the kernel's idle class)
+        self.preempt = preempt
+        #: each demoted thread's own policy and priority, restored on dispatch ("idle")
+        self._policies: dict[int, tuple[int, int]] = {}
         self.sched = sched
         self.priority = priority
         self.job = job
@@ -634,7 +666,10 @@ class Colocated:
         """Freeze the work, and dispatch its task: it runs when the scheduler says so."""
         if self._started:
             return self
-        self.freezer.freeze()
+        if self.preempt == "idle":
+            self._set_idle(True)
+        else:
+            self.freezer.freeze()
         self.sched._colocated[self.task_id] = self
         self._started = True
         self.sched.node.dispatch(self.task_id, job=self.job, priority=self.priority)
@@ -643,7 +678,10 @@ class Colocated:
     def _dispatched(self) -> None:
         t0 = time.perf_counter_ns()
         try:
-            self.freezer.thaw()
+            if self.preempt == "idle":
+                self._set_idle(False)
+            else:
+                self.freezer.thaw()
         except Exception as exc:  # counted, reported; the scheduler goes on
             self.errors.append(f"thaw: {exc}")
             raise
@@ -654,7 +692,10 @@ class Colocated:
     def _preempted(self, task: Task) -> int:
         t0 = time.perf_counter_ns()
         try:
-            self.freezer.freeze()
+            if self.preempt == "idle":
+                self._set_idle(True)
+            else:
+                self.freezer.freeze()
         except Exception as exc:
             self.errors.append(f"freeze: {exc}")
             raise
@@ -663,6 +704,32 @@ class Colocated:
             self._ran_ns += time.monotonic_ns() - self._since
         self.running = False
         return self._ran_ns
+
+    def _set_idle(self, idle: bool) -> None:
+        """Every thread of the work into the kernel's idle class (SCHED_IDLE: it runs only
+        on a CPU that nothing else wants, and a waking thread of any other class takes the
+        CPU from it at once), or back to its own policy. Children forked meanwhile inherit
+        the idle class and go back to SCHED_OTHER."""
+        for pid in self.freezer.pids():
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:
+                continue  # gone
+            for tid in tids:
+                try:
+                    if idle:
+                        if tid not in self._policies:
+                            own = os.sched_getscheduler(tid)
+                            prio = os.sched_getparam(tid).sched_priority
+                            if own == os.SCHED_IDLE:  # born idle: a child forked while idle
+                                own, prio = os.SCHED_OTHER, 0
+                            self._policies[tid] = (own, prio)
+                        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+                    else:
+                        own, prio = self._policies.get(tid, (os.SCHED_OTHER, 0))
+                        os.sched_setscheduler(tid, own, os.sched_param(prio))
+                except ProcessLookupError:
+                    self._policies.pop(tid, None)  # the thread ended
 
     def close(self) -> None:
         """Complete the task and end the work: its freezer's close (the default one kills
@@ -791,6 +858,7 @@ __all__ = [
     "COMPUTE_PRIORITY",
     "EXIT_LOST",
     "GROUP_BASE",
+    "PREEMPT_MODES",
     "Colocated",
     "RankLostError",
     "RankScheduler",

@@ -300,3 +300,46 @@ def test_the_buckets_all_reduce_on_the_process_groups_own_backend(tmp_path: Path
         assert comm.get("allreduce", 0) == len(starts), r["counts"]
         assert job.get("allreduce", 0) == 0  # DDP's gradients all went through the hook
     assert r0["params"] == r1["params"]
+
+
+def test_several_buckets_in_flight_keep_one_order_and_the_priority(tmp_path: Path) -> None:
+    # max_inflight 3: rank 0 chooses up to three released buckets at once, in priority
+    # order, in one control message; every rank starts them in that order
+    r0, r1 = run_ranks(tmp_path, "order", 2, "3")
+    starts = [[(s, i) for ev, s, i, _ in r["log"] if ev == "start"] for r in (r0, r1)]
+    assert starts[0] and starts[0] == starts[1]
+    waiting: set[tuple[int, int]] = set()
+    inflight: set[tuple[int, int]] = set()
+    most = 0
+    chosen = []
+    for ev, step, index, _ in (tuple(e) for e in r0["log"]):
+        if ev == "release":
+            waiting.add((step, index))
+        elif ev == "choose":
+            assert (step, index) in waiting, f"bucket {index} step {step} started unreleased"
+            assert index == max(i for _, i in waiting), (index, sorted(waiting))
+            waiting.discard((step, index))
+            inflight.add((step, index))
+            most = max(most, len(inflight))
+            chosen.append((step, index))
+        elif ev == "done":
+            inflight.discard((step, index))
+    assert chosen == starts[0]
+    assert not waiting and not inflight
+    assert 1 < most <= 3, most  # more than one at a time, never more than asked
+    assert r0["max_diff_vs_plain_ddp"] < 1e-5
+    assert r1["max_diff_vs_plain_ddp"] < 1e-5
+    assert r0["params"] == r1["params"]
+
+
+def test_colocated_work_in_the_idle_class_during_the_step(tmp_path: Path) -> None:
+    # Colocated(preempt="idle"): preempted, every thread of the work goes into the kernel's
+    # idle class (it runs only on CPU time nothing else wants) instead of being stopped;
+    # dispatched, back to its own policy
+    (r,) = run_ranks(tmp_path, "idle", 1)
+    assert r["errors"] == []
+    assert r["policy_dispatched"] == ["other", "other"]
+    assert r["running_in_compute"] is False  # preempted before the step's body ran
+    assert r["policy_in_compute"] == ["idle", "idle"]
+    assert r["policy_after"] == ["other", "other"]
+    assert r["preemptions"] >= 1 and r["dispatches"] >= 2

@@ -7,13 +7,16 @@ Every rank is a client of the host's daemon (`host_client`): started by local ra
 with RDMASCHED_TEST_DAEMON_PID set, one the test started (`rdmasched daemon`).
 Writes what the rank saw to OUT (JSON); the test asserts on it. Scenarios:
 
-- ``order``: DDP over gloo, a stack of linear layers in several buckets, tiny batches (the
-  all-reduces, not the compute, take the time, so released buckets wait for the comm queue),
-  under the hook with compute(); beside it the same model under plain DDP on the same data.
+- ``order [MAX_INFLIGHT]``: DDP over gloo, a stack of linear layers in several buckets, tiny
+  batches (the all-reduces, not the compute, take the time, so released buckets wait for the
+  comm queue), under the hook with compute() (the scheduler's `max_inflight`, default 1);
+  beside it the same model under plain DDP on the same data.
 - ``daemon_gone``: rank 0 kills the host's daemon (SIGKILL) between two steps.
 - ``rank_killed``: rank 1 kills itself (SIGKILL) before its third step.
 - ``freeze MECHANISM``: a real burning process as a `Colocated` job; CPU time while the
   training step's compute task holds the slot, and after.
+- ``idle``: the same with `Colocated(preempt="idle")`: the burner's scheduling policy (its
+  every thread) while the step's compute task holds the slot, and after.
 - ``backend``: the job's process group on a second backend (tests/tier2/counting_backend.py:
   gloo behind a Python group that counts its collectives), a few steps under the hook.
 """
@@ -92,7 +95,8 @@ def main() -> int:
     daemon_pid = int(os.environ.get("RDMASCHED_TEST_DAEMON_PID", "0"))
     node = host_client(start_daemon=not daemon_pid).open()
     result: dict[str, Any] = {"rank": rank, "endpoint": node.endpoint}
-    sched = RankScheduler(node, sync_timeout_s=30, collective_timeout_s=30)
+    inflight = int(sys.argv[3]) if scenario == "order" and len(sys.argv) > 3 else 1
+    sched = RankScheduler(node, sync_timeout_s=30, collective_timeout_s=30, max_inflight=inflight)
     result["members"], result["local"] = sched.members, sched.local
     t0 = time.monotonic()
     try:
@@ -211,6 +215,34 @@ def main() -> int:
             finally:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        elif scenario == "idle":
+            # a burner with a second thread: every thread of the work changes class
+            two = "import threading\n" + BURN.replace(
+                "while True:",
+                "threading.Thread(target=lambda: [zlib.compress(d, 6) for _ "
+                "in iter(int, 1)], daemon=True).start()\nwhile True:",
+            )
+            proc = subprocess.Popen([sys.executable, "-c", two], start_new_session=True)
+            try:
+                _wait(lambda: len(os.listdir(f"/proc/{proc.pid}/task")) == 2, "two threads")
+                colo = Colocated(sched, preempt="idle").add(proc.pid).start()
+                _wait(lambda: colo.running, "the co-located job dispatched")
+                result["policy_dispatched"] = _policies(proc.pid)
+                with sched.compute():
+                    result["running_in_compute"] = colo.running
+                    result["policy_in_compute"] = _policies(proc.pid)
+                    t = cpu_ticks(proc.pid)
+                    time.sleep(0.3)
+                    result["ticks_in_compute"] = cpu_ticks(proc.pid) - t
+                _wait(lambda: colo.running, "dispatched again after the step")
+                result["policy_after"] = _policies(proc.pid)
+                result["preemptions"] = len(colo.freeze_ns)
+                result["dispatches"] = len(colo.thaw_ns)
+                result["errors"] = colo.errors
+                colo.close()
+            finally:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         else:
             raise SystemExit(f"unknown scenario {scenario}")
     except Exception:
@@ -223,6 +255,14 @@ def main() -> int:
         os._exit(0)  # the gloo groups still name a dead peer: do not wait on their teardown
     dist.destroy_process_group()
     return 0
+
+
+def _policies(pid: int) -> list[str]:
+    """The scheduling policy of each thread of `pid`."""
+    names = {os.SCHED_OTHER: "other", os.SCHED_IDLE: "idle", os.SCHED_BATCH: "batch"}
+    return sorted(
+        names.get(os.sched_getscheduler(int(t)), "?") for t in os.listdir(f"/proc/{pid}/task")
+    )
 
 
 def _story(node: Any, task_id: int) -> list[str]:
