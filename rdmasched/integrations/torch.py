@@ -74,6 +74,9 @@ TASK_BASE = 1 << 48
 PREEMPT_MODES = ("freeze", "idle")
 #: the watchdog's period while a step runs, s
 WATCH_S = 0.05
+#: how long a rank may stay out of `compute()` before its compute task is given back, s
+#: (`RankScheduler(linger_s=)`): the gap between two steps is far shorter
+LINGER_S = 0.05
 #: the most buckets rank 0 chooses in one control message (the comm queue's broadcast)
 CHOICES_PER_MESSAGE = 16
 #: the exit status of a rank that left because another rank or host of the job was lost
@@ -168,6 +171,7 @@ class RankScheduler:
         job: int = 1,
         compute_priority: int = COMPUTE_PRIORITY,
         exit_on_lost: bool = False,
+        linger_s: float = LINGER_S,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise ArgumentError("RankScheduler needs torch.distributed initialised first")
@@ -179,6 +183,12 @@ class RankScheduler:
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e6:
                 raise ArgumentError(f"{name} must be a number of seconds > 0, not {value!r}")
+        if (
+            isinstance(linger_s, bool)
+            or not isinstance(linger_s, int | float)
+            or not 0 <= linger_s < 1e6
+        ):
+            raise ArgumentError(f"linger_s must be a number of seconds >= 0, not {linger_s!r}")
         if not 0 <= compute_priority <= COMPUTE_PRIORITY_MAX:
             raise ArgumentError(
                 f"compute_priority must be 0..{COMPUTE_PRIORITY_MAX}, not {compute_priority!r}"
@@ -198,6 +208,7 @@ class RankScheduler:
         self.job = job
         self.compute_priority = compute_priority
         self.exit_on_lost = bool(exit_on_lost)
+        self.linger_s = float(linger_s)
         self._lock = threading.Condition()
         self._defined: set[int] = set()  # bucket indexes whose sync group is declared
         # the buckets' all-reduces, and the leader's choices of their order (not the default
@@ -234,6 +245,8 @@ class RankScheduler:
         self._error: TorchSyncError | None = None
         self._closed = False
         self._stop = threading.Event()  # the watchdog's wait, set by close()
+        #: the step's compute task kept between steps: (task id, when the step left it)
+        self._held: tuple[int, int] | None = None
         #: what happened, in order: (event, step, bucket index, monotonic ns), event one of
         #: "report" (the hook), "release" (the sync handler), "choose" (rank 0 picked it, in
         #: the same critical section as the releases), "start" (its all-reduce started),
@@ -452,7 +465,9 @@ class RankScheduler:
         time. Another host's death is the daemons' to find; its news comes to `_on_peer`."""
         # its own wait, not the lock's condition: every release and every all-reduce's end
         # notifies that one, and woke this thread for nothing dozens of times a step
-        while not self._stop.wait(WATCH_S):
+        period = min(WATCH_S, self.linger_s) if self.linger_s > 0 else WATCH_S
+        while not self._stop.wait(period):
+            self._give_back(int(self.linger_s * 1e9))
             with self._lock:
                 if self._closed:
                     return
@@ -535,11 +550,40 @@ class RankScheduler:
     @contextlib.contextmanager
     def compute(self, *, cost_ns: int = 0, timeout_s: float | None = None) -> Iterator[int]:
         """Run the body as a compute task of the training job: dispatched (preempting
-        lower-priority work on one of the host's slots: co-located work is frozen before
-        the body starts) and completed when the body ends. Yields the task id. If the job's syncs
-        failed, the body's error (``loss.backward()`` raising) becomes the `TorchSyncError`
-        that says why."""
+        lower-priority work on one of the host's slots: co-located work is frozen, or put in
+        the idle class, before the body starts) and completed when the rank has been out of
+        `compute()` for `linger_s` (at once with ``linger_s=0``): a step that follows within
+        that time takes the same task, with no call to the daemon, so a loop of steps holds
+        its slot from the first to the last. Yields the task id. If the job's syncs failed,
+        the body's error (``loss.backward()`` raising) becomes the `TorchSyncError` that
+        says why."""
         self._check()
+        with self._lock:
+            held, self._held = self._held, None
+        tid = held[0] if held is not None else self._acquire(cost_ns, timeout_s)
+        ok = False
+        try:
+            self._check()
+            try:
+                yield tid
+                ok = True
+            except Exception as exc:
+                # DDP reports a failed hook future as a RuntimeError that names the error's
+                # text only ("Unable to cast ... to Tensor"): raise the typed error instead
+                if self._error is not None and exc is not self._error:
+                    raise self._error from exc
+                raise
+        finally:
+            with self._lock:
+                self._compute.pop(tid, None)
+                if ok and self.linger_s > 0 and not self._closed and self._error is None:
+                    self._held = (tid, time.monotonic_ns())  # given back by the watchdog
+                    tid = -1
+            if tid >= 0 and self._error is None:
+                self.node.complete(tid)
+
+    def _acquire(self, cost_ns: int, timeout_s: float | None) -> int:
+        """Dispatch a compute task of the training job and wait until it runs; its id."""
         tid = self._new_id()
         ev = threading.Event()
         with self._lock:
@@ -558,21 +602,19 @@ class RankScheduler:
                 f"rank {self.rank}: the step's compute task was not dispatched within {limit:g} s"
             )
             self._fail(err)
-        try:
-            self._check()
-            try:
-                yield tid
-            except Exception as exc:
-                # DDP reports a failed hook future as a RuntimeError that names the error's
-                # text only ("Unable to cast ... to Tensor"): raise the typed error instead
-                if self._error is not None and exc is not self._error:
-                    raise self._error from exc
-                raise
-        finally:
-            with self._lock:
-                self._compute.pop(tid, None)
-            if self._error is None:
-                self.node.complete(tid)
+        return tid
+
+    def _give_back(self, idle_ns: int) -> None:
+        """Complete the held compute task if the rank has been out of `compute()` for
+        `idle_ns` (0: whatever the time)."""
+        with self._lock:
+            held = self._held
+            if held is None or time.monotonic_ns() - held[1] < idle_ns:
+                return
+            self._held = None
+        if self._error is None:
+            with contextlib.suppress(RdmaschedError):
+                self.node.complete(held[0])
 
     def _new_id(self) -> int:
         with self._lock:
@@ -586,6 +628,7 @@ class RankScheduler:
             self._closed = True
             self._lock.notify_all()
         self._stop.set()
+        self._give_back(0)
         if self._pending or self._inflight or self._ready:
             self._fail(SchedulerGoneError("the RankScheduler was closed with syncs outstanding"))
         self._comm.join(5)

@@ -343,3 +343,22 @@ def test_colocated_work_in_the_idle_class_during_the_step(tmp_path: Path) -> Non
     assert r["policy_in_compute"] == ["idle", "idle"]
     assert r["policy_after"] == ["other", "other"]
     assert r["preemptions"] >= 1 and r["dispatches"] >= 2
+
+
+@pytest.mark.parametrize("linger_s", [0.05, 0.0])
+def test_steps_back_to_back_hold_one_compute_task(tmp_path: Path, linger_s: float) -> None:
+    # the gap between two steps is far shorter than a freeze and a thaw: a step that follows
+    # within linger_s takes the previous step's compute task (no call to the daemon, the
+    # co-located work not dispatched in between); the rank idle, the task is given back.
+    # linger_s=0: a task per step, the co-located work dispatched after each
+    (r,) = run_ranks(tmp_path, "linger", 1, str(linger_s))
+    assert r["errors"] == []
+    assert r["running_in_compute"] == [False] * 5
+    if linger_s:
+        assert len(set(r["tids"])) == 1, r["tids"]
+        # the previous step's body ends and the next begins within far less than 50 ms;
+        # on a loaded machine a gap may exceed it once in a while
+        assert r["dispatches_during_the_steps"] <= 1
+    else:
+        assert len(set(r["tids"])) == 5
+        assert r["dispatches_during_the_steps"] >= 4

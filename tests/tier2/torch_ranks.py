@@ -15,6 +15,9 @@ Writes what the rank saw to OUT (JSON); the test asserts on it. Scenarios:
 - ``rank_killed``: rank 1 kills itself (SIGKILL) before its third step.
 - ``freeze MECHANISM``: a real burning process as a `Colocated` job; CPU time while the
   training step's compute task holds the slot, and after.
+- ``linger LINGER_S``: a real burning process as a `Colocated` job, and 5 steps back to back
+  under compute() (the scheduler's `linger_s`), then the rank idle: the task ids the steps
+  ran as and the co-located task's dispatches.
 - ``idle``: the same with `Colocated(preempt="idle")`: the burner's scheduling policy (its
   every thread) while the step's compute task holds the slot, and after.
 - ``backend``: the job's process group on a second backend (tests/tier2/counting_backend.py:
@@ -96,7 +99,10 @@ def main() -> int:
     node = host_client(start_daemon=not daemon_pid).open()
     result: dict[str, Any] = {"rank": rank, "endpoint": node.endpoint}
     inflight = int(sys.argv[3]) if scenario == "order" and len(sys.argv) > 3 else 1
-    sched = RankScheduler(node, sync_timeout_s=30, collective_timeout_s=30, max_inflight=inflight)
+    linger = float(sys.argv[3]) if scenario == "linger" else 0.05
+    sched = RankScheduler(
+        node, sync_timeout_s=30, collective_timeout_s=30, max_inflight=inflight, linger_s=linger
+    )
     result["members"], result["local"] = sched.members, sched.local
     t0 = time.monotonic()
     try:
@@ -210,6 +216,26 @@ def main() -> int:
                 _wait(lambda: cpu_ticks(proc.pid) > t, "it burns CPU again")
                 result["freezes"] = len(colo.freeze_ns)
                 result["thaws"] = len(colo.thaw_ns)
+                result["errors"] = colo.errors
+                colo.close()
+            finally:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        elif scenario == "linger":
+            proc = subprocess.Popen([sys.executable, "-c", BURN], start_new_session=True)
+            try:
+                colo = Colocated(sched).add(proc.pid).start()
+                _wait(lambda: colo.running, "the co-located job dispatched")
+                before = len(colo.thaw_ns)
+                tids = []
+                for _ in range(5):
+                    with sched.compute() as tid:
+                        tids.append(tid)
+                        result.setdefault("running_in_compute", []).append(colo.running)
+                result["tids"] = tids
+                result["dispatches_during_the_steps"] = len(colo.thaw_ns) - before
+                # the rank idle: its compute task given back, the co-located job dispatched
+                _wait(lambda: colo.running, "dispatched once the rank is idle")
                 result["errors"] = colo.errors
                 colo.close()
             finally:
