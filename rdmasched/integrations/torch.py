@@ -694,6 +694,7 @@ class Colocated:
         self._ran_ns = 0
         self._since = 0
         self._started = False
+        self._ran = False  # dispatched at least once
 
     @property
     def mechanism(self) -> str:
@@ -719,6 +720,7 @@ class Colocated:
         return self
 
     def _dispatched(self) -> None:
+        self._ran = True
         t0 = time.perf_counter_ns()
         try:
             if self.preempt == "idle":
@@ -775,11 +777,14 @@ class Colocated:
                     self._policies.pop(tid, None)  # the thread ended
 
     def close(self) -> None:
-        """Complete the task and end the work: its freezer's close (the default one kills
-        the processes and removes the cgroup)."""
+        """Complete the task (cancel it if it never ran) and end the work: its freezer's
+        close (the default one kills the processes and removes the cgroup)."""
         if self._started and self.sched.error is None:
             with contextlib.suppress(RdmaschedError):
-                self.sched.node.complete(self.task_id)
+                if self._ran:
+                    self.sched.node.complete(self.task_id)
+                else:  # queued, never started: the daemon refuses a COMPLETE of it
+                    self.sched.node.preempt(self.task_id, cancel=True)
         self.sched._colocated.pop(self.task_id, None)
         self.freezer.close()
 

@@ -362,3 +362,14 @@ def test_steps_back_to_back_hold_one_compute_task(tmp_path: Path, linger_s: floa
     else:
         assert len(set(r["tids"])) == 5
         assert r["dispatches_during_the_steps"] >= 4
+
+
+def test_closing_colocated_work_that_never_ran_is_not_refused(tmp_path: Path) -> None:
+    # Regression: with the step's compute task held from step to step, a co-located task
+    # may never get a slot; its close() completed it, and the daemon refused the COMPLETE of
+    # a queued task that never ran ("complete of task N that is queued"). It is cancelled.
+    (r,) = run_ranks(tmp_path, "close_queued", 1)
+    assert r["errors"] == []
+    assert r["ran"] is False
+    assert r["rejected"] == [{}, {}], r["rejected"]
+    assert r["queue_len"] == 0  # and it is gone from the daemon's queue

@@ -18,6 +18,8 @@ Writes what the rank saw to OUT (JSON); the test asserts on it. Scenarios:
 - ``linger LINGER_S``: a real burning process as a `Colocated` job, and 5 steps back to back
   under compute() (the scheduler's `linger_s`), then the rank idle: the task ids the steps
   ran as and the co-located task's dispatches.
+- ``close_queued``: a `Colocated` job started while the step holds the host's only slot,
+  and closed before it ever ran: what the daemon refused.
 - ``idle``: the same with `Colocated(preempt="idle")`: the burner's scheduling policy (its
   every thread) while the step's compute task holds the slot, and after.
 - ``backend``: the job's process group on a second backend (tests/tier2/counting_backend.py:
@@ -238,6 +240,25 @@ def main() -> int:
                 _wait(lambda: colo.running, "dispatched once the rank is idle")
                 result["errors"] = colo.errors
                 colo.close()
+            finally:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        elif scenario == "close_queued":
+            proc = subprocess.Popen([sys.executable, "-c", BURN], start_new_session=True)
+            try:
+                with sched.compute():
+                    colo = Colocated(sched).add(proc.pid).start()
+                    # queued behind the step's compute task on the host's one slot
+                    _wait(
+                        lambda: node.stats()["scheduler"]["queue_len"] == 1,
+                        "the co-located task queued",
+                    )
+                    colo.close()
+                result["ran"] = bool(colo.thaw_ns)
+                st = node.stats()  # asked after the close: its answer comes after any refusal
+                result["rejected"] = [st["rejected"], st["scheduler"]["rejected"]]
+                result["queue_len"] = st["scheduler"]["queue_len"]
+                result["errors"] = colo.errors
             finally:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
