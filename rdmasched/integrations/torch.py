@@ -72,6 +72,8 @@ TASK_BASE = 1 << 48
 #: what a co-located task's preemption does (`Colocated(preempt=)`): stop its processes
 #: (the freezer), or move them into the kernel's idle scheduling class
 PREEMPT_MODES = ("freeze", "idle")
+#: the nice of a preempted co-located job's own autogroup (`Colocated(preempt="idle")`)
+IDLE_GROUP_NICE = 19
 #: the watchdog's period while a step runs, s
 WATCH_S = 0.05
 #: how long a rank may stay out of `compute()` before its compute task is given back, s
@@ -682,6 +684,8 @@ class Colocated:
         self.preempt = preempt
         #: each demoted thread's own policy and priority, restored on dispatch ("idle")
         self._policies: dict[int, tuple[int, int]] = {}
+        #: the nice of each of the work's own autogroups, restored on dispatch ("idle")
+        self._group_nice: dict[str, int] = {}
         self.sched = sched
         self.priority = priority
         self.job = job
@@ -754,12 +758,24 @@ class Colocated:
         """Every thread of the work into the kernel's idle class (SCHED_IDLE: it runs only
         on a CPU that nothing else wants, and a waking thread of any other class takes the
         CPU from it at once), or back to its own policy. Children forked meanwhile inherit
-        the idle class and go back to SCHED_OTHER."""
+        the idle class and go back to SCHED_OTHER.
+
+        The idle class ranks a thread within its task group only: with the kernel's
+        autogroups (a task group per session, ``kernel.sched_autogroup_enabled``), work
+        started in a session of its own competes with the rank's session as an equal
+        whatever its threads' class (seen: the idle-class job took as much CPU as the
+        ranks). So the work's own autogroups (not the rank's) get nice 19 too, and their
+        own nice back on dispatch."""
+        mine = _autogroup(os.getpid())
+        groups: dict[str, int] = {}  # the work's autogroups: name -> a member
         for pid in self.freezer.pids():
             try:
                 tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
             except OSError:
                 continue  # gone
+            group = _autogroup(pid)
+            if group is not None and group[0] != (mine[0] if mine else None):
+                groups.setdefault(group[0], pid)
             for tid in tids:
                 try:
                     if idle:
@@ -775,6 +791,17 @@ class Colocated:
                         os.sched_setscheduler(tid, own, os.sched_param(prio))
                 except ProcessLookupError:
                     self._policies.pop(tid, None)  # the thread ended
+        for name, pid in groups.items():
+            if idle:
+                now = _autogroup(pid)
+                if now is not None and name not in self._group_nice:
+                    self._group_nice[name] = now[1]
+            nice = IDLE_GROUP_NICE if idle else self._group_nice.get(name, 0)
+            try:
+                with open(f"/proc/{pid}/autogroup", "w") as f:
+                    f.write(str(nice))
+            except OSError:
+                pass  # gone, or no autogroups: the threads' class is all there is
 
     def close(self) -> None:
         """Complete the task (cancel it if it never ran) and end the work: its freezer's
@@ -834,6 +861,17 @@ def host_client(
         env.setdefault("RDMASCHED_STARVATION_US", "off")
         env.setdefault("RDMASCHED_AGING_US", "off")
     return Client.from_env(env, start_daemon=start_daemon, **kw)
+
+
+def _autogroup(pid: int) -> tuple[str, int] | None:
+    """The autogroup of process `pid` and its nice (``/proc/PID/autogroup``: "/autogroup-N
+    nice K"), or None (gone, or a kernel without autogroups)."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            name, _, nice = f.read().split()
+        return name, int(nice)
+    except (OSError, ValueError):
+        return None
 
 
 def _no_spare_cpu(env: dict[str, str]) -> bool:

@@ -343,6 +343,13 @@ def test_colocated_work_in_the_idle_class_during_the_step(tmp_path: Path) -> Non
     assert r["policy_in_compute"] == ["idle", "idle"]
     assert r["policy_after"] == ["other", "other"]
     assert r["preemptions"] >= 1 and r["dispatches"] >= 2
+    # the work runs in a session of its own: with the kernel's autogroups its task group
+    # competed with the ranks' as an equal whatever its threads' class; preempted, that
+    # group is at nice 19, dispatched at its own again; the rank's own group untouched
+    if r["rank_group_nice"] is not None:
+        assert r["group_nice_in_compute"] == 19
+        assert r["group_nice_after"] == 0
+        assert r["rank_group_nice"] == 0
 
 
 @pytest.mark.parametrize("linger_s", [0.05, 0.0])

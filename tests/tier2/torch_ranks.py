@@ -278,11 +278,14 @@ def main() -> int:
                 with sched.compute():
                     result["running_in_compute"] = colo.running
                     result["policy_in_compute"] = _policies(proc.pid)
+                    result["group_nice_in_compute"] = _group_nice(proc.pid)
                     t = cpu_ticks(proc.pid)
                     time.sleep(0.3)
                     result["ticks_in_compute"] = cpu_ticks(proc.pid) - t
                 _wait(lambda: colo.running, "dispatched again after the step")
                 result["policy_after"] = _policies(proc.pid)
+                result["group_nice_after"] = _group_nice(proc.pid)
+                result["rank_group_nice"] = _group_nice(os.getpid())
                 result["preemptions"] = len(colo.freeze_ns)
                 result["dispatches"] = len(colo.thaw_ns)
                 result["errors"] = colo.errors
@@ -302,6 +305,15 @@ def main() -> int:
         os._exit(0)  # the gloo groups still name a dead peer: do not wait on their teardown
     dist.destroy_process_group()
     return 0
+
+
+def _group_nice(pid: int) -> int | None:
+    """The nice of the autogroup of `pid` (None: no autogroups here)."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            return int(f.read().split()[-1])
+    except (OSError, ValueError):
+        return None
 
 
 def _policies(pid: int) -> list[str]:
