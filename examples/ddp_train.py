@@ -13,21 +13,30 @@ compressed in a shared file (no lock: nothing the training job could wait on).
 
 Modes:
 - `alone`: training only;
-- `linux`: the co-located job runs beside it, left to the Linux scheduler (same nice level);
+- `linux`: the co-located job runs beside it, left to the Linux scheduler (same nice level,
+  in a session of its own);
+- `linux-idle`: the same, the job in the kernel's idle class (SCHED_IDLE, its session's
+  autogroup at nice 19): what `chrt --idle 0` gives without a scheduler;
 - `managed`: the host's rdmasched daemon (one per host, started by local rank 0; every rank
   its client: rdmasched.integrations.torch.host_client) runs the job: each rank's training
-  step is a compute task (priority 200) on one of the host's slots (one per rank), each
-  gradient bucket a sync task (its all-reduce started in priority order, first layers
-  first), each rank's co-located job a task of priority 10 whose preemption freezes its
-  processes (cgroup v2, else SIGSTOP) and whose dispatch thaws them. A co-located task runs
-  only when a slot is free: between a rank's steps.
+  step is a compute task (priority 200) on one of the host's slots (one per rank), held from
+  step to step, each gradient bucket a sync task (its all-reduce started in priority order,
+  first layers first), each rank's co-located job a task of priority 10 whose preemption
+  moves its processes into the idle class (they run on the CPU time the step leaves idle)
+  and whose dispatch moves them back;
+- `managed-freeze`: the same, the co-located job frozen while preempted (cgroup v2, else
+  SIGSTOP): it runs only when a slot is free.
 
-`--compare` runs every mode `--repeat` times, interleaved (alone, linux, managed, alone, ...),
-each under `torchrun --nproc-per-node 2` (as a subprocess, `python -m torch.distributed.run`),
-and prints a table: step time, tokens/s, the co-located job's throughput, freeze and thaw
-latencies. `--trace OUT` makes the last managed run also record a torch.profiler trace of
-rank 0 (after its measured steps, so the profiler costs the figures nothing) as
-OUT.json.gz, which `python -m rdmasched.workload OUT.json.gz` reads.
+`--compare` runs the modes (`--modes`, default all but managed-freeze) `--repeat` times,
+interleaved (alone, linux, ..., alone, ...), each under `torchrun --nproc-per-node 2` (as a
+subprocess, `python -m torch.distributed.run`), and prints a table: step time, tokens/s, the
+co-located job's throughput, every part's CPU time from /proc (the ranks, the daemon, the
+co-located job, the host) with the idle CPU time training leaves and the share of it the
+co-located job got, preemption and dispatch latencies; `--json-out` keeps every run (with
+its per-step timeline), `--summarize JSON` prints the table again. `--trace OUT` makes the
+last managed run also record a torch.profiler trace of rank 0 (after its measured steps, so
+the profiler costs the figures nothing) as OUT.json.gz, which `python -m rdmasched.workload
+OUT.json.gz` reads.
 """
 
 from __future__ import annotations
@@ -518,10 +527,14 @@ def harvest(r: dict[str, Any]) -> dict[str, float]:
     """One run's CPU account, in CPUs (CPU-seconds per second of its measured wall time):
     `training` its ranks' and its daemon's; `idle` what training leaves of the host's CPUs;
     `colocated` what the co-located job got of it (`harvested_over_idle`, the share); `others`
-    the rest of the host's busy time (other users of this machine, torchrun's agent)."""
+    the rest of the host's busy time (other users of this machine, torchrun's agent); `free`
+    what nobody used, and `harvested_over_left` the job's share of the idle time that others
+    left (colocated / (colocated + free))."""
     c, wall = r["cpu_s"], r["wall_s"]
     training = c["rank"] + c["daemon"]
     idle = c["capacity"] - training
+    # what nobody used: on a shared host, others take part of the idle time too
+    free = max(0.0, c["capacity"] - c["host"])
     return {
         "ranks_cpus": c["rank"] / wall,
         "daemon_cpus": c["daemon"] / wall,
@@ -531,6 +544,12 @@ def harvest(r: dict[str, Any]) -> dict[str, float]:
         "colocated_cpus": c["colocated"] / wall,
         "harvested_over_idle": c["colocated"] / idle if idle > 0 else 0.0,
         "others_cpus": max(0.0, c["host"] - training - c["colocated"]) / wall,
+        "free_cpus": free / wall,
+        # the co-located job's share of the idle time others left: colocated / (colocated
+        # + free); on a quiet host the same as harvested_over_idle
+        "harvested_over_left": c["colocated"] / (c["colocated"] + free)
+        if c["colocated"] + free > 0
+        else 0.0,
     }
 
 
@@ -549,8 +568,9 @@ def table(per: dict[str, Any], meta: dict[str, Any]) -> str:
         "",
         "| run | step time, ms | step / alone's | tokens/s | co-located job, MB/s | "
         "training's CPUs (daemon) | idle CPUs | co-located CPUs | harvested / idle | "
-        "others' CPUs | preempt p50 / p99, us | dispatch p50 / p99, us |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "others' CPUs | harvested / (harvested + unused) | preempt p50 / p99, us | "
+        "dispatch p50 / p99, us |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     names = {
         "alone": "training alone",
@@ -574,11 +594,13 @@ def table(per: dict[str, Any], meta: dict[str, Any]) -> str:
             train += f" ({_spread(v['daemon_cpus'], '.2f')})"
         ccpu = _spread(v["colocated_cpus"], ".2f") if has_colo else "-"
         share = _spread([100 * x for x in v["harvested_over_idle"]], ".0f") + "%"
+        left = _spread([100 * x for x in v["harvested_over_left"]], ".0f") + "%"
         lines.append(
             f"| {name} | {_spread(v['step_ms'], '.1f')} | {ratio} "
             f"| {_spread(v['tokens_per_s'], ',.0f')} "
             f"| {colo} | {train} | {_spread(v['idle_cpus'], '.2f')} | {ccpu} "
-            f"| {share if has_colo else '-'} | {_spread(v['others_cpus'], '.2f')} | {frz} | {thw} |"
+            f"| {share if has_colo else '-'} | {_spread(v['others_cpus'], '.2f')} "
+            f"| {left if has_colo else '-'} | {frz} | {thw} |"
         )
     lines.append("")
     lines.append(
@@ -587,7 +609,8 @@ def table(per: dict[str, Any], meta: dict[str, Any]) -> str:
         "tokens/s and MB/s: over each run's measured steps; CPUs: CPU-seconds per second of "
         "the measured steps' wall time, from /proc (training: the ranks, every thread, and the "
         "daemon; idle: the host's CPUs less training's; harvested / idle: the co-located "
-        "job's CPU over that idle time; others: the rest of the host's busy time)"
+        "job's CPU over that idle time; others: the rest of the host's busy time; unused: "
+        "the host's CPUs that nobody used)"
     )
     return "\n".join(lines)
 
@@ -690,7 +713,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--result", help="(one run) write rank 0's result JSON here")
     p.add_argument("--json-out", help="(--compare) every run and the summary as JSON")
     p.add_argument("--timeout", type=float, default=900, help="seconds per run (default 900)")
+    p.add_argument(
+        "--summarize", metavar="JSON", help="print the table again from a --json-out file"
+    )
     args = p.parse_args(argv)
+    if args.summarize:
+        saved = json.loads(Path(args.summarize).read_text())
+        print(table(summarize(saved["runs"]), saved["meta"]))
+        return 0
     if args.compare:
         return compare(args)
     if "RANK" not in os.environ:

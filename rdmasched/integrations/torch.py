@@ -155,6 +155,8 @@ class RankScheduler:
     A host of the job declared dead by the daemons fails the job's syncs the moment the news
     reaches this rank (the daemon tells its clients: `Client.on_peer`), as a rank of this
     machine whose process is gone does (checked every 50 ms while a step runs).
+    `linger_s`: how long the rank may stay out of `compute()` before its compute task is
+    given back (a step within that time takes the same task: no call to the daemon).
     `exit_on_lost`: then also abort the process groups and end the process with `EXIT_LOST`
     (75), at once, whatever the training thread is waiting in: a collective whose peer hangs
     (a frozen host, a partition) ends only at its timeout, and on gloo even a process
