@@ -383,6 +383,11 @@ class Client:
         return self._error
 
     @property
+    def daemon_pid(self) -> int | None:
+        """The process id of the daemon this client is connected to (None before `open`)."""
+        return None if self._daemon is None else self._daemon[0]
+
+    @property
     def nodes(self) -> list[int]:
         """Every node (host) of the cluster, by id (for `define_group`)."""
         return list(self._ask("nodes", []))

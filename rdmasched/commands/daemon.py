@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rdmasched import limits
 from rdmasched.commands.args import UserError, int_range, spin_us, us_or_off
@@ -263,12 +263,26 @@ def daemon_policy(args: argparse.Namespace) -> dict[str, Any]:
     return kw
 
 
+def daemon_spin_us(args: argparse.Namespace) -> int | None:
+    """--spin-us, else RDMASCHED_SPIN_US (the ranks' own spin, CLIENT.md, which a daemon
+    started by a rank inherits: `host_client()` sets it to 0 on a host whose every CPU runs
+    a rank), else None (the defaults)."""
+    if args.spin_us is not None or not os.environ.get("RDMASCHED_SPIN_US"):
+        return cast(int | None, args.spin_us)
+    value = os.environ["RDMASCHED_SPIN_US"]
+    try:
+        return spin_us(value)
+    except argparse.ArgumentTypeError as exc:
+        raise UserError(f"RDMASCHED_SPIN_US={value!r}: {exc}") from None
+
+
 def main(args: argparse.Namespace) -> int:
     from rdmasched import launch
     from rdmasched.daemon.node import Node
 
     field = configure_logging(args.log_level, args.log_format)
     policy = daemon_policy(args)
+    args.spin_us = daemon_spin_us(args)
     if args.spin_us is not None:
         policy["spin_us"] = args.spin_us
     if args.config is not None:

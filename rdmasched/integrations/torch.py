@@ -69,6 +69,18 @@ GROUP_BASE = 1 << 20
 #: task ids of the integration's own tasks start here; ids are unique per host, so each
 #: local rank has its own range: TASK_BASE + (local index << 40) + n
 TASK_BASE = 1 << 48
+#: what a co-located task's preemption does (`Colocated(preempt=)`): stop its processes
+#: (the freezer), or move them into the kernel's idle scheduling class
+PREEMPT_MODES = ("freeze", "idle")
+#: the nice of a preempted co-located job's own autogroup (`Colocated(preempt="idle")`)
+IDLE_GROUP_NICE = 19
+#: the watchdog's period while a step runs, s
+WATCH_S = 0.05
+#: how long a rank may stay out of `compute()` before its compute task is given back, s
+#: (`RankScheduler(linger_s=)`): the gap between two steps is far shorter
+LINGER_S = 0.05
+#: the most buckets rank 0 chooses in one control message (the comm queue's broadcast)
+CHOICES_PER_MESSAGE = 16
 #: the exit status of a rank that left because another rank or host of the job was lost
 #: (`RankScheduler(exit_on_lost=True)`): sysexits' EX_TEMPFAIL, "try again"; torchrun's
 #: elastic agent restarts the job on the hosts left (docs/TORCH.md, "Fast failure")
@@ -143,6 +155,8 @@ class RankScheduler:
     A host of the job declared dead by the daemons fails the job's syncs the moment the news
     reaches this rank (the daemon tells its clients: `Client.on_peer`), as a rank of this
     machine whose process is gone does (checked every 50 ms while a step runs).
+    `linger_s`: how long the rank may stay out of `compute()` before its compute task is
+    given back (a step within that time takes the same task: no call to the daemon).
     `exit_on_lost`: then also abort the process groups and end the process with `EXIT_LOST`
     (75), at once, whatever the training thread is waiting in: a collective whose peer hangs
     (a frozen host, a partition) ends only at its timeout, and on gloo even a process
@@ -161,6 +175,7 @@ class RankScheduler:
         job: int = 1,
         compute_priority: int = COMPUTE_PRIORITY,
         exit_on_lost: bool = False,
+        linger_s: float = LINGER_S,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise ArgumentError("RankScheduler needs torch.distributed initialised first")
@@ -172,6 +187,12 @@ class RankScheduler:
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e6:
                 raise ArgumentError(f"{name} must be a number of seconds > 0, not {value!r}")
+        if (
+            isinstance(linger_s, bool)
+            or not isinstance(linger_s, int | float)
+            or not 0 <= linger_s < 1e6
+        ):
+            raise ArgumentError(f"linger_s must be a number of seconds >= 0, not {linger_s!r}")
         if not 0 <= compute_priority <= COMPUTE_PRIORITY_MAX:
             raise ArgumentError(
                 f"compute_priority must be 0..{COMPUTE_PRIORITY_MAX}, not {compute_priority!r}"
@@ -191,6 +212,7 @@ class RankScheduler:
         self.job = job
         self.compute_priority = compute_priority
         self.exit_on_lost = bool(exit_on_lost)
+        self.linger_s = float(linger_s)
         self._lock = threading.Condition()
         self._defined: set[int] = set()  # bucket indexes whose sync group is declared
         # the buckets' all-reduces, and the leader's choices of their order (not the default
@@ -226,6 +248,9 @@ class RankScheduler:
         self._seq = itertools.count()
         self._error: TorchSyncError | None = None
         self._closed = False
+        self._stop = threading.Event()  # the watchdog's wait, set by close()
+        #: the step's compute task kept between steps: (task id, when the step left it)
+        self._held: tuple[int, int] | None = None
         #: what happened, in order: (event, step, bucket index, monotonic ns), event one of
         #: "report" (the hook), "release" (the sync handler), "choose" (rank 0 picked it, in
         #: the same critical section as the releases), "start" (its all-reduce started),
@@ -329,11 +354,13 @@ class RankScheduler:
 
         Collectives of one process group must start in the same order on every rank, and a
         rank may see a release before another does (the last SYNC_READY reaches each rank at
-        its own time). So rank 0 (the leader) chooses: the released bucket of highest
-        priority, and broadcasts its choice on a control group; every rank then starts
-        that bucket's all-reduce once its own scheduler has released it too. (With each rank
-        choosing by itself, two ranks each waiting for the other's choice deadlock.)"""
-        choice = torch.zeros(2, dtype=torch.int64)
+        its own time). So rank 0 (the leader) chooses: the released buckets of highest
+        priority, as many as `max_inflight` leaves room for, and broadcasts its choices on
+        a control group, in one message; every rank then starts those buckets' all-reduces,
+        in that order, once its own scheduler has released each. (With each rank choosing by
+        itself, two ranks each waiting for the other's choice deadlock.)"""
+        # [count, index, step, index, step, ...]: up to CHOICES_PER_MESSAGE choices
+        choice = torch.zeros(1 + 2 * CHOICES_PER_MESSAGE, dtype=torch.int64)
         leader = self.rank == 0
         try:
             while True:
@@ -346,41 +373,38 @@ class RankScheduler:
                     if self._closed:
                         return
                     if leader:
-                        _, _, b = heapq.heappop(self._ready)
-                        choice[0], choice[1] = b.index, b.step
-                        self.log.append(("choose", b.step, b.index, time.monotonic_ns()))
+                        room = min(self.max_inflight - len(self._inflight), CHOICES_PER_MESSAGE)
+                        now = time.monotonic_ns()
+                        n = 0
+                        mine: list[_Bucket] = []
+                        while self._ready and len(mine) < room:
+                            _, _, b = heapq.heappop(self._ready)
+                            n = len(mine)
+                            choice[1 + 2 * n], choice[2 + 2 * n] = b.index, b.step
+                            self._inflight[(b.index, b.step)] = b  # failed with them by _fail
+                            self.log.append(("choose", b.step, b.index, now))
+                            mine.append(b)
+                        choice[0] = len(mine)
                 if self.world > 1:
                     dist.broadcast(choice, src=0, group=self._ctrl)
-                if not leader:
-                    index, step = int(choice[0]), int(choice[1])
+                for k in range(int(choice[0])):
+                    if leader:
+                        b = mine[k]
+                    else:
+                        got = self._take_released(int(choice[1 + 2 * k]), int(choice[2 + 2 * k]))
+                        if got is None:
+                            return  # closed, or the job failed
+                        b = got
                     with self._lock:
-                        while (
-                            not self._closed
-                            and self._error is None
-                            and not any(
-                                x[2].index == index and x[2].step == step for x in self._ready
-                            )
-                        ):
-                            self._lock.wait()
-                        if self._closed or self._error is not None:
-                            return
-                        entry = next(
-                            x for x in self._ready if x[2].index == index and x[2].step == step
-                        )
-                        self._ready.remove(entry)
-                        heapq.heapify(self._ready)
-                        b = entry[2]
-                with self._lock:
-                    if b.done:
-                        continue
-                    self._inflight[(b.index, b.step)] = b
-                    self.log.append(("start", b.step, b.index, time.monotonic_ns()))
-                try:
-                    work = dist.all_reduce(b.tensor, group=self._comm_pg, async_op=True)
-                    assert work is not None
-                    work.get_future().then(lambda f, b=b: self._collective_done(b, f))
-                except Exception as exc:
-                    self._collective_failed(b, exc)
+                        if b.done:
+                            continue
+                        self.log.append(("start", b.step, b.index, time.monotonic_ns()))
+                    try:
+                        work = dist.all_reduce(b.tensor, group=self._comm_pg, async_op=True)
+                        assert work is not None
+                        work.get_future().then(lambda f, b=b: self._collective_done(b, f))
+                    except Exception as exc:
+                        self._collective_failed(b, exc)
         except Exception as exc:  # the control broadcast failed: a rank is gone
             if not self._closed:
                 err = self._lost() or TorchSyncError(
@@ -388,6 +412,22 @@ class RankScheduler:
                 )
                 err.__cause__ = exc
                 self._fail(err)
+
+    def _take_released(self, index: int, step: int) -> _Bucket | None:
+        """(A follower) bucket (index, step), which the leader chose, once this rank's
+        scheduler released it, moved to the in-flight set; None if the job stopped first."""
+        with self._lock:
+            while True:
+                if self._closed or self._error is not None:
+                    return None
+                for k, x in enumerate(self._ready):
+                    if x[2].index == index and x[2].step == step:
+                        self._ready[k] = self._ready[-1]
+                        self._ready.pop()
+                        heapq.heapify(self._ready)
+                        self._inflight[(index, step)] = x[2]
+                        return x[2]
+                self._lock.wait()
 
     def _collective_done(self, b: _Bucket, f: torch.futures.Future[Any]) -> None:
         try:
@@ -427,9 +467,12 @@ class RankScheduler:
         """The bounded waits of this rank: its daemon, the processes of the other ranks on
         this machine (local reads, every 50 ms while busy), and a bucket not released in
         time. Another host's death is the daemons' to find; its news comes to `_on_peer`."""
-        while True:
+        # its own wait, not the lock's condition: every release and every all-reduce's end
+        # notifies that one, and woke this thread for nothing dozens of times a step
+        period = min(WATCH_S, self.linger_s) if self.linger_s > 0 else WATCH_S
+        while not self._stop.wait(period):
+            self._give_back(int(self.linger_s * 1e9))
             with self._lock:
-                self._lock.wait(0.05)
                 if self._closed:
                     return
                 waiting = list(self._pending.values())
@@ -511,11 +554,40 @@ class RankScheduler:
     @contextlib.contextmanager
     def compute(self, *, cost_ns: int = 0, timeout_s: float | None = None) -> Iterator[int]:
         """Run the body as a compute task of the training job: dispatched (preempting
-        lower-priority work on one of the host's slots: co-located work is frozen before
-        the body starts) and completed when the body ends. Yields the task id. If the job's syncs
-        failed, the body's error (``loss.backward()`` raising) becomes the `TorchSyncError`
-        that says why."""
+        lower-priority work on one of the host's slots: co-located work is frozen, or put in
+        the idle class, before the body starts) and completed when the rank has been out of
+        `compute()` for `linger_s` (at once with ``linger_s=0``): a step that follows within
+        that time takes the same task, with no call to the daemon, so a loop of steps holds
+        its slot from the first to the last. Yields the task id. If the job's syncs failed,
+        the body's error (``loss.backward()`` raising) becomes the `TorchSyncError` that
+        says why."""
         self._check()
+        with self._lock:
+            held, self._held = self._held, None
+        tid = held[0] if held is not None else self._acquire(cost_ns, timeout_s)
+        ok = False
+        try:
+            self._check()
+            try:
+                yield tid
+                ok = True
+            except Exception as exc:
+                # DDP reports a failed hook future as a RuntimeError that names the error's
+                # text only ("Unable to cast ... to Tensor"): raise the typed error instead
+                if self._error is not None and exc is not self._error:
+                    raise self._error from exc
+                raise
+        finally:
+            with self._lock:
+                self._compute.pop(tid, None)
+                if ok and self.linger_s > 0 and not self._closed and self._error is None:
+                    self._held = (tid, time.monotonic_ns())  # given back by the watchdog
+                    tid = -1
+            if tid >= 0 and self._error is None:
+                self.node.complete(tid)
+
+    def _acquire(self, cost_ns: int, timeout_s: float | None) -> int:
+        """Dispatch a compute task of the training job and wait until it runs; its id."""
         tid = self._new_id()
         ev = threading.Event()
         with self._lock:
@@ -534,21 +606,19 @@ class RankScheduler:
                 f"rank {self.rank}: the step's compute task was not dispatched within {limit:g} s"
             )
             self._fail(err)
-        try:
-            self._check()
-            try:
-                yield tid
-            except Exception as exc:
-                # DDP reports a failed hook future as a RuntimeError that names the error's
-                # text only ("Unable to cast ... to Tensor"): raise the typed error instead
-                if self._error is not None and exc is not self._error:
-                    raise self._error from exc
-                raise
-        finally:
-            with self._lock:
-                self._compute.pop(tid, None)
-            if self._error is None:
-                self.node.complete(tid)
+        return tid
+
+    def _give_back(self, idle_ns: int) -> None:
+        """Complete the held compute task if the rank has been out of `compute()` for
+        `idle_ns` (0: whatever the time)."""
+        with self._lock:
+            held = self._held
+            if held is None or time.monotonic_ns() - held[1] < idle_ns:
+                return
+            self._held = None
+        if self._error is None:
+            with contextlib.suppress(RdmaschedError):
+                self.node.complete(held[0])
 
     def _new_id(self) -> int:
         with self._lock:
@@ -561,6 +631,8 @@ class RankScheduler:
                 return
             self._closed = True
             self._lock.notify_all()
+        self._stop.set()
+        self._give_back(0)
         if self._pending or self._inflight or self._ready:
             self._fail(SchedulerGoneError("the RankScheduler was closed with syncs outstanding"))
         self._comm.join(5)
@@ -604,9 +676,18 @@ class Colocated:
         job: int = 2,
         freezer: Freezer | None = None,
         mechanism: str = "auto",
+        preempt: str = "freeze",
     ) -> None:
         if not 0 <= priority <= COMPUTE_PRIORITY_MAX:
             raise ArgumentError(f"priority must be 0..{COMPUTE_PRIORITY_MAX}, not {priority!r}")
+        if preempt not in PREEMPT_MODES:
+            raise ArgumentError(f"preempt must be one of {PREEMPT_MODES}, not {preempt!r}")
+        #: what a preemption does: "freeze" (stopped) or "idle" (the kernel's idle class)
+        self.preempt = preempt
+        #: each demoted thread's own policy and priority, restored on dispatch ("idle")
+        self._policies: dict[int, tuple[int, int]] = {}
+        #: the nice of each of the work's own autogroups, restored on dispatch ("idle")
+        self._group_nice: dict[str, int] = {}
         self.sched = sched
         self.priority = priority
         self.job = job
@@ -619,6 +700,7 @@ class Colocated:
         self._ran_ns = 0
         self._since = 0
         self._started = False
+        self._ran = False  # dispatched at least once
 
     @property
     def mechanism(self) -> str:
@@ -634,16 +716,23 @@ class Colocated:
         """Freeze the work, and dispatch its task: it runs when the scheduler says so."""
         if self._started:
             return self
-        self.freezer.freeze()
+        if self.preempt == "idle":
+            self._set_idle(True)
+        else:
+            self.freezer.freeze()
         self.sched._colocated[self.task_id] = self
         self._started = True
         self.sched.node.dispatch(self.task_id, job=self.job, priority=self.priority)
         return self
 
     def _dispatched(self) -> None:
+        self._ran = True
         t0 = time.perf_counter_ns()
         try:
-            self.freezer.thaw()
+            if self.preempt == "idle":
+                self._set_idle(False)
+            else:
+                self.freezer.thaw()
         except Exception as exc:  # counted, reported; the scheduler goes on
             self.errors.append(f"thaw: {exc}")
             raise
@@ -654,7 +743,10 @@ class Colocated:
     def _preempted(self, task: Task) -> int:
         t0 = time.perf_counter_ns()
         try:
-            self.freezer.freeze()
+            if self.preempt == "idle":
+                self._set_idle(True)
+            else:
+                self.freezer.freeze()
         except Exception as exc:
             self.errors.append(f"freeze: {exc}")
             raise
@@ -664,12 +756,64 @@ class Colocated:
         self.running = False
         return self._ran_ns
 
+    def _set_idle(self, idle: bool) -> None:
+        """Every thread of the work into the kernel's idle class (SCHED_IDLE: it runs only
+        on a CPU that nothing else wants, and a waking thread of any other class takes the
+        CPU from it at once), or back to its own policy. Children forked meanwhile inherit
+        the idle class and go back to SCHED_OTHER.
+
+        The idle class ranks a thread within its task group only: with the kernel's
+        autogroups (a task group per session, ``kernel.sched_autogroup_enabled``), work
+        started in a session of its own competes with the rank's session as an equal
+        whatever its threads' class (seen: the idle-class job took as much CPU as the
+        ranks). So the work's own autogroups (not the rank's) get nice 19 too, and their
+        own nice back on dispatch."""
+        mine = _autogroup(os.getpid())
+        groups: dict[str, int] = {}  # the work's autogroups: name -> a member
+        for pid in self.freezer.pids():
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:
+                continue  # gone
+            group = _autogroup(pid)
+            if group is not None and group[0] != (mine[0] if mine else None):
+                groups.setdefault(group[0], pid)
+            for tid in tids:
+                try:
+                    if idle:
+                        if tid not in self._policies:
+                            own = os.sched_getscheduler(tid)
+                            prio = os.sched_getparam(tid).sched_priority
+                            if own == os.SCHED_IDLE:  # born idle: a child forked while idle
+                                own, prio = os.SCHED_OTHER, 0
+                            self._policies[tid] = (own, prio)
+                        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+                    else:
+                        own, prio = self._policies.get(tid, (os.SCHED_OTHER, 0))
+                        os.sched_setscheduler(tid, own, os.sched_param(prio))
+                except ProcessLookupError:
+                    self._policies.pop(tid, None)  # the thread ended
+        for name, pid in groups.items():
+            if idle:
+                now = _autogroup(pid)
+                if now is not None and name not in self._group_nice:
+                    self._group_nice[name] = now[1]
+            nice = IDLE_GROUP_NICE if idle else self._group_nice.get(name, 0)
+            try:
+                with open(f"/proc/{pid}/autogroup", "w") as f:
+                    f.write(str(nice))
+            except OSError:
+                pass  # gone, or no autogroups: the threads' class is all there is
+
     def close(self) -> None:
-        """Complete the task and end the work: its freezer's close (the default one kills
-        the processes and removes the cgroup)."""
+        """Complete the task (cancel it if it never ran) and end the work: its freezer's
+        close (the default one kills the processes and removes the cgroup)."""
         if self._started and self.sched.error is None:
             with contextlib.suppress(RdmaschedError):
-                self.sched.node.complete(self.task_id)
+                if self._ran:
+                    self.sched.node.complete(self.task_id)
+                else:  # queued, never started: the daemon refuses a COMPLETE of it
+                    self.sched.node.preempt(self.task_id, cancel=True)
         self.sched._colocated.pop(self.task_id, None)
         self.freezer.close()
 
@@ -703,14 +847,43 @@ def host_client(
     the slot the moment a bucket sync freed it, from the step's own compute task, and keep
     it: the step would wait for the co-located work, the inversion this integration is there
     to prevent. A daemon you start yourself: ``rdmasched daemon --starvation-us off
-    --aging-us off``."""
+    --aging-us off``.
+
+    On a host whose every CPU runs a rank (LOCAL_WORLD_SIZE at least the CPUs this process
+    may use), the ranks' readers and a daemon started here sleep at once after a message
+    (``RDMASCHED_SPIN_US=0`` unless set): their spinning took its CPU from the ranks."""
     from rdmasched.client import Client
 
     env = dict(os.environ if env is None else env)
+    if _no_spare_cpu(env):
+        # every CPU of the host runs a rank: a reader spinning after each message (the
+        # daemon's, each rank's) takes its time from the ranks; sleep at once instead
+        env.setdefault("RDMASCHED_SPIN_US", "0")
     if strict:
         env.setdefault("RDMASCHED_STARVATION_US", "off")
         env.setdefault("RDMASCHED_AGING_US", "off")
     return Client.from_env(env, start_daemon=start_daemon, **kw)
+
+
+def _autogroup(pid: int) -> tuple[str, int] | None:
+    """The autogroup of process `pid` and its nice (``/proc/PID/autogroup``: "/autogroup-N
+    nice K"), or None (gone, or a kernel without autogroups)."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            name, _, nice = f.read().split()
+        return name, int(nice)
+    except (OSError, ValueError):
+        return None
+
+
+def _no_spare_cpu(env: dict[str, str]) -> bool:
+    """Whether the host's ranks (LOCAL_WORLD_SIZE) are as many as the CPUs this process may
+    run on."""
+    try:
+        ranks = int(env.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError:
+        return False  # Client.from_env says what is wrong with it
+    return ranks >= len(os.sched_getaffinity(0))
 
 
 def _exit_lost(rank: int, err: TorchSyncError) -> None:
@@ -773,6 +946,7 @@ __all__ = [
     "COMPUTE_PRIORITY",
     "EXIT_LOST",
     "GROUP_BASE",
+    "PREEMPT_MODES",
     "Colocated",
     "RankLostError",
     "RankScheduler",

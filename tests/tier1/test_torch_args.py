@@ -92,3 +92,56 @@ def test_the_hook_has_the_annotations_ddp_checks() -> None:
     sig = inspect.signature(rt.RankScheduler.hook)
     assert sig.parameters["bucket"].annotation is dist.GradBucket
     assert sig.return_annotation == torch.futures.Future[torch.Tensor]
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "want"),
+    [
+        ([], {}, None),  # the defaults (the loop 200 us, the reader 50 us)
+        ([], {"RDMASCHED_SPIN_US": "0"}, 0),  # a daemon a rank started: the ranks' spin
+        (["--spin-us", "30"], {"RDMASCHED_SPIN_US": "0"}, 30),  # the option wins
+    ],
+)
+def test_a_daemon_started_by_a_rank_takes_the_ranks_spin(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], env: dict[str, str], want: int | None
+) -> None:
+    # host_client() starts the daemon with the ranks' environment; RDMASCHED_SPIN_US=0 (no
+    # spare CPU) must reach the daemon's loop and reader too, not the ranks' readers only
+    from rdmasched.cli import build_parser
+    from rdmasched.commands.daemon import daemon_spin_us
+
+    monkeypatch.delenv("RDMASCHED_SPIN_US", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert daemon_spin_us(build_parser().parse_args(["daemon", *argv])) == want
+
+
+def test_a_bad_spin_variable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rdmasched.cli import build_parser
+    from rdmasched.commands.args import UserError
+    from rdmasched.commands.daemon import daemon_spin_us
+
+    monkeypatch.setenv("RDMASCHED_SPIN_US", "-3")
+    with pytest.raises(UserError, match="RDMASCHED_SPIN_US='-3'"):
+        daemon_spin_us(build_parser().parse_args(["daemon"]))
+
+
+@pytest.mark.parametrize("spare", [True, False])
+def test_host_client_does_not_spin_when_every_cpu_runs_a_rank(spare: bool) -> None:
+    # a rank's reader and the daemon spinning after every message took their CPU from the
+    # ranks on a host with no spare CPU (the DDP example: 2 ranks, 2 CPUs)
+    from rdmasched.client import CLIENT_SPIN_US
+
+    cpus = len(os.sched_getaffinity(0))
+    if spare and cpus < 2:
+        pytest.skip("one CPU: every host of one rank has no spare CPU")
+    env = {
+        "RDMASCHED_CLUSTER": "unused-never-opened",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": str(cpus - 1 if spare else cpus),
+    }
+    client = rt.host_client(start_daemon=False, env=env)
+    assert client.spin_us == (CLIENT_SPIN_US if spare else 0)
+    # the user's own setting wins
+    client = rt.host_client(start_daemon=False, env={**env, "RDMASCHED_SPIN_US": "20"})
+    assert client.spin_us == 20

@@ -300,3 +300,83 @@ def test_the_buckets_all_reduce_on_the_process_groups_own_backend(tmp_path: Path
         assert comm.get("allreduce", 0) == len(starts), r["counts"]
         assert job.get("allreduce", 0) == 0  # DDP's gradients all went through the hook
     assert r0["params"] == r1["params"]
+
+
+def test_several_buckets_in_flight_keep_one_order_and_the_priority(tmp_path: Path) -> None:
+    # max_inflight 3: rank 0 chooses up to three released buckets at once, in priority
+    # order, in one control message; every rank starts them in that order
+    r0, r1 = run_ranks(tmp_path, "order", 2, "3")
+    starts = [[(s, i) for ev, s, i, _ in r["log"] if ev == "start"] for r in (r0, r1)]
+    assert starts[0] and starts[0] == starts[1]
+    waiting: set[tuple[int, int]] = set()
+    inflight: set[tuple[int, int]] = set()
+    most = 0
+    chosen = []
+    for ev, step, index, _ in (tuple(e) for e in r0["log"]):
+        if ev == "release":
+            waiting.add((step, index))
+        elif ev == "choose":
+            assert (step, index) in waiting, f"bucket {index} step {step} started unreleased"
+            assert index == max(i for _, i in waiting), (index, sorted(waiting))
+            waiting.discard((step, index))
+            inflight.add((step, index))
+            most = max(most, len(inflight))
+            chosen.append((step, index))
+        elif ev == "done":
+            inflight.discard((step, index))
+    assert chosen == starts[0]
+    assert not waiting and not inflight
+    assert 1 < most <= 3, most  # more than one at a time, never more than asked
+    assert r0["max_diff_vs_plain_ddp"] < 1e-5
+    assert r1["max_diff_vs_plain_ddp"] < 1e-5
+    assert r0["params"] == r1["params"]
+
+
+def test_colocated_work_in_the_idle_class_during_the_step(tmp_path: Path) -> None:
+    # Colocated(preempt="idle"): preempted, every thread of the work goes into the kernel's
+    # idle class (it runs only on CPU time nothing else wants) instead of being stopped;
+    # dispatched, back to its own policy
+    (r,) = run_ranks(tmp_path, "idle", 1)
+    assert r["errors"] == []
+    assert r["policy_dispatched"] == ["other", "other"]
+    assert r["running_in_compute"] is False  # preempted before the step's body ran
+    assert r["policy_in_compute"] == ["idle", "idle"]
+    assert r["policy_after"] == ["other", "other"]
+    assert r["preemptions"] >= 1 and r["dispatches"] >= 2
+    # the work runs in a session of its own: with the kernel's autogroups its task group
+    # competed with the ranks' as an equal whatever its threads' class; preempted, that
+    # group is at nice 19, dispatched at its own again; the rank's own group untouched
+    if r["rank_group_nice"] is not None:
+        assert r["group_nice_in_compute"] == 19
+        assert r["group_nice_after"] == 0
+        assert r["rank_group_nice"] == 0
+
+
+@pytest.mark.parametrize("linger_s", [0.05, 0.0])
+def test_steps_back_to_back_hold_one_compute_task(tmp_path: Path, linger_s: float) -> None:
+    # the gap between two steps is far shorter than a freeze and a thaw: a step that follows
+    # within linger_s takes the previous step's compute task (no call to the daemon, the
+    # co-located work not dispatched in between); the rank idle, the task is given back.
+    # linger_s=0: a task per step, the co-located work dispatched after each
+    (r,) = run_ranks(tmp_path, "linger", 1, str(linger_s))
+    assert r["errors"] == []
+    assert r["running_in_compute"] == [False] * 5
+    if linger_s:
+        assert len(set(r["tids"])) == 1, r["tids"]
+        # the previous step's body ends and the next begins within far less than 50 ms;
+        # on a loaded machine a gap may exceed it once in a while
+        assert r["dispatches_during_the_steps"] <= 1
+    else:
+        assert len(set(r["tids"])) == 5
+        assert r["dispatches_during_the_steps"] >= 4
+
+
+def test_closing_colocated_work_that_never_ran_is_not_refused(tmp_path: Path) -> None:
+    # Regression: with the step's compute task held from step to step, a co-located task
+    # may never get a slot; its close() completed it, and the daemon refused the COMPLETE of
+    # a queued task that never ran ("complete of task N that is queued"). It is cancelled.
+    (r,) = run_ranks(tmp_path, "close_queued", 1)
+    assert r["errors"] == []
+    assert r["ran"] is False
+    assert r["rejected"] == [{}, {}], r["rejected"]
+    assert r["queue_len"] == 0  # and it is gone from the daemon's queue

@@ -7,13 +7,21 @@ Every rank is a client of the host's daemon (`host_client`): started by local ra
 with RDMASCHED_TEST_DAEMON_PID set, one the test started (`rdmasched daemon`).
 Writes what the rank saw to OUT (JSON); the test asserts on it. Scenarios:
 
-- ``order``: DDP over gloo, a stack of linear layers in several buckets, tiny batches (the
-  all-reduces, not the compute, take the time, so released buckets wait for the comm queue),
-  under the hook with compute(); beside it the same model under plain DDP on the same data.
+- ``order [MAX_INFLIGHT]``: DDP over gloo, a stack of linear layers in several buckets, tiny
+  batches (the all-reduces, not the compute, take the time, so released buckets wait for the
+  comm queue), under the hook with compute() (the scheduler's `max_inflight`, default 1);
+  beside it the same model under plain DDP on the same data.
 - ``daemon_gone``: rank 0 kills the host's daemon (SIGKILL) between two steps.
 - ``rank_killed``: rank 1 kills itself (SIGKILL) before its third step.
 - ``freeze MECHANISM``: a real burning process as a `Colocated` job; CPU time while the
   training step's compute task holds the slot, and after.
+- ``linger LINGER_S``: a real burning process as a `Colocated` job, and 5 steps back to back
+  under compute() (the scheduler's `linger_s`), then the rank idle: the task ids the steps
+  ran as and the co-located task's dispatches.
+- ``close_queued``: a `Colocated` job started while the step holds the host's only slot,
+  and closed before it ever ran: what the daemon refused.
+- ``idle``: the same with `Colocated(preempt="idle")`: the burner's scheduling policy (its
+  every thread) while the step's compute task holds the slot, and after.
 - ``backend``: the job's process group on a second backend (tests/tier2/counting_backend.py:
   gloo behind a Python group that counts its collectives), a few steps under the hook.
 """
@@ -92,7 +100,11 @@ def main() -> int:
     daemon_pid = int(os.environ.get("RDMASCHED_TEST_DAEMON_PID", "0"))
     node = host_client(start_daemon=not daemon_pid).open()
     result: dict[str, Any] = {"rank": rank, "endpoint": node.endpoint}
-    sched = RankScheduler(node, sync_timeout_s=30, collective_timeout_s=30)
+    inflight = int(sys.argv[3]) if scenario == "order" and len(sys.argv) > 3 else 1
+    linger = float(sys.argv[3]) if scenario == "linger" else 0.05
+    sched = RankScheduler(
+        node, sync_timeout_s=30, collective_timeout_s=30, max_inflight=inflight, linger_s=linger
+    )
     result["members"], result["local"] = sched.members, sched.local
     t0 = time.monotonic()
     try:
@@ -211,6 +223,76 @@ def main() -> int:
             finally:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        elif scenario == "linger":
+            proc = subprocess.Popen([sys.executable, "-c", BURN], start_new_session=True)
+            try:
+                colo = Colocated(sched).add(proc.pid).start()
+                _wait(lambda: colo.running, "the co-located job dispatched")
+                before = len(colo.thaw_ns)
+                tids = []
+                for _ in range(5):
+                    with sched.compute() as tid:
+                        tids.append(tid)
+                        result.setdefault("running_in_compute", []).append(colo.running)
+                result["tids"] = tids
+                result["dispatches_during_the_steps"] = len(colo.thaw_ns) - before
+                # the rank idle: its compute task given back, the co-located job dispatched
+                _wait(lambda: colo.running, "dispatched once the rank is idle")
+                result["errors"] = colo.errors
+                colo.close()
+            finally:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        elif scenario == "close_queued":
+            proc = subprocess.Popen([sys.executable, "-c", BURN], start_new_session=True)
+            try:
+                with sched.compute():
+                    colo = Colocated(sched).add(proc.pid).start()
+                    # queued behind the step's compute task on the host's one slot
+                    _wait(
+                        lambda: node.stats()["scheduler"]["queue_len"] == 1,
+                        "the co-located task queued",
+                    )
+                    colo.close()
+                result["ran"] = bool(colo.thaw_ns)
+                st = node.stats()  # asked after the close: its answer comes after any refusal
+                result["rejected"] = [st["rejected"], st["scheduler"]["rejected"]]
+                result["queue_len"] = st["scheduler"]["queue_len"]
+                result["errors"] = colo.errors
+            finally:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        elif scenario == "idle":
+            # a burner with a second thread: every thread of the work changes class
+            two = "import threading\n" + BURN.replace(
+                "while True:",
+                "threading.Thread(target=lambda: [zlib.compress(d, 6) for _ "
+                "in iter(int, 1)], daemon=True).start()\nwhile True:",
+            )
+            proc = subprocess.Popen([sys.executable, "-c", two], start_new_session=True)
+            try:
+                _wait(lambda: len(os.listdir(f"/proc/{proc.pid}/task")) == 2, "two threads")
+                colo = Colocated(sched, preempt="idle").add(proc.pid).start()
+                _wait(lambda: colo.running, "the co-located job dispatched")
+                result["policy_dispatched"] = _policies(proc.pid)
+                with sched.compute():
+                    result["running_in_compute"] = colo.running
+                    result["policy_in_compute"] = _policies(proc.pid)
+                    result["group_nice_in_compute"] = _group_nice(proc.pid)
+                    t = cpu_ticks(proc.pid)
+                    time.sleep(0.3)
+                    result["ticks_in_compute"] = cpu_ticks(proc.pid) - t
+                _wait(lambda: colo.running, "dispatched again after the step")
+                result["policy_after"] = _policies(proc.pid)
+                result["group_nice_after"] = _group_nice(proc.pid)
+                result["rank_group_nice"] = _group_nice(os.getpid())
+                result["preemptions"] = len(colo.freeze_ns)
+                result["dispatches"] = len(colo.thaw_ns)
+                result["errors"] = colo.errors
+                colo.close()
+            finally:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         else:
             raise SystemExit(f"unknown scenario {scenario}")
     except Exception:
@@ -223,6 +305,23 @@ def main() -> int:
         os._exit(0)  # the gloo groups still name a dead peer: do not wait on their teardown
     dist.destroy_process_group()
     return 0
+
+
+def _group_nice(pid: int) -> int | None:
+    """The nice of the autogroup of `pid` (None: no autogroups here)."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            return int(f.read().split()[-1])
+    except (OSError, ValueError):
+        return None
+
+
+def _policies(pid: int) -> list[str]:
+    """The scheduling policy of each thread of `pid`."""
+    names = {os.SCHED_OTHER: "other", os.SCHED_IDLE: "idle", os.SCHED_BATCH: "batch"}
+    return sorted(
+        names.get(os.sched_getscheduler(int(t)), "?") for t in os.listdir(f"/proc/{pid}/task")
+    )
 
 
 def _story(node: Any, task_id: int) -> list[str]:
