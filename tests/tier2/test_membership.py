@@ -160,6 +160,12 @@ def member(c: ClusterConfig, i: int, n_tasks: int, cost_ms: float, out: Any, ctl
         node.stop()
 
 
+def stopped(pid: int | None) -> bool:
+    """Whether process `pid` is stopped (state T in /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0] == "T"
+
+
 class Ctl:
     def __init__(self, n: int) -> None:
         self.stop = ctx.RawValue("i", 0)
@@ -188,10 +194,15 @@ def test_a_node_stopped_past_dead_after_rejoins_and_nothing_runs_twice(lane_slot
     try:
         # stop node 1 while the others are still submitting
         wait_for(lambda: ctl.done[0] + ctl.done[2] >= 20, what="work under way")
-        t_stop = time.monotonic()
         os.kill(procs[1].pid, signal.SIGSTOP)  # type: ignore[arg-type]
+        # the stop's time is taken once it holds: a start node 1 made after this test
+        # read the clock and before the signal landed (this process descheduled between
+        # the two on a loaded host) is old work run before the stop, not after it
+        wait_for(lambda: stopped(procs[1].pid), what="node 1 stopped")
+        t_stop = time.monotonic()
         ctl.stopped.value = 1
         time.sleep(5 * DEAD_AFTER_MS / 1000)
+        t_cont = time.monotonic()
         os.kill(procs[1].pid, signal.SIGCONT)  # type: ignore[arg-type]
         try:
             wait_for(lambda: all(ctl.done[i] >= n_tasks for i in range(n)), "all done", 120)
@@ -215,7 +226,7 @@ def test_a_node_stopped_past_dead_after_rejoins_and_nothing_runs_twice(lane_slot
         assert results[i]["dead"] == [], f"node {i} still counts {results[i]['dead']} dead"
     # nothing node 1 held before the stop started after it: no start in its old incarnation
     late = [s for s in r1["starts"] if s[3] == r1["inc0"] and s[2] > t_stop]
-    assert late == [], f"stale work started after the resume: {late}"
+    assert late == [], f"stale work started after the stop ({t_stop}, resumed {t_cont}): {late}"
     # every task completed exactly once, reported to its origin
     for i in range(n):
         r = results[i]
