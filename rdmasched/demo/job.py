@@ -141,24 +141,39 @@ class Trainer:
         self.preemptions += 1
         return task.progress_ns + (now - began)
 
-    def _finish(self, task: Task, token: int) -> None:
+    def _end_run(self, task: Task, token: int) -> tuple[int, int] | None:
+        """`task`'s run ended (its timer fired): None if it was preempted meanwhile; else
+        its slot time is counted, its completion reported, and (now, began) returned. The
+        one place every trainer's run ends (the demo's, the simulator's replays)."""
         if self.run_token.get(task.id) != token:
-            return  # preempted meanwhile
+            return None
         now = self.b.now()
         began = self.started_at.pop(task.id, now)
         self.busy_ns += now - began
         self.run_token.pop(task.id, None)
         self.completions += 1
         self.b.complete(task, now - began)
+        return now, began
+
+    def _end_if_last(self, now: int) -> bool:
+        """After a step: if it was the last, the trainer is done at `now` (the measured span
+        ends here; tasks still running count up to now). Whether it was."""
+        if self.step < self.cfg.steps:
+            return False
+        self.done = True
+        self.t_end = now
+        self._final_busy = self.busy_ns + sum(now - t for t in self.started_at.values())
+        return True
+
+    def _finish(self, task: Task, token: int) -> None:
+        ended = self._end_run(task, token)
+        if ended is None:
+            return  # preempted meanwhile
+        now, _ = ended
         if task.group is not None:  # the step's gradient sync is done
             self.step_times_ns.append(now - self.step_started_ns)
             self.step += 1
-            if self.step >= self.cfg.steps:
-                self.done = True
-                self.t_end = now
-                # the measured span ends here; tasks still running count up to now
-                self._final_busy = self.busy_ns + sum(now - t for t in self.started_at.values())
-            else:
+            if not self._end_if_last(now):
                 self._start_step()
         elif task_kind(task.id) == KIND_COMPUTE:
             self.compute_left -= 1

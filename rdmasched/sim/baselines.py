@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from rdmasched import _wire
 from rdmasched.daemon.core import NodeCore
-from rdmasched.demo.central import Coordinator, Executor
+from rdmasched.demo.central import Coordinator
 from rdmasched.demo.job import GROUP
 from rdmasched.demo.taskid import KIND_BACKGROUND, task_kind
 from rdmasched.scheduler import Task
@@ -158,20 +158,7 @@ def build_central(run: Run) -> None:
     run.coordinator = run.coordinators[0]
     run.cores = [c for coord in run.coordinators for c in coord.cores.values()]
     run._coord_node = n
-    run.executors = []
-    from rdmasched.sim.drivers import Shaped
-
-    for i in range(n):
-        loop = SimLoop(eng, net, i, lambda i=i: eps[i])  # type: ignore[misc]
-        ex = Executor(loop, i, coord_of[i])  # type: ignore[arg-type]
-        eps[i] = Endpoint(eng, i, cfg.links.cpu_ns, ex.on_message)
-        net.endpoints[i] = eps[i]
-        backend = Shaped(ex, i, run.factors[i], False, run.ledger, eps[i], run.group_of(i))
-        tr = run._trainer(i, backend)
-        ex.trainer = tr
-        run.trainers.append(tr)
-        run.executors.append(ex)
-    run._eps = eps
+    run._build_executors(eps, coord_of)
 
 
 def central_figures(run: Run) -> dict[str, Any]:

@@ -161,22 +161,14 @@ class PipelineTrainer(SimTrainer):
             self._next()
 
     def _finish(self, task: Task, token: int) -> None:
-        if self.run_token.get(task.id) != token:
+        ended = self._end_run(task, token)
+        if ended is None:
             return  # preempted meanwhile
-        now = self.b.now()
-        began = self.started_at.pop(task.id, now)
-        self.busy_ns += now - began
-        self.run_token.pop(task.id, None)
-        self.completions += 1
-        self.b.complete(task, now - began)
+        now, _ = ended
         if task.group is not None:  # the step's sync is done
             self.step_times_ns.append(now - self.step_started_ns)
             self.step += 1
-            if self.step >= self.cfg.steps:
-                self.done = True
-                self.t_end = now
-                self._final_busy = self.busy_ns + sum(now - t for t in self.started_at.values())
-            else:
+            if not self._end_if_last(now):
                 self._start_step()
         elif task_kind(task.id) == KIND_COMPUTE:
             k = self._pass_of.pop(task.id)

@@ -468,7 +468,6 @@ class Run:
         host = self.host
         endpoint = Endpoint if host is None else host.endpoint
         sim_loop = SimLoop if host is None else HostSimLoop
-        shaped = Shaped if host is None else HostShaped
         coord_loop = sim_loop(eng, net, me, lambda: eps[me])
         k8s = cfg.scheduler == "k8s"
         if k8s:
@@ -499,10 +498,20 @@ class Run:
         eps[me] = endpoint(eng, me, call, coord.on_message, period_ns=period, cost=cost)
         net.endpoints[me] = eps[me]
         self._coord_node = me
+        self._build_executors(eps, [me] * n)
+
+    def _build_executors(self, eps: dict[int, Endpoint], coordinator_of: list[int]) -> None:
+        """Every node as the demo's `Executor` of its coordinator (`coordinator_of[i]`):
+        its loop, endpoint and trainer (the central and k8s baselines; the host model's
+        classes when it is on)."""
+        cfg, eng, net, host = self.cfg, self.engine, self.net, self.host
+        endpoint = Endpoint if host is None else host.endpoint
+        sim_loop = SimLoop if host is None else HostSimLoop
+        shaped = Shaped if host is None else HostShaped
         self.executors: list[Executor] = []
-        for i in range(n):
+        for i in range(cfg.nodes):
             loop = sim_loop(eng, net, i, lambda i=i: eps[i])  # type: ignore[misc]
-            ex = Executor(loop, i, me)  # type: ignore[arg-type]
+            ex = Executor(loop, i, coordinator_of[i])  # type: ignore[arg-type]
             eps[i] = endpoint(eng, i, cfg.links.cpu_ns, ex.on_message)
             net.endpoints[i] = eps[i]
             backend = shaped(ex, i, self.factors[i], False, self.ledger, eps[i], self.group_of(i))

@@ -294,11 +294,7 @@ class TraceTrainer(SimTrainer):
         del self._left[r]
         # a step made from now on depends on the step before it, made after step r-1 ended
         self._done_ops = {k for k in self._done_ops if k[0] >= r}
-        if self.step >= self.cfg.steps:
-            self.done = True
-            self.t_end = now
-            self._final_busy = self.busy_ns + sum(now - t for t in self.started_at.values())
-        elif self._made < self.cfg.steps:
+        if not self._end_if_last(now) and self._made < self.cfg.steps:
             self._make(self._made)
 
     # ---- the core's slot: rendezvous and the bucket stream ----------------------------
@@ -331,14 +327,10 @@ class TraceTrainer(SimTrainer):
         return super().on_preempt(task, slot, cancel)
 
     def _finish(self, task: Task, token: int) -> None:
-        if self.run_token.get(task.id) != token:
+        ended = self._end_run(task, token)
+        if ended is None:
             return
-        now = self.b.now()
-        began = self.started_at.pop(task.id, now)
-        self.busy_ns += now - began
-        self.run_token.pop(task.id, None)
-        self.completions += 1
-        self.b.complete(task, now - began)
+        now, began = ended
         if task.group is not None:
             key = self._by_group.pop((task.group, task.id & 0xFFFFFFFF))
             self._released(key)
