@@ -45,7 +45,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from rdmasched.integrations.freeze import read_stat
-from rdmasched.integrations.torch import Colocated, RankScheduler, host_client
+from rdmasched.integrations.torch import Colocated, RankScheduler, _autogroup, host_client
 
 BURN = "import zlib\nd = bytes(range(256)) * 4096\nwhile True: zlib.compress(d, 6)"
 
@@ -308,12 +308,10 @@ def main() -> int:
 
 
 def _group_nice(pid: int) -> int | None:
-    """The nice of the autogroup of `pid` (None: no autogroups here)."""
-    try:
-        with open(f"/proc/{pid}/autogroup") as f:
-            return int(f.read().split()[-1])
-    except (OSError, ValueError):
-        return None
+    """The nice of the autogroup of `pid` (None: no autogroup here: a kernel without them, or
+    a process in a cgroup of its own, whose /proc/PID/autogroup reads empty)."""
+    group = _autogroup(pid)
+    return None if group is None else group[1]
 
 
 def _policies(pid: int) -> list[str]:
