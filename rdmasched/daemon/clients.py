@@ -335,30 +335,49 @@ class ClientHub:
                 got = lanes.wait(batch, self.check_ns / 1000, self.spin_us)
             except PeerDeadError:
                 got = 0
-            if got:
-                msgs = [
-                    (
-                        m.lane,
-                        m.hops,
-                        m.kind,
-                        m.id,
-                        m.job,
-                        m.priority,
-                        m.flags,
-                        m.arg0,
-                        m.arg1,
-                        m.arg2,
-                        m.meta,
-                    )
-                    for m in batch
-                ]
-                if not self._post(lambda msgs=msgs: self._handle_all(msgs)):
-                    return
+            if got and not self._post_batch(batch):
+                return
             now = time.monotonic_ns()
             if now >= next_check:
                 next_check = now + self.check_ns
-                if not self._post(self._check_clients):
+                # a client's exit comes after every message it wrote: the lanes whose sender
+                # is gone are noted first, then drained, and only then are their clients
+                # dropped (a COMPLETE written just before the exit is carried out, not lost
+                # to the cancel of a dead client's tasks)
+                gone = frozenset(
+                    k
+                    for k, rx in enumerate(self._rx)
+                    if not shm.sender_alive(rx)  # type: ignore[arg-type]
+                )
+                while True:
+                    batch.clear()
+                    if not lanes.drain(batch):
+                        break
+                    if not self._post_batch(batch):
+                        return
+                if not self._post(lambda gone=gone: self._check_clients(gone)):
                     return
+
+    def _post_batch(self, batch: Batch) -> bool:
+        """Hand the messages of `batch` to the node's loop, in order; False once the node is
+        gone."""
+        msgs = [
+            (
+                m.lane,
+                m.hops,
+                m.kind,
+                m.id,
+                m.job,
+                m.priority,
+                m.flags,
+                m.arg0,
+                m.arg1,
+                m.arg2,
+                m.meta,
+            )
+            for m in batch
+        ]
+        return self._post(lambda: self._handle_all(msgs))
 
     def _post(self, fn: Any) -> bool:
         """Hand `fn` to the node's loop; False once the node is gone."""
@@ -876,11 +895,13 @@ class ClientHub:
             self.msgs_out += 1
 
     # ---- clients that leave or die --------------------------------------------------------------
-    def _check_clients(self) -> None:
+    def _check_clients(self, gone: frozenset[int]) -> None:
         """Drop the clients whose process is gone: no longer holding their up lane's
-        liveness token (seen from any PID namespace: docs/PROTOCOL.md section 9)."""
+        liveness token (seen from any PID namespace: docs/PROTOCOL.md section 9). `gone`:
+        the lanes the reader found so before its last drain (everything such a client
+        wrote is carried out before this); a lane taken by a new process since is not."""
         for k, c in list(self.clients.items()):
-            if not shm.sender_alive(self._rx[k]):  # type: ignore[arg-type]
+            if k in gone and not shm.sender_alive(self._rx[k]):  # type: ignore[arg-type]
                 self.clients_dead += 1
                 self._drop(k, f"its process (pid {c.pid}) is gone")
 
