@@ -244,11 +244,7 @@ def run_rank(args: argparse.Namespace) -> int:
             colo.add(colo_proc.pid)
             colo.start()
             where = colo.freezer.path or "signals"
-            print(
-                f"ddp_train: rank {rank}: co-located job {colo_proc.pid} held by {where}",
-                file=sys.stderr,
-                flush=True,
-            )
+            say(f"ddp_train: rank {rank}: co-located job {colo_proc.pid} held by {where}")
 
         steps_done = 0
 
@@ -376,6 +372,13 @@ def run_rank(args: argparse.Namespace) -> int:
     return 0
 
 
+def say(line: str) -> None:
+    """One line on stderr in one write: the ranks share the launcher's stderr, and print()'s
+    two writes (the text, then its newline) let another rank's line land between them."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def timeline(phases: list[list[int]], log: list[tuple[str, int, int, int]]) -> dict[str, Any]:
     """Where a rank's measured steps went, medians in us: the step's phases (`dispatch`: its
     compute task's wait for a slot; `forward`; `backward`, DDP's wait for the last buckets
@@ -411,7 +414,7 @@ def timeline(phases: list[list[int]], log: list[tuple[str, int, int, int]]) -> d
 
 def _fail(how: str, rank: int, step: int) -> None:
     """--fail-at-step: the last rank fails, as `how` says (to test what a failed run leaves)."""
-    print(f"ddp_train: rank {rank}: failing at step {step} ({how})", file=sys.stderr, flush=True)
+    say(f"ddp_train: rank {rank}: failing at step {step} ({how})")
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     raise RuntimeError(f"ddp_train: rank {rank} failed at step {step} (--fail-at-step)")

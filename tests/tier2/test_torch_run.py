@@ -158,7 +158,10 @@ def test_a_failed_managed_run_leaves_no_process_and_no_cgroup(tmp_path: Path, ho
         return len(held) == 2
 
     try:
-        wait_for(both_held, "both ranks' co-located jobs held", DEADLINE_S)
+        try:
+            wait_for(both_held, "both ranks' co-located jobs held", DEADLINE_S)
+        except AssertionError as exc:  # what the run said so far: where it stopped
+            raise AssertionError(f"{exc}; the run printed:\n{''.join(lines)[-6000:]}") from None
         if how == "sigterm":
             run.send_signal(signal.SIGTERM)  # the launcher alone (its own session)
         try:
