@@ -27,6 +27,18 @@ data-parallel job, a trace replay, the 1F1B pipeline):
   co-located task at a time; more wait for a free device. The co-located tasks' progress is
   integrated exactly between the job's starts and ends (nothing else changes the rates).
 
+**A traced job's devices** (`DeviceTraceTrainer`, a trace replay with co-located work): the
+replay's compute stream is the device. Its kernels (the plan's compute ops, in the order the
+trace's stream serves them: that order is the trace's, no decision) become the job's tasks
+on the node core's one slot, launched when the stream's head is ready (priority
+COMPUTE_PRIORITY, above the co-located work's 10); the co-located work goes to the same slot
+through the background path, so the core decides who has the device: under rdmasched a
+kernel preempts the co-located task (paying the switch), under fifo it waits behind it,
+under timeslice the device is shared as above. Every collective then runs on its own stream
+in the trace's launch order (the core's slot is the device now, not the bucket stream), and
+a collective's rendezvous (a sync task of no length) takes no device time: the task it
+interrupts resumes at once, no switch charged (`free_syncs`).
+
 Figures (`harvest_figures`): `device_idle_pct` (no job task on the device: HTA's idle
 time), `cluster_idle_pct` (nothing at all on it), `job_device_s` (the job's own work done,
 device-seconds), `harvested_device_s`, `useful_device_s` (their sum) and its rate,
@@ -38,8 +50,11 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from rdmasched.demo.taskid import KIND_BACKGROUND, task_kind
+from rdmasched.demo.job import COMPUTE_PRIORITY
+from rdmasched.demo.taskid import KIND_BACKGROUND, KIND_COMPUTE, task_id, task_kind
 from rdmasched.scheduler import Task
+from rdmasched.sim.trace import TraceTrainer, _Stream
+from rdmasched.workload.streams import COMPUTE
 
 if TYPE_CHECKING:
     from rdmasched.sim.drivers import Shaped, SimTrainer
@@ -67,6 +82,7 @@ class NodeHarvest:
         *,
         preempt_ns: int = 0,
         timeslice: float | None = None,
+        free_syncs: bool = False,
     ) -> None:
         self.trainer = trainer
         self.shaped = shaped
@@ -74,6 +90,8 @@ class NodeHarvest:
         self.slots = slots
         self.preempt_ns = preempt_ns
         self.timeslice = timeslice
+        #: a sync task takes no device time (a trace replay's rendezvous): no switch for it
+        self.free_syncs = free_syncs
         #: slot -> the time of the preemption whose device switch is pending on it
         self._switching: dict[int, int] = {}
         #: task id -> (slot, token) of a start delayed by a device switch
@@ -120,7 +138,9 @@ class NodeHarvest:
     # ---- the node core's effects ---------------------------------------------------------------
     def start(self, task: Task, slot: int) -> None:
         now = self.engine.now
-        if self.preempt_ns and self._switching.pop(slot, -1) == now:
+        if self.free_syncs and task.group is not None:
+            self._switching.pop(slot, None)  # the task it interrupted resumes, no switch
+        elif self.preempt_ns and self._switching.pop(slot, -1) == now:
             # the device switches contexts first: the task begins that much later
             self._token += 1
             self._delayed[task.id] = (slot, self._token)
@@ -165,7 +185,10 @@ class NodeHarvest:
         if self._delayed.pop(task.id, None) is not None:
             return task.progress_ns  # it never began: its progress is what it had
         self._stop(task, now)
-        return self.trainer.on_preempt(task, slot, cancel)
+        progress = self.trainer.on_preempt(task, slot, cancel)
+        if on is not None and on[2] != 1.0:  # slowed beside co-located work: less work done
+            progress = task.progress_ns + round((progress - task.progress_ns) / on[2])
+        return progress
 
     def _stop(self, task: Task, now: int) -> None:
         on = self._on.pop(task.id, None)
@@ -274,6 +297,97 @@ class NodeHarvest:
         """Co-located task ids held here under timeslice (on a device or waiting)."""
         out = [t.id for t in self._cur if t is not None]
         return out + [t.id for t in self._waiting]
+
+
+class DeviceTraceTrainer(TraceTrainer):
+    """A trace replay whose compute stream is the device the core gives out: its kernels
+    are the job's tasks on the core's slot, beside the co-located work (module doc). The
+    other streams are the replay's in-order servers; the bucket stream's collectives meet
+    the other ranks as soon as they are ready and run in the order they met (what the core's
+    slot does with them under fifo). Without co-located work it replays as `TraceTrainer`
+    does under fifo (alone: the same steps)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        #: core task id -> (op key, its kernels' busy time left); and when its run began
+        self._kernels: dict[int, tuple[tuple[int, int], int]] = {}
+        self._kernel_run: dict[int, int] = {}
+        self._met: set[tuple[int, int]] = set()  # bucket-stream collectives released
+
+    def _released(self, key: tuple[int, int]) -> None:
+        if not self._on_core(key):
+            super()._released(key)
+            return
+        # a collective of the bucket stream met the other ranks: that stream serves them
+        # in the order they did (fifo's order on the core's slot without co-located work)
+        s = self._stream(self._op(key).stream)
+        s.queue.append(key)
+        self._met.add(key)
+        self._pump(s)
+
+    def _pump(self, s: _Stream) -> None:
+        if s.busy or not s.queue:
+            return
+        key = s.queue[0]
+        if key in self._met:  # the bucket stream's next collective, released
+            s.queue.popleft()
+            self._met.discard(key)
+            s.busy = True
+            op = self._op(key)
+            assert op.sync is not None
+            cost = self.sync_ns[op.sync.id]
+            now = self.b.now()
+            s.intervals.append((now, now + cost))
+            self.b.call_later(cost, lambda: self._stream_done(s, key))
+            return
+        op = self._op(key)
+        if not s.ready_order or key not in self._ready or op.sync is not None:
+            super()._pump(s)
+            return
+        # the stream's next kernel is ready: launched, it is the core's to place
+        s.queue.popleft()
+        self._ready.discard(key)
+        s.busy = True
+        self.seq += 1
+        sid = task_id(KIND_COMPUTE, self.node, self.seq)
+        self._kernels[sid] = (key, round(op.busy_ns * self.factor))
+        cost = round(op.duration_ns * self.factor)
+        self.shaped.submit_local(Task(sid, 1, COMPUTE_PRIORITY, cost, origin=self.node))
+
+    def on_start(self, task: Task, slot: int) -> None:
+        if task.id in self._kernels:
+            self._kernel_run[task.id] = self.b.now()
+        super().on_start(task, slot)
+
+    def on_preempt(self, task: Task, slot: int, cancel: bool) -> int:
+        self._ran(task.id)
+        return super().on_preempt(task, slot, cancel)
+
+    def _ran(self, sid: int) -> None:
+        """A kernel's run on the device ended (done or preempted): its busy time, counted
+        from where the run began (as the replay counts an op's kernels from its start)."""
+        began = self._kernel_run.pop(sid, None)
+        if began is None:
+            return
+        key, busy = self._kernels[sid]
+        run = min(self.b.now() - began, busy)
+        if run > 0:
+            self.streams[COMPUTE].intervals.append((began, began + run))
+            self._kernels[sid] = (key, busy - run)
+
+    def _finish(self, task: Task, token: int) -> None:
+        if task.id not in self._kernels:
+            super()._finish(task, token)
+            return
+        if self.run_token.get(task.id) != token:
+            return  # preempted meanwhile
+        self._ran(task.id)
+        key, _ = self._kernels.pop(task.id)
+        self._end_run(task, token)  # (the backend counts it as progress)
+        s = self.streams[COMPUTE]
+        s.busy = False
+        self._op_done(key)
+        self._pump(s)
 
 
 _NO_END = 1 << 62

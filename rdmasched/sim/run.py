@@ -35,7 +35,12 @@ from rdmasched.sim.drivers import (
     make_core,
 )
 from rdmasched.sim.engine import Endpoint, Engine, Network
-from rdmasched.sim.harvest import TIMESLICE_INTERFERENCE, NodeHarvest, harvest_figures
+from rdmasched.sim.harvest import (
+    TIMESLICE_INTERFERENCE,
+    DeviceTraceTrainer,
+    NodeHarvest,
+    harvest_figures,
+)
 from rdmasched.sim.hostmodel import Host, HostModel, HostShaped, HostSimLoop
 from rdmasched.sim.jobs import JOB_SCHEDULERS, JobsConfig, simulate_jobs
 from rdmasched.sim.linkmodel import PRESETS, LinkModel
@@ -221,12 +226,6 @@ class SimConfig:
             )
         if not (math.isfinite(self.interference) and self.interference >= 1):
             raise ArgumentError(f"interference must be a factor >= 1, not {self.interference}")
-        if (self.harvest or self.scheduler == "timeslice") and self.trace is not None:
-            raise ArgumentError(
-                "co-located work in a trace replay is not modelled: the replay's compute "
-                "streams are the trainer's in-order servers, not the core's slots (docs/SIM.md, "
-                "Harvest); --harvest and timeslice run the data-parallel and 1F1B jobs"
-            )
         if self.harvest and self.scheduler in CENTRAL:
             raise ArgumentError(f"harvest figures are the node cores' (not {self.scheduler}'s)")
         if not 0 < self.heartbeat_ms < self.dead_after_ms:
@@ -443,9 +442,10 @@ class Run:
                 h = NodeHarvest(
                     node.trainer,
                     backend,
-                    cfg.slots,
+                    self.slots,
                     preempt_ns=round(cfg.device_preempt_us * 1000),
                     timeslice=cfg.interference if cfg.scheduler == "timeslice" else None,
+                    free_syncs=self.rep is not None,
                 )
                 node.harvest = backend.harvest = h
                 self.harvests.append(h)
@@ -530,9 +530,13 @@ class Run:
         if self.rep is None:
             return SimTrainer(i, cfg.slots, w, backend, self.ledger)
         assert self.replay is not None
-        return TraceTrainer(
-            i, self.slots, w, backend, self.ledger, self.rep, self.sync_ns, self.replay
+        # with co-located work the core's slot is the device: its kernels and the work
+        trainer = (
+            DeviceTraceTrainer
+            if self.cfg.harvest or self.cfg.scheduler == "timeslice"
+            else TraceTrainer
         )
+        return trainer(i, self.slots, w, backend, self.ledger, self.rep, self.sync_ns, self.replay)
 
     def _endpoint(self, i: int) -> Endpoint:
         return self.net.endpoints[i]
@@ -689,6 +693,8 @@ class Run:
             out["device_preempt_us"] = cfg.device_preempt_us
             if cfg.scheduler == "timeslice":
                 out["interference"] = cfg.interference
+            if "device_idle_pct" in out:  # a trace's, every stream (HTA's): kept beside
+                out["trace_device_idle_pct"] = out["device_idle_pct"]
             out |= harvest_figures(hs, spans)
         if cfg.scheduler == "exclusive":
             jobs = -(-n // self.job_nodes)

@@ -20,6 +20,7 @@ from rdmasched.sim import Run, SimConfig, simulate
 from rdmasched.sim.harvest import TIMESLICE_INTERFERENCE
 from rdmasched.sim.pipeline import BACKWARD, FORWARD, PipelineConfig, bubble_fraction, schedule
 from rdmasched.workload import load
+from rdmasched.workload.streams import COMPUTE
 
 TRACES = Path(__file__).resolve().parent.parent / "data" / "traces"
 PIPE = PipelineConfig(stages=4, micro_batches=8, forward_ms=1.0, backward_ms=2.0)
@@ -103,17 +104,6 @@ def test_with_no_device_preemption_cost_the_job_steps_as_alone_while_work_is_har
     assert r["useful_pct"] > a["useful_pct"]
 
 
-@pytest.mark.parametrize("scheduler", ["rdmasched", "timeslice"])
-def test_co_located_work_in_a_trace_replay_is_refused_in_one_line(scheduler: str) -> None:
-    """Since the replay is per device stream (issue 21 item 3), its compute streams are the
-    trainer's own: co-located work on them is not modelled, and a run that asks is refused
-    rather than counting the core's one slot (the bucket stream) as the devices."""
-    trace = load(str(TRACES / "lm.json.gz"))
-    with pytest.raises(ArgumentError, match="not modelled") as exc:
-        cfg(4, trace=trace, scheduler=scheduler).check()
-    assert "\n" not in str(exc.value)
-
-
 def test_the_device_preemption_cost_delays_the_job_by_what_it_charges() -> None:
     c = cfg(16, device_preempt_us=100.0)
     r, free = simulate(c), simulate(replace(c, device_preempt_us=0.0))
@@ -165,7 +155,7 @@ def test_timeslice_slows_the_job_by_the_calibrated_factor(pipeline: PipelineConf
 
 # ---- conservation ---------------------------------------------------------------------------
 @pytest.mark.parametrize("scheduler", ["rdmasched", "fifo", "timeslice"])
-@pytest.mark.parametrize("workload", ["data-parallel", "1f1b"])
+@pytest.mark.parametrize("workload", ["data-parallel", "1f1b", "trace"])
 def test_conservation_of_the_co_located_work(scheduler: str, workload: str) -> None:
     """Every co-located task submitted is completed once, or is still running or queued at
     the end (on the node core, or on the device under timeslice): nothing run twice,
@@ -177,6 +167,7 @@ def test_conservation_of_the_co_located_work(scheduler: str, workload: str) -> N
         device_preempt_us=40.0,
         sigma=0.1,
         pipeline=PIPE if workload == "1f1b" else None,
+        trace=load(str(TRACES / "dlrm-hta.json.gz")) if workload == "trace" else None,
     )
     run = Run(c)
     r = run.run()
@@ -197,7 +188,98 @@ def test_conservation_of_the_co_located_work(scheduler: str, workload: str) -> N
             assert {tid for node, tid in led.completed if node == h.trainer.node} >= done
         assert h.harvested <= len(done)
     computes = [k for k in led.completed if task_kind(k[1]) == KIND_COMPUTE]
-    assert len(computes) >= 3 * 8 * c.slots
+    if workload == "trace":  # every node's every compute-stream kernel, once
+        assert len(computes) == 8 * compute_ops(c)
+    else:
+        assert len(computes) >= 3 * 8 * c.slots
+
+
+# ---- a traced job's devices (the real A100 traces) ------------------------------------------
+VARIABLE = ("wall_s", "cpu_s", "build_s", "build_cpu_s", "events_per_s", "events_per_cpu_s")
+
+
+def traced(name: str, scheduler: str = "rdmasched", nodes: int = 0, **kw: Any) -> SimConfig:
+    wl = load(str(TRACES / f"{name}.json.gz"))
+    kw.setdefault("device_preempt_us", 40.0)
+    return cfg(nodes or wl.world_size or 2, scheduler, steps=4, trace=wl, **kw)
+
+
+def compute_ops(c: SimConfig) -> int:
+    """The compute-stream ops of one node's replay (each is one kernel task on the core)."""
+    run = Run(c)
+    assert run.replay is not None
+    return sum(
+        sum(o.stream == COMPUTE for o in run.replay.plans[r % len(run.replay.plans)])
+        for r in range(c.workload.steps)
+    )
+
+
+@pytest.mark.parametrize("name", ["dlrm-hta", "resnet50-hta"])
+def test_a_traced_jobs_kernels_preempt_the_co_located_work_under_rdmasched(name: str) -> None:
+    """The replay's compute-stream kernels are the job's tasks on the core's slot: under
+    rdmasched the core preempts the co-located work for each (a switch each time a kernel
+    finds the device harvested), the job steps within +1% of alone's, and with a free
+    switch exactly as alone; under fifo (one priority) the kernels wait behind it."""
+    c = traced(name)
+    r, a = simulate(c), alone(c)
+    assert r["finished"] and a["finished"]
+    assert r["harvested_device_s"] > 0.05 * r["job_device_s"]
+    assert r["device_switches"] > 0
+    assert r["switch_device_s"] == pytest.approx(r["device_switches"] * 40e-6, rel=0.01)
+    assert r["job_device_s"] == pytest.approx(a["job_device_s"], rel=1e-6)
+    assert a["step_time_ms"] < r["step_time_ms"] < 1.01 * a["step_time_ms"]
+    assert r["cluster_idle_pct"] < a["cluster_idle_pct"] / 10
+    free = simulate(replace(c, device_preempt_us=0.0))
+    assert free["step_time_ms"] == pytest.approx(a["step_time_ms"], rel=1e-9)
+    assert free["harvested_device_s"] > 0
+    fifo = simulate(replace(c, scheduler="fifo"))
+    assert fifo["step_time_ms"] > 1.2 * a["step_time_ms"]
+    assert fifo["device_switches"] == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "nodes"), [("dlrm-hta", 0), ("dlrm-hta", 64), ("resnet50-hta", 0)]
+)
+@pytest.mark.parametrize("scheduler", ["fifo", "exclusive"])
+def test_under_alone_a_trace_replays_as_without_harvest(
+    name: str, nodes: int, scheduler: str
+) -> None:
+    """No co-located work: the replay with the harvest hooks (the compute stream's kernels
+    through the core, the bucket stream in the order its collectives met) gives the replay
+    without them, step by step and stream by stream (past the traced world size too)."""
+    c = traced(name, scheduler, nodes, backlog=0)
+    runs = []
+    for harvest in (True, False):
+        run = Run(replace(c, harvest=harvest, device_preempt_us=40.0 if harvest else 0.0))
+        runs.append((run.run(), run))
+    (h, hrun), (p, prun) = runs
+    assert h["finished"] and p["finished"]
+    assert [t.step_times_ns for t in hrun.trainers] == [t.step_times_ns for t in prun.trainers]
+    assert h["trace_device_idle_pct"] == pytest.approx(p["device_idle_pct"], abs=1e-9)
+    assert h["stream_idle_pct"] == pytest.approx(p["stream_idle_pct"], abs=1e-9)
+    assert h["device_switches"] == 0 and h["harvested_device_s"] == 0
+    # the device the core gives out is held for a kernel op's whole span (its launch gaps
+    # included): idle no more than the compute stream's kernels leave it
+    assert h["device_idle_pct"] <= p["stream_idle_pct"]["compute"] + 1e-9
+
+
+def test_timeslice_shares_a_traced_jobs_device() -> None:
+    c = traced("dlrm-hta", "timeslice")
+    r, a = simulate(c), alone(c)
+    assert r["finished"] and r["device_switches"] == 0
+    assert r["harvested_device_s"] > 0
+    # only the kernels that find co-located work on the device are slowed
+    assert a["step_time_ms"] * 1.05 < r["step_time_ms"] < a["step_time_ms"] * TIMESLICE_INTERFERENCE
+
+
+@pytest.mark.parametrize("scheduler", ["rdmasched", "timeslice"])
+def test_a_traced_harvest_is_deterministic(scheduler: str) -> None:
+    c = traced("dlrm-hta", scheduler, nodes=16, sigma=0.1)
+    one, two = simulate(c), simulate(c)
+    for k in VARIABLE:
+        one.pop(k), two.pop(k)
+    assert one == two
+    assert one["harvested_tasks"] > 0
 
 
 # ---- the command ----------------------------------------------------------------------------
