@@ -189,6 +189,43 @@ def test_cli_calibration_json() -> None:
     assert "commit" in doc and "machine" in doc
 
 
+def test_a_measured_size_stands_beside_its_model_from_the_smallest() -> None:
+    """Two sizes measured: the larger one's rows beside the rows modelled at its size from
+    the smaller one's step and detection (what `--failures-measure-max-nodes` does for a
+    size too costly to simulate), with the difference: the model's error is a figure."""
+    p = _sim(
+        "--failures", "--sizes", "16,32", "--compute-ms", "20", "--steps", "3",
+        "--heartbeat-ms", "10", "--dead-after-ms", "100", "--json",
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    runs = {(r["nodes"], r["scheduler"]): r for r in doc["runs"]}
+    checks = doc["model_check"]
+    assert [(c["nodes"], c["scheduler"]) for c in checks] == [
+        (32, "rdmasched"),
+        (32, "exclusive"),
+    ]
+    for c in checks:
+        meas, small = runs[(32, c["scheduler"])], runs[(16, c["scheduler"])]
+        assert c["modelled_from_nodes"] == 16
+        assert c["step_s"]["measured"] == meas["step_s"]
+        assert c["step_s"]["modelled"] == small["step_s"]
+        for k in f.CHECKED:
+            d = c[k]
+            assert d["diff"] == pytest.approx(d["modelled"] - d["measured"])
+        want = f.timeline(
+            nodes=32,
+            step_s=small["step_s"],
+            detect_s=small["detect_s"],
+            restart_s=meas["restart_s"],
+            model=f.FailureModel(**doc["model"]),
+        )
+        assert c["effective_pct"]["modelled"] == pytest.approx(want["effective_pct"])
+    only_one = _sim("--failures", "--sizes", "16", "--compute-ms", "20", "--steps", "3",
+                    "--heartbeat-ms", "10", "--dead-after-ms", "100", "--json")  # fmt: skip
+    assert only_one.returncode == 0 and "model_check" not in json.loads(only_one.stdout)
+
+
 def test_the_docs_example_runs() -> None:
     """docs/SIM.md's "Failures" section: its Python example runs as written."""
     text = (ROOT / "docs" / "SIM.md").read_text()
