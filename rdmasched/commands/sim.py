@@ -896,6 +896,8 @@ def _failures(args: argparse.Namespace, base: SimConfig, say: Any) -> int:
             rows: list[dict[str, Any]] = []
             cap = args.failures_measure_max_nodes
             last: dict[str, dict[str, Any]] | None = None
+            first: dict[str, dict[str, Any]] | None = None
+            checks: list[dict[str, Any]] = []
             for n in sorted(args.sizes):
                 reuse = last if cap and n > cap else None
                 if cap and n > cap and last is None:
@@ -904,11 +906,21 @@ def _failures(args: argparse.Namespace, base: SimConfig, say: Any) -> int:
                 got = f.compare(replace(base, nodes=n), model, doc, scheds, say, reuse)
                 if reuse is None:
                     last = {r["scheduler"]: r for r in got}
+                    if first is None:
+                        first = last
+                    else:  # measured: beside the model from the smallest size measured
+                        cfg_n = replace(base, nodes=n)
+                        checks += f.model_check(
+                            got, f.compare(cfg_n, model, doc, scheds, None, first)
+                        )
                 rows += got
                 gc.collect()
             out = {"model": model.as_dict(), "failover_json": args.failover_json, "runs": rows}
             out["workload"] = base.workload.as_dict()
             text = f.format_rows(rows)
+            if checks:
+                out["model_check"] = checks
+                text += "\n\n" + f.format_model_check(checks)
     except RdmaschedError as exc:
         print(f"rdmasched sim: {exc}", file=sys.stderr)
         return 2

@@ -249,6 +249,7 @@ class NodeCore:
         max_relays: int = MAX_RELAYS,
         preemption: Mapping[str, Any] | None = None,
         capacity: Mapping[int, int] | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         """`nodes`: every node of the cluster (this one too) -> its topology domain.
         `capacity`: node -> its slots, for gangs (docs/GANGS.md); None: every node has
@@ -257,7 +258,10 @@ class NodeCore:
         other (a full mesh: tests, small clusters, the central baseline). `max_relays`:
         a message relayed that many times is not relayed again (docs/PROTOCOL.md 10).
         `preemption`: the scheduler's no-thrash settings (`Scheduler`'s `quantum_us`,
-        `task_budget`, `job_budget`, `job_window_us`, `critical_priority`)."""
+        `task_budget`, `job_budget`, `job_window_us`, `critical_priority`).
+        `rng`: the placement's random draws (`Scheduler.submit`'s power-of-two choices of
+        a peer); None: a generator seeded by the OS, so a daemon's draws differ run to run
+        (the simulator passes one seeded from its seed and the node)."""
         self.me = me
         self.topology = topology
         if topology is not None and topology.plan.hops - 1 > max_relays:
@@ -354,6 +358,7 @@ class NodeCore:
             peers=self.peers,
             domain=nodes.get(me, ""),
             max_hops=max_hops,
+            rng=rng,
             **(preemption or {}),
         )
         #: a quantum or a budget governs preemption: the scheduler may ask for a `Wake`

@@ -14,6 +14,7 @@ backend that counts what conservation tests check and applies the node's slowdow
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -57,11 +58,16 @@ def make_core(
     dead_after_ns: int,
     sync_cost_ns: int,
     topology: Topology | None,
+    seed: int,
     starvation_us: int = 1_000_000,
     aging_us: int | None = 100_000,
     events: int = 0,
 ) -> NodeCore:
     """The one place the simulator builds a node core (its constructor may grow).
+    `seed`: the run's; the core's placement draws (`Scheduler.submit`'s choice of a peer)
+    come from a generator seeded from it and the node, so a run is a function of its
+    config and seed (left to the core, the generator is seeded by the OS and a run's
+    forwards differ between processes: tests/tier1/test_sim_determinism.py).
     `events`: the scheduler's decision-event ring (telemetry, docs/TELEMETRY.md); only
     `rdmasched sim --trace` reads it (SimConfig.events), and the default ring of 4,096 costs
     about 0.5 MB per core (5 GB at 10,000 nodes), so it is off unless asked for."""
@@ -78,6 +84,7 @@ def make_core(
         sync_cost_ns=sync_cost_ns,
         topology=topology,
         events=events,
+        rng=random.Random(f"placement/{seed}/{me}"),
     )
 
 

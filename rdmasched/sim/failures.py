@@ -653,6 +653,40 @@ def calibrate(doc: dict[str, Any], *, probe_ms: float = 1.0) -> list[dict[str, A
     return rows
 
 
+#: the figures of a row that `model_check` sets side by side
+CHECKED = ("step_s", "detect_s", "effective_pct", "goodput_steps_per_s")
+
+
+def model_check(
+    measured: list[dict[str, Any]], modelled: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each row measured at its size beside the row modelled at that size from a smaller
+    size's measurement (`compare`'s `reuse`; same scheduler): each figure of `CHECKED`
+    measured, modelled, and the difference (modelled - measured, and in % of the
+    measured), so the error of taking a smaller size's step and detection is a figure."""
+    by = {r["scheduler"]: r for r in modelled}
+    out = []
+    for r in measured:
+        o = by.get(r["scheduler"])
+        if o is None:
+            continue
+        row: dict[str, Any] = {
+            "scheduler": r["scheduler"],
+            "nodes": r["nodes"],
+            "modelled_from_nodes": o["measured_at_nodes"],
+        }
+        for key in CHECKED:
+            got, want = float(r[key]), float(o[key])
+            row[key] = {
+                "measured": got,
+                "modelled": want,
+                "diff": want - got,
+                "diff_pct": 100.0 * (want - got) / got if got else None,
+            }
+        out.append(row)
+    return out
+
+
 # ---- output ---------------------------------------------------------------------------------
 def format_rows(rows: list[dict[str, Any]]) -> str:
     head = (
@@ -671,6 +705,25 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
             f"| {r['restart_s']:.1f} | {r['failures']} | {r['lost_steps_per_failure']:,.0f} "
             f"| {r['effective_pct']:.1f} | {r['goodput_steps_per_s']:.2f} "
             f"| {'-' if x is None else f'{x:.3f}'} | {m.get('redispatches', '-')} |"
+        )
+    return "\n".join(lines)
+
+
+def format_model_check(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| N | scheduler | modelled from | step, ms meas / model | detection, s meas / model "
+        "| effective % meas / model / diff | goodput meas / model / diff % |"
+    )
+    lines = [head, "|" + "---|" * 7]
+    for r in rows:
+        st, de, ef, gp = (r[k] for k in CHECKED)
+        gp_pct = "-" if gp["diff_pct"] is None else f"{gp['diff_pct']:+.1f}"
+        lines.append(
+            f"| {r['nodes']:,} | {r['scheduler']} | {r['modelled_from_nodes']:,} "
+            f"| {st['measured'] * 1e3:.1f} / {st['modelled'] * 1e3:.1f} "
+            f"| {de['measured']:.3f} / {de['modelled']:.3f} "
+            f"| {ef['measured']:.1f} / {ef['modelled']:.1f} / {ef['diff']:+.1f} "
+            f"| {gp['measured']:.2f} / {gp['modelled']:.2f} / {gp_pct} |"
         )
     return "\n".join(lines)
 
@@ -703,8 +756,10 @@ __all__ = [
     "expected_effective",
     "failure_config",
     "format_calibration",
+    "format_model_check",
     "format_rows",
     "measure",
+    "model_check",
     "real_failover",
     "restart_costs",
     "timeline",

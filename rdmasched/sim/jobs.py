@@ -374,6 +374,7 @@ class JobCluster:
                 dead_after_ns=cfg.dead_after_ms * 1_000_000,
                 sync_cost_ns=0,
                 topology=self.topo,
+                seed=cfg.seed,
             )
             node = CoreNode(self.engine, self.net, i, core, cfg.links.cpu_ns, self.ledger)
             node.trainer = _Agent(self, i)

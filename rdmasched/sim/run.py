@@ -409,6 +409,7 @@ class Run:
                 dead_after_ns=cfg.dead_after_ms * MS,
                 sync_cost_ns=int(cfg.workload.sync_ms * MS),
                 topology=None if cfg.full_mesh else topo,
+                seed=cfg.seed,
                 events=cfg.events,
             )
             node: CoreNode
