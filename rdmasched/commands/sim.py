@@ -981,6 +981,7 @@ def main(args: argparse.Namespace) -> int:
             "workload": base.workload.as_dict()
             | ({"trace": base.trace.source} if base.trace is not None else {})
             | ({"pipeline": base.pipeline.as_dict()} if base.pipeline is not None else {}),
+            **({"mixed": base.mixed.as_dict()} if base.mixed is not None else {}),
             "runs": rows,
             "not_run": not_run,
         } | run_info(vars(args))
