@@ -380,6 +380,86 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"{DEMO_MAX_NODES} (the demo's nodes)",
     )
     _add_failure_arguments(p)
+    _add_mixed_arguments(p)
+
+
+def _add_mixed_arguments(p: argparse.ArgumentParser) -> None:
+    """The mixed stream's options (docs/SIM.md, "Mixed priorities"; rdmasched/sim/mixed.py)."""
+    from rdmasched.sim import mixed as m
+
+    d = m.MixedConfig()
+    g = p.add_argument_group("mixed priorities (docs/SIM.md, 'Mixed priorities')")
+    g.add_argument(
+        "--mixed",
+        action="store_true",
+        help="the mixed stream instead of the synthetic job: on every node short "
+        "low-priority tasks kept in flight and a latency-critical task every period "
+        f"(bench peers' workload d), under {','.join(m.MIXED_SCHEDULERS)}",
+    )
+    g.add_argument(
+        "--mixed-calibrate",
+        action="store_true",
+        help="the mixed stream at the size of bench peers' real run (one host, its "
+        "parameters) beside its figures (--peers-json)",
+    )
+    g.add_argument(
+        "--peers-json",
+        metavar="FILE",
+        default=str(m.PEERS_JSON),
+        help="the real bench peers run (default docs/figures/bench-peers.json)",
+    )
+    g.add_argument(
+        "--mixed-ms", type=_positive, default=d.duration_ms, help="virtual time it runs, ms"
+    )
+    g.add_argument(
+        "--mixed-warmup-ms",
+        type=_nonneg,
+        default=d.warmup_ms,
+        help="the figures are measured from this virtual time on, ms",
+    )
+    g.add_argument(
+        "--mixed-low-ms",
+        type=_positive,
+        default=d.low_ms,
+        help="a low-priority task's median length, ms (bench peers' d: 5)",
+    )
+    g.add_argument(
+        "--mixed-low-sigma",
+        type=_nonneg,
+        default=d.low_sigma,
+        help="the low-priority lengths' lognormal shape (0: all --mixed-low-ms)",
+    )
+    g.add_argument(
+        "--mixed-inflight",
+        type=_pos_int,
+        default=d.inflight,
+        help="low-priority tasks kept in flight per node (bench peers' d: 32 on one host)",
+    )
+    g.add_argument(
+        "--mixed-critical-ms",
+        type=_positive,
+        default=d.critical_every_ms,
+        help="a critical task every this many ms per node, one at a time",
+    )
+    g.add_argument(
+        "--mixed-critical-cost-ms",
+        type=_positive,
+        default=d.critical_cost_ms,
+        help="a critical task's length, ms",
+    )
+    g.add_argument(
+        "--mixed-preempted",
+        choices=m.PREEMPTED,
+        default=d.preempted,
+        help="a preempted low-priority task restarts (its work lost: a rollout) or keeps "
+        "its progress",
+    )
+    g.add_argument(
+        "--mixed-reserve",
+        action="store_true",
+        help="two-level: the critical tasks on a worker kept for them (Ray's custom "
+        "resource, as bench peers sets Ray up), beside the node's slots",
+    )
 
 
 def _add_failure_arguments(p: argparse.ArgumentParser) -> None:
@@ -459,10 +539,37 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     same liveness rule, the same leaf/pod rule; the calibration's real runs are demo runs,
     at most the demo's nodes; and every size's configuration checked before any run."""
     from rdmasched.errors import RdmaschedError
+    from rdmasched.sim.mixed import MIXED_SCHEDULERS
     from rdmasched.topology import check_leaf_pod
 
+    mixed = args.mixed or args.mixed_calibrate
     if args.schedulers is None:
-        args.schedulers = list(HARVEST_SCHEDULERS if args.harvest else DEFAULT_SCHEDULERS)
+        args.schedulers = list(
+            MIXED_SCHEDULERS
+            if mixed
+            else HARVEST_SCHEDULERS
+            if args.harvest
+            else DEFAULT_SCHEDULERS
+        )
+    if mixed:
+        bad = [s for s in args.schedulers if s not in MIXED_SCHEDULERS]
+        if bad:
+            parser.error(f"--mixed runs under {','.join(MIXED_SCHEDULERS)}, not {bad[0]}")
+        other = [
+            flag
+            for flag, on in (
+                ("--harvest", args.harvest),
+                ("--workload", args.workload),
+                ("--pipeline", args.pipeline is not None),
+                ("--jobs", args.jobs),
+                ("--calibrate", args.calibrate),
+                ("--host-model", args.host_model is not None),
+                ("--failures", args.failures or args.failures_calibrate),
+            )
+            if on
+        ]
+        if other:
+            parser.error(f"--mixed is its own workload: not with {other[0]}")
     check_liveness(parser, args.heartbeat_ms, args.dead_after_ms)
     try:
         check_leaf_pod(args.leaf, args.pod, "--leaf/--pod")
@@ -583,8 +690,28 @@ def base_config(args: argparse.Namespace, load_trace: bool = True) -> SimConfig:
         ),
         jobs=_jobs(args),
         host_model=None if args.host_model is None else parse_spec(args.host_model),
+        mixed=_mixed(args),
     )
     return cfg
+
+
+def _mixed(args: argparse.Namespace) -> Any:
+    """--mixed: the mixed stream (None: another workload)."""
+    if not args.mixed:
+        return None
+    from rdmasched.sim.mixed import MixedConfig
+
+    return MixedConfig(
+        duration_ms=args.mixed_ms,
+        warmup_ms=args.mixed_warmup_ms,
+        low_ms=args.mixed_low_ms,
+        low_sigma=args.mixed_low_sigma,
+        inflight=args.mixed_inflight,
+        critical_every_ms=args.mixed_critical_ms,
+        critical_cost_ms=args.mixed_critical_cost_ms,
+        preempted=args.mixed_preempted,
+        reserve=args.mixed_reserve,
+    )
 
 
 def _workload_name(args: argparse.Namespace) -> str:
@@ -796,6 +923,8 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.calibrate:
         return _calibrate(args, base, say)
+    if args.mixed_calibrate:
+        return _mixed_calibrate(args, base)
     cap = args.central_max_nodes
     runs: list[tuple[int, str]] = []
     not_run: list[dict[str, Any]] = []
@@ -852,12 +981,17 @@ def main(args: argparse.Namespace) -> int:
             "workload": base.workload.as_dict()
             | ({"trace": base.trace.source} if base.trace is not None else {})
             | ({"pipeline": base.pipeline.as_dict()} if base.pipeline is not None else {}),
+            **({"mixed": base.mixed.as_dict()} if base.mixed is not None else {}),
             "runs": rows,
             "not_run": not_run,
         } | run_info(vars(args))
         print(json.dumps(doc, indent=2))
     elif args.harvest:
         print(format_harvest(rows))
+    elif args.mixed:
+        from rdmasched.sim.mixed import format_mixed
+
+        print(format_mixed(rows))
     else:
         print(format_table(rows, not_run))
         if args.plot:
@@ -865,6 +999,26 @@ def main(args: argparse.Namespace) -> int:
         for r in rows:
             if r.get("trace"):
                 print(f"trace: {r['trace']} ({r['scheduler']} at {r['nodes']} nodes)")
+    return 0
+
+
+def _mixed_calibrate(args: argparse.Namespace, base: SimConfig) -> int:
+    """`--mixed-calibrate`: the mixed stream at bench peers' size beside its real figures."""
+    from rdmasched.bench.output import run_info
+    from rdmasched.errors import RdmaschedError
+    from rdmasched.sim import mixed
+
+    dask = costs.CENTRAL_CALL_PRESETS["dask"]
+    try:
+        rows = mixed.calibrate(base, simulate, dask, args.peers_json)
+    except RdmaschedError as exc:
+        print(f"rdmasched sim: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        doc = {"command": "rdmasched sim --mixed-calibrate", "peers_json": args.peers_json}
+        print(json.dumps(doc | {"calibration": rows} | run_info(vars(args)), indent=2))
+    else:
+        print(mixed.format_calibration(rows))
     return 0
 
 

@@ -10,6 +10,7 @@ difference is where decisions are made, and the round trip that costs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rdmasched import messages as msg
@@ -43,9 +44,12 @@ class Coordinator:
         starvation_us: int,
         aging_us: int | None,
         events: int = 4096,
+        preemption: Mapping[str, Any] | None = None,
     ) -> None:
         """`events`: each core's decision-event ring (docs/TELEMETRY.md; 0: off, as the
-        simulator's cores have it unless it writes a trace)."""
+        simulator's cores have it unless it writes a trace). `preemption`: the cores'
+        no-thrash settings (`NodeCore`'s; the simulator's mixed stream turns preemption off
+        for its Dask-like baseline)."""
         self.loop = loop
         self.clock = loop.clock
         now = self.clock()
@@ -65,6 +69,7 @@ class Coordinator:
                 aging_us=aging_us,
                 sync_cost_ns=sync_cost_ns,
                 events=events,
+                preemption=preemption,
             )
             self.cores[node] = core
         #: sync group -> its members. The coordinator tracks each group once: a SYNC_READY

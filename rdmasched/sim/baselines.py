@@ -138,6 +138,7 @@ def build_central(run: Run) -> None:
             starvation_us=1_000_000,
             aging_us=100_000,
             events=cfg.events,
+            preemption=run.core_preemption,
         )
         if jobs == 1:
             for g in run.groups:  # a trace's gradient buckets
@@ -254,7 +255,10 @@ class TwoLevelNode(CoreNode):
     slot for goes to the global scheduler if it may run anywhere (background work: Ray's
     normal tasks); a training job's compute tasks are its rank's (Ray Train's actors) and
     wait here. The node reports its free slots to the global scheduler periodically, when
-    they changed (Ray's raylets report their resources every 100 ms)."""
+    they changed (Ray's raylets report their resources every 100 ms). `spills` off: every
+    task waits here (the mixed stream, whose nodes are all kept full by their own drivers)."""
+
+    spills = True
 
     def __init__(
         self,
@@ -287,7 +291,11 @@ class TwoLevelNode(CoreNode):
     def _place(self, task: Task) -> None:
         if not self.ep.alive:
             return
-        if task_kind(task.id) == KIND_BACKGROUND and not self.core.scheduler.free_slots():
+        if (
+            self.spills
+            and task_kind(task.id) == KIND_BACKGROUND
+            and not self.core.scheduler.free_slots()
+        ):
             self.spilled += 1
             self.glob.spill(task)
             return

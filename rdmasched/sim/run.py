@@ -44,6 +44,13 @@ from rdmasched.sim.harvest import (
 from rdmasched.sim.hostmodel import Host, HostModel, HostShaped, HostSimLoop
 from rdmasched.sim.jobs import JOB_SCHEDULERS, JobsConfig, simulate_jobs
 from rdmasched.sim.linkmodel import PRESETS, LinkModel
+from rdmasched.sim.mixed import (
+    CENTRAL_PREEMPTION,
+    MIXED_SCHEDULERS,
+    MixedConfig,
+    MixedTrainer,
+    mixed_figures,
+)
 from rdmasched.sim.pipeline import PipelineConfig, PipelineTrainer, pipeline_figures
 from rdmasched.sim.trace import (
     TRACE_CORE_SLOTS,
@@ -171,6 +178,9 @@ class SimConfig:
     #: the nodes as processes sharing one host's CPUs, each a sleeping loop
     #: (rdmasched/sim/hostmodel.py; None: every node has its own CPU, the headline's model)
     host_model: HostModel | None = None
+    #: the mixed stream (rdmasched/sim/mixed.py) instead of the synthetic job: short
+    #: low-priority tasks and periodic critical ones on every node (None: not it)
+    mixed: MixedConfig | None = None
 
     def stall_window_ms(self) -> float:
         """The stall window: `stall_ms` if given; else 5 s, and under k8s at least twice
@@ -198,6 +208,19 @@ class SimConfig:
             )
         if self.nodes < 1 or self.slots < 1:
             raise ArgumentError("nodes and slots must be >= 1")
+        if self.mixed is not None:
+            if self.scheduler not in MIXED_SCHEDULERS:
+                raise ArgumentError(
+                    f"the mixed stream (--mixed) runs under {', '.join(MIXED_SCHEDULERS)}, "
+                    f"not {self.scheduler}"
+                )
+            if self.trace is not None or self.pipeline is not None or self.jobs is not None:
+                raise ArgumentError(
+                    "the mixed stream is its own workload (no trace, pipeline, jobs)"
+                )
+            if self.harvest or self.host_model is not None:
+                raise ArgumentError("the mixed stream runs without --harvest and --host-model")
+            self.mixed.check()
         if not (math.isfinite(self.sigma) and self.sigma >= 0):
             raise ArgumentError(f"sigma must be >= 0, not {self.sigma}")
         if not 0 <= self.stragglers <= 1:
@@ -356,6 +379,9 @@ class Run:
             self.workload = replace(cfg.workload, background_backlog=0)
         hm = cfg.host_model
         self.host = None if hm is None else Host(self.engine, hm, cfg.seed)
+        #: the central coordinator's cores' no-thrash settings (the mixed stream: Dask's
+        #: queue in priority order, no preemption)
+        self.core_preemption = CENTRAL_PREEMPTION if cfg.mixed is not None else None
         t0, c0 = time.perf_counter(), time.process_time()
         with _few_collections():
             if cfg.scheduler == "central" and self.host is None:
@@ -366,6 +392,8 @@ class Run:
                 self._build_central()
             else:
                 self._build_cores()
+            if cfg.mixed is not None:
+                self._mixed_lanes()
         self.build_s = time.perf_counter() - t0
         self.build_cpu_s = time.process_time() - c0
 
@@ -522,8 +550,31 @@ class Run:
             self.executors.append(ex)
         self._eps = eps
 
+    def _mixed_lanes(self) -> None:
+        """The mixed stream's drivers and workers: on the node cores (rdmasched, fifo)
+        clients of their node's daemon over shm lanes; under two-level no task spills (every
+        node is kept full by its own driver), and with `reserve` the critical tasks get a
+        worker of their own (rdmasched/sim/mixed.py)."""
+        cfg = self.cfg
+        assert cfg.mixed is not None
+        if cfg.scheduler in ("rdmasched", "fifo"):
+            lat = PRESETS["shm"].levels[0].latency_ns
+            for node in self.nodes:
+                tr = node.trainer
+                assert isinstance(tr, MixedTrainer)
+                tr.client, tr.ep = (lat, cfg.links.cpu_ns), node.ep
+        elif self.glob is not None:
+            for node in self.nodes:
+                assert isinstance(node, baselines.TwoLevelNode)
+                node.spills = False
+                if cfg.mixed.reserve:
+                    assert isinstance(node.trainer, MixedTrainer)
+                    node.trainer.reserved = node
+
     def _trainer(self, i: int, backend: Shaped) -> SimTrainer:
         cfg, w = self.cfg, self.workload
+        if cfg.mixed is not None:
+            return MixedTrainer(i, cfg.slots, w, backend, self.ledger, cfg.mixed, cfg.seed)
         if cfg.pipeline is not None:
             return PipelineTrainer(
                 i, cfg.slots, w, backend, self.ledger, cfg.pipeline, self.trainers, self._hop_ns
@@ -688,6 +739,8 @@ class Run:
             out["coordinator_msgs"] = self._eps[self._coord_node].handled
         if cfg.pipeline is not None:
             out |= pipeline_figures(live, cfg.pipeline)
+        if cfg.mixed is not None:
+            out |= mixed_figures([t for t in live if isinstance(t, MixedTrainer)], self.slots)
         if self.harvests:
             hs = [h for h in self.harvests if self.alive[h.trainer.node]]
             spans = [(h.trainer.t_end or self.engine.now) - h.trainer.t0 for h in hs]
