@@ -60,6 +60,9 @@ DEFAULT_TIMEOUT_S = 10.0
 #: the kernel rate-limits its notifications to one per 10 ms per file
 #: (CGROUP_FILE_NOTIFY_MIN_INTV), so a freeze soon after a thaw would wait for the timer
 _EVENTS_POLL_MS = 1
+#: looks at /proc for children of an added process forked outside the group (one per
+#: generation forked while its parent was being moved in)
+_LATE_CHILD_ROUNDS = 100
 
 
 # ---- errors ----------------------------------------------------------------------------------
@@ -948,6 +951,8 @@ class Freezer:
             if children:
                 pids += sorted(descendants([pid], table) - _self_and_ancestors(table))
             gone = self._backend.add(pids, children)
+            if children and isinstance(self._backend, _Cgroup) and pid not in gone:
+                self._add_late_children(pid)
             if self._reaper is not None and isinstance(self._backend, _Signals):
                 for p in pids:
                     if p not in gone and p in self._backend.members:
@@ -956,6 +961,20 @@ class Freezer:
                 raise NoSuchProcessError(f"pid {pid} does not exist (it exited)")
             if self._backend.frozen:
                 self._backend.freeze(time.monotonic() + self.timeout)
+
+    def _add_late_children(self, pid: int) -> None:
+        """Move in the descendants of `pid` forked after /proc was read but before their
+        parent was in the group (born outside it): until a look at /proc finds none outside.
+        Once a parent is in, what it forks is born in the group, so this ends."""
+        backend = self._backend
+        for _ in range(_LATE_CHILD_ROUNDS):
+            table = proc_table()
+            inside = set(backend.pids())
+            late = sorted(descendants([pid], table) - inside - _self_and_ancestors(table))
+            if not late:
+                return
+            backend.add(late, True)
+        raise FreezeError(f"pid {pid}: its children kept appearing outside {backend.path}")
 
     def freeze(self, timeout: float | None = None) -> None:
         """Stop every process of the group; returns once the kernel says all are stopped.

@@ -505,3 +505,44 @@ def test_a_group_inside_a_given_parent(work: Work) -> None:
         advances(work.pid)
         with pytest.raises(ArgumentError, match="one directory name"):
             Freezer("cgroup", parent=outer.path, name="a/b")
+
+
+# forks a child (that sleeps) every millisecond, up to 400, printing its own pid first
+FORKER = textwrap.dedent(
+    """
+    import os, sys, time
+    print(os.getpid(), flush=True)
+    for _ in range(400):
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        time.sleep(0.001)
+    time.sleep(60)
+    """
+)
+
+
+def test_a_child_forked_while_its_parent_is_added_is_held_too() -> None:
+    # Regression: a co-located job's worker forked while the rank added the job (after the
+    # freezer read /proc for the job's descendants, before the job was in the cgroup) was
+    # born outside the group: never frozen, and left running by the close that killed the
+    # group (found after a managed DDP run: the job's worker alive, its cgroup empty). Every
+    # descendant of a process added is in the group when add() returns.
+    _cgroup_or_skip()
+    for _ in range(5):
+        proc = subprocess.Popen([sys.executable, "-c", FORKER], stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            pid = int(proc.stdout.readline())
+            time.sleep(0.05)  # forking now
+            with Freezer("cgroup") as fz:
+                fz.add(pid)
+                kids = freeze.descendants([pid], freeze.proc_table())
+                outside = sorted(k for k in kids if v2_path(k) != v2_path(pid))
+                assert outside == [], f"{len(outside)} of {len(kids)} children outside the group"
+        finally:
+            for k in freeze.descendants([proc.pid], freeze.proc_table()):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(k, signal.SIGKILL)
+            proc.kill()
+            proc.wait(30)
