@@ -34,7 +34,7 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from rdmasched.errors import ArgumentError
 from rdmasched.scheduler import Task
@@ -80,12 +80,24 @@ class Job:
         return self.steps * self.step_ns
 
 
+class JobSource(Protocol):
+    """Jobs made for the cluster's size at run time from a trace (rdmasched/sim/philly.py's
+    `PhillyReplay`)."""
+
+    def check(self) -> None: ...
+    def jobs(self, nodes: int, max_nodes: int) -> list[Job]: ...
+    def describe(self, nodes: int) -> dict[str, Any]: ...
+    def as_dict(self) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class JobsConfig:
-    """The multi-job workload: a file's jobs (`jobs`), or a Poisson mix made for the
-    cluster's size at run time (`count` jobs at offered `load`)."""
+    """The multi-job workload: a file's jobs (`jobs`), a trace's replayed for the cluster's
+    size at run time (`replay`), or a Poisson mix made for it (`count` jobs at offered
+    `load`)."""
 
     jobs: tuple[Job, ...] = ()
+    replay: JobSource | None = None
     source: str = "poisson"
     count: int = 200
     load: float = 0.9
@@ -97,6 +109,8 @@ class JobsConfig:
     checkpoint_steps: int = 50
 
     def check(self) -> None:
+        if self.replay is not None:
+            self.replay.check()
         if not self.jobs and self.count < 1:
             raise ArgumentError(f"--jobs-count must be >= 1, not {self.count}")
         if not (math.isfinite(self.load) and self.load > 0):
@@ -119,9 +133,13 @@ class JobsConfig:
                     f"coordinator's links only)"
                 )
             return list(self.jobs)
+        if self.replay is not None:
+            return self.replay.jobs(nodes, min(nodes, max_nodes))
         return poisson_mix(self, nodes, min(nodes, max_nodes), seed)
 
     def as_dict(self) -> dict[str, Any]:
+        if self.replay is not None:
+            return self.replay.as_dict() | {"checkpoint_steps": self.checkpoint_steps}
         if self.jobs:
             return {
                 "source": self.source,
@@ -192,9 +210,9 @@ def load_jobs(path: str, checkpoint_steps: int = 50) -> JobsConfig:
                 f"--jobs {path} line {n}: arrival >= 0 s, 1..{MEMBERS_MAX} nodes, "
                 "0 < step <= duration"
             )
-        step_ns = int(step_ms * 1e6)
+        step_ns = round(step_ms * 1e6)
         jobs.append(
-            Job(n - 1, int(arrival * S), size, max(1, round(duration * S / step_ns)), step_ns, prio)
+            Job(n - 1, round(arrival * S), size, max(1, round(duration * S / step_ns)), step_ns, prio)
         )
     if not jobs:
         raise ArgumentError(f"--jobs {path}: no jobs")
@@ -202,6 +220,22 @@ def load_jobs(path: str, checkpoint_steps: int = 50) -> JobsConfig:
         raise ArgumentError(f"--jobs {path}: at most {JOBS_MAX - 1} jobs")
     jobs.sort(key=lambda j: (j.arrival_ns, j.id))
     return JobsConfig(jobs=tuple(jobs), source=path, checkpoint_steps=checkpoint_steps)
+
+
+def write_jobs(jobs: Iterable[Job], out: TextIO) -> None:
+    """`jobs` as the CSV `load_jobs` reads (a header line first): the converters' output."""
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(("arrival_s", "nodes", "duration_s", "step_ms", "priority"))
+    for j in jobs:
+        w.writerow(
+            (
+                repr(j.arrival_ns / S),
+                j.nodes,
+                repr(j.work_ns / S),
+                repr(j.step_ns / 1e6),
+                CLASS_NAMES[j.priority],
+            )
+        )
 
 
 # ---- exclusive: a model of slurmctld's queue --------------------------------------------------
@@ -356,6 +390,7 @@ class JobCluster:
         self.topo = Topology.generate(n, leaf=leaf, pod=pod)
         self.leaf_size = leaf
         self.jobs = jobs_cfg.mix(n, leaf, cfg.seed)
+        self.replay = jobs_cfg.replay
         self.ckpt = jobs_cfg.checkpoint_steps
         self.engine = Engine()
         self.net = Network(self.engine, cfg.links, self.topo)
@@ -707,6 +742,7 @@ class JobCluster:
             "finished": stopped is None,
             "stopped": stopped,
             "virtual_s": span / 1e9,
+            "jobs_replay": None if self.replay is None else self.replay.describe(n),
             **stats(allst),
             "by_size": {
                 name: stats(st for st in allst if lo <= st.job.nodes <= hi)
