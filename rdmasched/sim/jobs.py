@@ -323,6 +323,7 @@ class _Run:
         "t_start",
         "tasks",
         "victims",
+        "waiting",
         "where",
     )
 
@@ -339,6 +340,7 @@ class _Run:
         self.ended = False
         self.preempted = False
         self.victims: list[_Run] = []
+        self.waiting = False  # counted in JobCluster.waiting_on[coord]
 
 
 @dataclass
@@ -439,6 +441,10 @@ class JobCluster:
         self.overlaps = 0  # a member started on a busy node (must stay 0)
         self.partial = 0  # a run whose members did not all start before it stopped
         self.rehomed = 0  # waiting gangs cancelled and submitted on a leaf with room
+        #: rdmasched: the gangs waiting on each node (submitted there, no member started),
+        #: and the nodes they need, per leaf
+        self.waiting_on = [0] * n
+        self.claimed_in_leaf = [0] * nleaves
         self._begun = False
 
     # ---- bookkeeping of the nodes -----------------------------------------------------------
@@ -474,6 +480,7 @@ class JobCluster:
         run.started += 1
         if run.t_first < 0:
             run.t_first = now
+            self._unwait(run)
         if run.started < run.job.nodes:
             return
         run.t_start = now
@@ -583,6 +590,9 @@ class JobCluster:
         job = st.job
         coord = self._coordinator(job.priority == HIGH)
         run = self._new_run(st, coord)
+        run.waiting = True
+        self.waiting_on[coord] += 1
+        self.claimed_in_leaf[self.leaf_of[coord]] += job.nodes
         cn = self.nodes[coord]
         prio = TASK_PRIORITY[job.priority]
         for m in range(job.nodes):
@@ -604,6 +614,7 @@ class JobCluster:
         best = max(range(len(idle)), key=lambda x: (idle[x], -x))
         if idle[here] < run.job.nodes <= idle[best] and st.runs < INCARNATIONS_MAX - 1:
             run.preempted = True
+            self._unwait(run)
             self.rehomed += 1
             cn = self.nodes[run.coord]
             cn.do(cn.core.preempt(None, run.core_job, True, self.engine.now))
@@ -613,18 +624,31 @@ class JobCluster:
             return
         self.engine.at(self.engine.now + 2 * self.hb_ns, self._rehome, run)
 
+    def _unwait(self, run: _Run) -> None:
+        if run.waiting:
+            run.waiting = False
+            self.waiting_on[run.coord] -= 1
+            self.claimed_in_leaf[self.leaf_of[run.coord]] -= run.job.nodes
+
     def _coordinator(self, high: bool) -> int:
-        idle, low = self.idle_in_leaf, self.low_in_leaf
+        """The leaf with the most idle nodes not yet claimed by gangs waiting there (for a
+        high-priority job, idle or low-priority ones), and in it its first idle node (gangs
+        submitted there are tried in their order), or, with none idle, the node fewest gangs
+        wait on: waiting gangs are spread over the nodes, each placed by its coordinator when
+        a node in its reach frees, rather than all waiting on the leaf's first node, which
+        tries them one at a time and reaches its links only."""
+        idle, low, claimed = self.idle_in_leaf, self.low_in_leaf, self.claimed_in_leaf
         if high:
             leaf = max(range(len(idle)), key=lambda x: (idle[x] + low[x], idle[x], -x))
         else:
-            leaf = max(range(len(idle)), key=lambda x: (idle[x], -x))
+            leaf = max(range(len(idle)), key=lambda x: (idle[x] - claimed[x], -x))
         first = leaf * self.leaf_size
         members = range(first, min(first + self.leaf_size, self.cfg.nodes))
         for i in members:
             if self.busy[i] is None:
                 return i
-        return first
+        waiting = self.waiting_on
+        return min(members, key=lambda i: (waiting[i], i))
 
     def _press(self, run: _Run) -> None:
         """A high-priority job waits: cancel lower-priority runs in its coordinator's reach
