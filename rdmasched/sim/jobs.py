@@ -212,7 +212,14 @@ def load_jobs(path: str, checkpoint_steps: int = 50) -> JobsConfig:
             )
         step_ns = round(step_ms * 1e6)
         jobs.append(
-            Job(n - 1, round(arrival * S), size, max(1, round(duration * S / step_ns)), step_ns, prio)
+            Job(
+                n - 1,
+                round(arrival * S),
+                size,
+                max(1, round(duration * S / step_ns)),
+                step_ns,
+                prio,
+            )
         )
     if not jobs:
         raise ArgumentError(f"--jobs {path}: no jobs")
