@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import calendar
 import csv
+import gzip
+import lzma
 import math
 import time
 from collections.abc import Iterable
@@ -99,11 +101,15 @@ def _row(rec: list[str], n: int, name: str) -> PhillyRow:
 
 
 def read_philly(path: str) -> list[PhillyRow]:
-    """The rows of the Philly CSV file at `path`."""
+    """The rows of the Philly CSV file at `path` (compressed if it ends in .gz or .xz)."""
     try:
+        if path.endswith((".gz", ".xz")):
+            opener = gzip.open if path.endswith(".gz") else lzma.open
+            with opener(path, "rt", newline="") as f:
+                return parse_philly(f, path)
         with open(path, newline="") as f:
             return parse_philly(f, path)
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError, UnicodeDecodeError, lzma.LZMAError) as exc:
         raise ArgumentError(f"{path}: {exc}") from None
 
 

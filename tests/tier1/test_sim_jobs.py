@@ -24,7 +24,7 @@ from rdmasched.sim.jobs import (
     load_jobs,
     write_jobs,
 )
-from rdmasched.sim.philly import PhillyReplay, PhillyRow, parse_philly
+from rdmasched.sim.philly import PhillyReplay, PhillyRow, parse_philly, read_philly
 
 S = 1_000_000_000
 STEP = 100_000_000  # 100 ms
@@ -342,3 +342,15 @@ def test_a_philly_slice_replays_deterministically_and_conserves_jobs(
     assert a["useful_node_s"] == pytest.approx(work, rel=1e-6)
     assert a["jobs_replay"]["arrival_compression"] > 0
     assert a["jobs_replay"]["trace_s_per_virtual_s"] == 3600
+
+
+def test_a_compressed_philly_file_is_read_as_the_plain_one(tmp_path: Path) -> None:
+    import lzma
+
+    p = tmp_path / "philly.csv.xz"
+    p.write_bytes(lzma.compress(PHILLY_ROWS.encode()))
+    assert read_philly(str(p)) == _philly()
+    bad = tmp_path / "bad.csv.xz"
+    bad.write_bytes(b"not xz")
+    with pytest.raises(ArgumentError, match=r"bad\.csv\.xz"):
+        read_philly(str(bad))
