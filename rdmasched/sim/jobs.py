@@ -27,6 +27,7 @@ end); a run's progress at any time is its elapsed time over its step time.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import heapq
 import math
@@ -264,8 +265,7 @@ class EasyBackfill:
         self.backfilled = 0
 
     def submit(self, job: Job) -> None:
-        self.queue.append(job)
-        self.queue.sort(key=lambda j: (-j.priority, j.arrival_ns, j.id))
+        bisect.insort(self.queue, job, key=_queue_order)
 
     def finish(self, job_id: int) -> None:
         _, nodes = self.running.pop(job_id)
@@ -286,7 +286,7 @@ class EasyBackfill:
         while q and q[0].nodes <= self.nfree:
             job = q.pop(0)
             out.append(self._start(job, now + remaining(job)))
-        if not q:
+        if not q or not self.nfree:  # (nothing fits no free node: no backfill to look for)
             return out
         head = q[0]
         # the head's reservation: the shadow time, and the nodes spare then
@@ -312,6 +312,10 @@ class EasyBackfill:
                     continue
             i += 1
         return out
+
+
+def _queue_order(j: Job) -> tuple[int, int, int]:
+    return (-j.priority, j.arrival_ns, j.id)
 
 
 # ---- the cluster -------------------------------------------------------------------------------
