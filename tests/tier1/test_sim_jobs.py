@@ -354,3 +354,25 @@ def test_a_compressed_philly_file_is_read_as_the_plain_one(tmp_path: Path) -> No
     bad.write_bytes(b"not xz")
     with pytest.raises(ArgumentError, match=r"bad\.csv\.xz"):
         read_philly(str(bad))
+
+
+def test_jobs_out_writes_the_jobs_a_run_would_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = tmp_path / "philly.csv"
+    p.write_text(PHILLY_ROWS)
+    out = tmp_path / "jobs.csv"
+    args = ["sim", "--sizes", "4", "--leaf", "4", "--jobs", f"philly:{p}", "--philly-max-s"]
+    assert main([*args, "259200", "--jobs-scale", "600", "--jobs-out", str(out)]) == 0
+    assert "5 jobs for 4 nodes written" in capsys.readouterr().out
+    want = PhillyReplay(tuple(_philly()), max_s=259200, scale=600).jobs(4, 4)
+    got = load_jobs(str(out)).jobs
+    assert [(j.arrival_ns, j.nodes, j.steps, j.step_ns) for j in got] == [
+        (j.arrival_ns, j.nodes, j.steps, j.step_ns) for j in want
+    ]
+    poisson = ["sim", "--sizes", "8", "--jobs", "poisson", "--jobs-count", "7"]
+    assert main([*poisson, "--jobs-out", str(out)]) == 0
+    assert len(load_jobs(str(out)).jobs) == 7
+    assert main([*poisson, "--jobs-out", str(tmp_path / "no" / "such.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--jobs-out" in err[0]
