@@ -34,8 +34,15 @@ from rdmasched.sim.harvest import (
     format_harvest,
 )
 from rdmasched.sim.hostmodel import SPEC_KEYS, parse_spec
-from rdmasched.sim.jobs import JOB_SCHEDULERS, JobsConfig, format_jobs_table, load_jobs
+from rdmasched.sim.jobs import (
+    JOB_SCHEDULERS,
+    JobsConfig,
+    format_jobs_table,
+    load_jobs,
+    write_jobs,
+)
 from rdmasched.sim.linkmodel import PRESETS, preset
+from rdmasched.sim.philly import PhillyReplay, read_philly
 from rdmasched.sim.pipeline import PipelineConfig
 from rdmasched.sim.report import (
     calibrate,
@@ -189,14 +196,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--jobs",
-        metavar="FILE|poisson",
+        metavar="FILE|poisson|philly:FILE",
         help="the multi-job workload instead of the synthetic job: jobs arriving as gangs of "
-        "whole nodes, from a CSV file (arrival_s,nodes,duration_s,step_ms,priority) or a "
-        "Poisson mix; run under rdmasched and exclusive (docs/SIM.md, 'Multi-job cluster') "
-        "(default none)",
+        "whole nodes, from a CSV file (arrival_s,nodes,duration_s,step_ms,priority), a "
+        "Poisson mix or a window of Microsoft Philly's job trace; run under rdmasched and "
+        "exclusive (docs/SIM.md, 'Multi-job cluster') (default none)",
     )
-    p.add_argument("--jobs-count", type=_pos_int, default=200, help="--jobs poisson: jobs")
-    p.add_argument("--jobs-load", type=_positive, default=0.9, help="--jobs poisson: offered load")
+    p.add_argument(
+        "--jobs-count", type=_pos_int, help="--jobs poisson|philly: jobs (default 200|4000)"
+    )
+    p.add_argument(
+        "--jobs-load", type=_positive, help="--jobs poisson|philly: offered load (default 0.9|1.0)"
+    )
+    p.add_argument(
+        "--jobs-scale",
+        type=_positive,
+        default=60.0,
+        help="--jobs philly: trace seconds per virtual second, arrivals and run times alike",
+    )
+    p.add_argument(
+        "--philly-start", help="--jobs philly: the window's first submission (YYYY-MM-DD HH:MM:SS)"
+    )
+    p.add_argument(
+        "--philly-min-s", type=_positive, default=60.0, help="--jobs philly: shortest run time, s"
+    )
+    p.add_argument(
+        "--philly-max-s", type=_positive, default=3600.0, help="--jobs philly: longest run time, s"
+    )
+    p.add_argument(
+        "--philly-step-s", type=_positive, default=1.0, help="--jobs philly: a step, trace s"
+    )
+    p.add_argument(
+        "--philly-high-max-s",
+        type=_nonneg,
+        default=0.0,
+        help="--jobs philly: one-node jobs of at most this run time are high priority (0: none)",
+    )
+    p.add_argument(
+        "--jobs-out",
+        metavar="FILE",
+        help="--jobs: write the jobs of the first size as the CSV --jobs FILE reads, and stop",
+    )
     p.add_argument(
         "--jobs-high", type=_nonneg, default=0.2, help="--jobs poisson: high-priority share"
     )
@@ -726,11 +766,26 @@ def _jobs(args: argparse.Namespace) -> JobsConfig | None:
     """--jobs: the multi-job workload (None: the synthetic job or a trace)."""
     if not args.jobs:
         return None
+    if args.jobs.startswith("philly:"):
+        path = args.jobs[len("philly:") :]
+        replay = PhillyReplay(
+            tuple(read_philly(path)),
+            source=path,
+            start=args.philly_start,
+            count=4000 if args.jobs_count is None else args.jobs_count,
+            min_s=args.philly_min_s,
+            max_s=args.philly_max_s,
+            load=1.0 if args.jobs_load is None else args.jobs_load,
+            scale=args.jobs_scale,
+            step_s=args.philly_step_s,
+            high_max_s=args.philly_high_max_s,
+        )
+        return JobsConfig(replay=replay, checkpoint_steps=args.jobs_checkpoint_steps)
     if args.jobs != "poisson":
         return load_jobs(args.jobs, args.jobs_checkpoint_steps)
     return JobsConfig(
-        count=args.jobs_count,
-        load=args.jobs_load,
+        count=200 if args.jobs_count is None else args.jobs_count,
+        load=0.9 if args.jobs_load is None else args.jobs_load,
         high=args.jobs_high,
         step_ms=args.jobs_step_ms,
         median_steps=args.jobs_steps,
@@ -743,6 +798,16 @@ def _jobs_main(args: argparse.Namespace, base: SimConfig) -> int:
     from rdmasched.bench.output import run_info
 
     assert base.jobs is not None
+    if args.jobs_out:
+        jobs = base.jobs.mix(args.sizes[0], base.leaf, base.seed)
+        try:
+            with open(args.jobs_out, "w") as f:
+                write_jobs(jobs, f)
+        except OSError as exc:
+            print(f"rdmasched sim: --jobs-out {args.jobs_out}: {exc}", file=sys.stderr)
+            return 2
+        print(f"{len(jobs)} jobs for {args.sizes[0]} nodes written to {args.jobs_out}")
+        return 0
     scheds = [s for s in args.schedulers if s in JOB_SCHEDULERS]
     not_run = [
         {"scheduler": s, "why": "the multi-job workload runs under rdmasched and exclusive"}

@@ -27,6 +27,7 @@ end); a run's progress at any time is its elapsed time over its step time.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import heapq
 import math
@@ -34,7 +35,7 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from rdmasched.errors import ArgumentError
 from rdmasched.scheduler import Task
@@ -80,12 +81,24 @@ class Job:
         return self.steps * self.step_ns
 
 
+class JobSource(Protocol):
+    """Jobs made for the cluster's size at run time from a trace (rdmasched/sim/philly.py's
+    `PhillyReplay`)."""
+
+    def check(self) -> None: ...
+    def jobs(self, nodes: int, max_nodes: int) -> list[Job]: ...
+    def describe(self, nodes: int) -> dict[str, Any]: ...
+    def as_dict(self) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class JobsConfig:
-    """The multi-job workload: a file's jobs (`jobs`), or a Poisson mix made for the
-    cluster's size at run time (`count` jobs at offered `load`)."""
+    """The multi-job workload: a file's jobs (`jobs`), a trace's replayed for the cluster's
+    size at run time (`replay`), or a Poisson mix made for it (`count` jobs at offered
+    `load`)."""
 
     jobs: tuple[Job, ...] = ()
+    replay: JobSource | None = None
     source: str = "poisson"
     count: int = 200
     load: float = 0.9
@@ -97,6 +110,8 @@ class JobsConfig:
     checkpoint_steps: int = 50
 
     def check(self) -> None:
+        if self.replay is not None:
+            self.replay.check()
         if not self.jobs and self.count < 1:
             raise ArgumentError(f"--jobs-count must be >= 1, not {self.count}")
         if not (math.isfinite(self.load) and self.load > 0):
@@ -119,9 +134,13 @@ class JobsConfig:
                     f"coordinator's links only)"
                 )
             return list(self.jobs)
+        if self.replay is not None:
+            return self.replay.jobs(nodes, min(nodes, max_nodes))
         return poisson_mix(self, nodes, min(nodes, max_nodes), seed)
 
     def as_dict(self) -> dict[str, Any]:
+        if self.replay is not None:
+            return self.replay.as_dict() | {"checkpoint_steps": self.checkpoint_steps}
         if self.jobs:
             return {
                 "source": self.source,
@@ -192,9 +211,16 @@ def load_jobs(path: str, checkpoint_steps: int = 50) -> JobsConfig:
                 f"--jobs {path} line {n}: arrival >= 0 s, 1..{MEMBERS_MAX} nodes, "
                 "0 < step <= duration"
             )
-        step_ns = int(step_ms * 1e6)
+        step_ns = round(step_ms * 1e6)
         jobs.append(
-            Job(n - 1, int(arrival * S), size, max(1, round(duration * S / step_ns)), step_ns, prio)
+            Job(
+                n - 1,
+                round(arrival * S),
+                size,
+                max(1, round(duration * S / step_ns)),
+                step_ns,
+                prio,
+            )
         )
     if not jobs:
         raise ArgumentError(f"--jobs {path}: no jobs")
@@ -202,6 +228,22 @@ def load_jobs(path: str, checkpoint_steps: int = 50) -> JobsConfig:
         raise ArgumentError(f"--jobs {path}: at most {JOBS_MAX - 1} jobs")
     jobs.sort(key=lambda j: (j.arrival_ns, j.id))
     return JobsConfig(jobs=tuple(jobs), source=path, checkpoint_steps=checkpoint_steps)
+
+
+def write_jobs(jobs: Iterable[Job], out: TextIO) -> None:
+    """`jobs` as the CSV `load_jobs` reads (a header line first): the converters' output."""
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(("arrival_s", "nodes", "duration_s", "step_ms", "priority"))
+    for j in jobs:
+        w.writerow(
+            (
+                repr(j.arrival_ns / S),
+                j.nodes,
+                repr(j.work_ns / S),
+                repr(j.step_ns / 1e6),
+                CLASS_NAMES[j.priority],
+            )
+        )
 
 
 # ---- exclusive: a model of slurmctld's queue --------------------------------------------------
@@ -223,8 +265,7 @@ class EasyBackfill:
         self.backfilled = 0
 
     def submit(self, job: Job) -> None:
-        self.queue.append(job)
-        self.queue.sort(key=lambda j: (-j.priority, j.arrival_ns, j.id))
+        bisect.insort(self.queue, job, key=_queue_order)
 
     def finish(self, job_id: int) -> None:
         _, nodes = self.running.pop(job_id)
@@ -245,7 +286,7 @@ class EasyBackfill:
         while q and q[0].nodes <= self.nfree:
             job = q.pop(0)
             out.append(self._start(job, now + remaining(job)))
-        if not q:
+        if not q or not self.nfree:  # (nothing fits no free node: no backfill to look for)
             return out
         head = q[0]
         # the head's reservation: the shadow time, and the nodes spare then
@@ -273,6 +314,10 @@ class EasyBackfill:
         return out
 
 
+def _queue_order(j: Job) -> tuple[int, int, int]:
+    return (-j.priority, j.arrival_ns, j.id)
+
+
 # ---- the cluster -------------------------------------------------------------------------------
 class _Run:
     """One incarnation of a job: its gang (rdmasched) or its nodes (exclusive)."""
@@ -289,6 +334,7 @@ class _Run:
         "t_start",
         "tasks",
         "victims",
+        "waiting",
         "where",
     )
 
@@ -305,6 +351,7 @@ class _Run:
         self.ended = False
         self.preempted = False
         self.victims: list[_Run] = []
+        self.waiting = False  # counted in JobCluster.waiting_on[coord]
 
 
 @dataclass
@@ -356,6 +403,7 @@ class JobCluster:
         self.topo = Topology.generate(n, leaf=leaf, pod=pod)
         self.leaf_size = leaf
         self.jobs = jobs_cfg.mix(n, leaf, cfg.seed)
+        self.replay = jobs_cfg.replay
         self.ckpt = jobs_cfg.checkpoint_steps
         self.engine = Engine()
         self.net = Network(self.engine, cfg.links, self.topo)
@@ -405,6 +453,10 @@ class JobCluster:
         self.overlaps = 0  # a member started on a busy node (must stay 0)
         self.partial = 0  # a run whose members did not all start before it stopped
         self.rehomed = 0  # waiting gangs cancelled and submitted on a leaf with room
+        #: rdmasched: the gangs waiting on each node (submitted there, no member started),
+        #: and the nodes they need, per leaf
+        self.waiting_on = [0] * n
+        self.claimed_in_leaf = [0] * nleaves
         self._begun = False
 
     # ---- bookkeeping of the nodes -----------------------------------------------------------
@@ -440,6 +492,7 @@ class JobCluster:
         run.started += 1
         if run.t_first < 0:
             run.t_first = now
+            self._unwait(run)
         if run.started < run.job.nodes:
             return
         run.t_start = now
@@ -549,6 +602,9 @@ class JobCluster:
         job = st.job
         coord = self._coordinator(job.priority == HIGH)
         run = self._new_run(st, coord)
+        run.waiting = True
+        self.waiting_on[coord] += 1
+        self.claimed_in_leaf[self.leaf_of[coord]] += job.nodes
         cn = self.nodes[coord]
         prio = TASK_PRIORITY[job.priority]
         for m in range(job.nodes):
@@ -570,6 +626,7 @@ class JobCluster:
         best = max(range(len(idle)), key=lambda x: (idle[x], -x))
         if idle[here] < run.job.nodes <= idle[best] and st.runs < INCARNATIONS_MAX - 1:
             run.preempted = True
+            self._unwait(run)
             self.rehomed += 1
             cn = self.nodes[run.coord]
             cn.do(cn.core.preempt(None, run.core_job, True, self.engine.now))
@@ -579,18 +636,31 @@ class JobCluster:
             return
         self.engine.at(self.engine.now + 2 * self.hb_ns, self._rehome, run)
 
+    def _unwait(self, run: _Run) -> None:
+        if run.waiting:
+            run.waiting = False
+            self.waiting_on[run.coord] -= 1
+            self.claimed_in_leaf[self.leaf_of[run.coord]] -= run.job.nodes
+
     def _coordinator(self, high: bool) -> int:
-        idle, low = self.idle_in_leaf, self.low_in_leaf
+        """The leaf with the most idle nodes not yet claimed by gangs waiting there (for a
+        high-priority job, idle or low-priority ones), and in it its first idle node (gangs
+        submitted there are tried in their order), or, with none idle, the node fewest gangs
+        wait on: waiting gangs are spread over the nodes, each placed by its coordinator when
+        a node in its reach frees, rather than all waiting on the leaf's first node, which
+        tries them one at a time and reaches its links only."""
+        idle, low, claimed = self.idle_in_leaf, self.low_in_leaf, self.claimed_in_leaf
         if high:
             leaf = max(range(len(idle)), key=lambda x: (idle[x] + low[x], idle[x], -x))
         else:
-            leaf = max(range(len(idle)), key=lambda x: (idle[x], -x))
+            leaf = max(range(len(idle)), key=lambda x: (idle[x] - claimed[x], -x))
         first = leaf * self.leaf_size
         members = range(first, min(first + self.leaf_size, self.cfg.nodes))
         for i in members:
             if self.busy[i] is None:
                 return i
-        return first
+        waiting = self.waiting_on
+        return min(members, key=lambda i: (waiting[i], i))
 
     def _press(self, run: _Run) -> None:
         """A high-priority job waits: cancel lower-priority runs in its coordinator's reach
@@ -708,6 +778,7 @@ class JobCluster:
             "finished": stopped is None,
             "stopped": stopped,
             "virtual_s": span / 1e9,
+            "jobs_replay": None if self.replay is None else self.replay.describe(n),
             **stats(allst),
             "by_size": {
                 name: stats(st for st in allst if lo <= st.job.nodes <= hi)
