@@ -22,11 +22,12 @@ pytestmark = pytest.mark.tier1
 ROOT = Path(__file__).resolve().parents[2]
 
 #: what the simulator measures of itself, not of the cluster (docs/SIM.md "Output": "neither
-#: is deterministic"), and the description of the machine and the hour of the run
+#: is deterministic"), and the description of the machine, the hour of the run and the
+#: checkout's commit (whether the tree is dirty can change between the two processes)
 WALL_CLOCK = frozenset(
     {"wall_s", "build_s", "cpu_s", "build_cpu_s", "events_per_s", "events_per_cpu_s"}
 )
-RUN_DESCRIPTION = frozenset({"machine", "date_utc"})
+RUN_DESCRIPTION = frozenset({"machine", "date_utc", "commit"})
 
 CASES = {
     # seed 2 at 32 nodes: the run whose dead node's forwarded work differed in CI
