@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 from rdmasched.demo.job import COMPUTE_PRIORITY
 from rdmasched.demo.taskid import KIND_BACKGROUND, KIND_COMPUTE, task_id, task_kind
 from rdmasched.scheduler import Task
+from rdmasched.sim.table import cell, stopped_note, text_table
 from rdmasched.sim.trace import TraceTrainer, _Stream
 from rdmasched.workload.streams import COMPUTE
 
@@ -474,20 +475,5 @@ def label(row: dict[str, Any]) -> str:
 
 def format_harvest(rows: list[dict[str, Any]]) -> str:
     head = [c[1] for c in HARVEST_COLUMNS]
-    body = []
-    for r in rows:
-        cells = []
-        for key, _, fmt in HARVEST_COLUMNS:
-            v: Any = r | {"label": label(r)}
-            for part in key.split("."):
-                v = v.get(part) if isinstance(v, dict) else None
-            cells.append("-" if v is None else fmt.format(v))
-        body.append(cells)
-    widths = [
-        max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)
-    ]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True))]
-    for r, b in zip(rows, body, strict=True):
-        note = "" if r.get("finished", True) else f"  ({r.get('stopped')})"
-        lines.append("  ".join(c.rjust(w) for c, w in zip(b, widths, strict=True)) + note)
-    return "\n".join(lines)
+    body = [[cell(r | {"label": label(r)}, k, f) for k, _, f in HARVEST_COLUMNS] for r in rows]
+    return text_table(head, body, [stopped_note(r) for r in rows])

@@ -60,6 +60,7 @@ from rdmasched.errors import ArgumentError
 from rdmasched.scheduler import Task
 from rdmasched.sim.drivers import Ledger, SimTrainer
 from rdmasched.sim.linkmodel import PRESETS
+from rdmasched.sim.table import cell, stopped_note, text_table
 
 if TYPE_CHECKING:
     from rdmasched.sim.run import SimConfig
@@ -436,21 +437,8 @@ def label(row: dict[str, Any]) -> str:
 
 def format_mixed(rows: list[dict[str, Any]]) -> str:
     head = [c[1] for c in MIXED_COLUMNS]
-    body = []
-    for r in rows:
-        cells = []
-        for key, _, fmt in MIXED_COLUMNS:
-            v = label(r) if key == "label" else r.get(key)
-            cells.append("-" if v is None else fmt.format(v))
-        body.append(cells)
-    widths = [
-        max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)
-    ]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True))]
-    for r, b in zip(rows, body, strict=True):
-        note = "" if r.get("finished", True) else f"  ({r.get('stopped')})"
-        lines.append("  ".join(c.rjust(w) for c, w in zip(b, widths, strict=True)) + note)
-    return "\n".join(lines)
+    body = [[cell(r | {"label": label(r)}, k, f) for k, _, f in MIXED_COLUMNS] for r in rows]
+    return text_table(head, body, [stopped_note(r) for r in rows])
 
 
 # ---- calibration: the simulator at the size of bench peers' real run ----------------------

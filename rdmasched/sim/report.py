@@ -12,6 +12,7 @@ from rdmasched.errors import ArgumentError
 from rdmasched.sim.hostmodel import FREE, HostModel
 from rdmasched.sim.linkmodel import preset
 from rdmasched.sim.run import SimConfig, simulate
+from rdmasched.sim.table import cell, text_table
 
 COLUMNS: list[tuple[str, str, str]] = [
     ("scheduler", "scheduler", "{}"),
@@ -37,14 +38,9 @@ COLUMNS: list[tuple[str, str, str]] = [
 
 
 def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
-    v: Any = row
-    for part in key.split("."):
-        v = v.get(part) if isinstance(v, dict) else None
-    if v is None:
-        return "-"
-    if key == "ring_bytes_per_node":
-        return f"{v / 1024:.0f}"
-    return fmt.format(v)
+    if key == "ring_bytes_per_node" and row.get(key) is not None:
+        return f"{row[key] / 1024:.0f}"
+    return cell(row, key, fmt)
 
 
 #: the rows every row is compared with, at its size: `exclusive` (what users run for
@@ -74,20 +70,17 @@ def compare(rows: Sequence[dict[str, Any]]) -> None:
 def format_table(rows: Sequence[dict[str, Any]], not_run: Sequence[dict[str, Any]] = ()) -> str:
     head = [c[1] for c in COLUMNS]
     body = [[_cell(r, k, f) for k, _, f in COLUMNS] for r in rows]
-    widths = [
-        max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)
-    ]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True))]
-    for r, b in zip(rows, body, strict=True):
-        line = "  ".join(c.rjust(w) for c, w in zip(b, widths, strict=True))
-        notes = []
+    notes = []
+    for r in rows:
+        why = []
         if not r.get("finished", True):
-            notes.append(r.get("stopped", "did not finish"))
+            why.append(r.get("stopped", "did not finish"))
         if r.get("killed"):
-            notes.append(f"killed {len(r['killed'])}")
+            why.append(f"killed {len(r['killed'])}")
         if r.get("rejected"):
-            notes.append(f"{r['rejected']} inputs rejected")
-        lines.append(line + (f"  ({'; '.join(notes)})" if notes else ""))
+            why.append(f"{r['rejected']} inputs rejected")
+        notes.append(f"  ({'; '.join(why)})" if why else "")
+    lines = [text_table(head, body, notes)]
     for r in not_run:
         lines.append(f"{r['scheduler']} at {r['nodes']} nodes: not run ({r['why']})")
     return "\n".join(lines)
