@@ -2,16 +2,19 @@
 daemon, started by `srun` with Slurm's variables (docs/SLURM.md).
 
     srun --overlap python3 deploy/slurm/rank.py [--tasks N] [--steps S] [--work N]
+                                                [--submit-on NODE]
 
 It connects to its host's daemon (`Client.from_env()`: the cluster is job<SLURM_JOB_ID>,
 the host SLURMD's node, the client index SLURM_LOCALID), declares sync group 1 over every
-host of the job, submits its tasks (ids `local_rank << 40 | n`, priority 10: the daemons run
-them here or place them on another host), runs whatever task starts on its slot (its own,
-or another host's placed here: a little arithmetic, `--work` rounds of SHA-256) and completes
-it, and announces each of the `--steps` sync steps and waits for the release. When all of
-its own tasks are complete it announces one more step, a barrier (no rank leaves while
-another host's task may still be placed on its slot), and prints one JSON line: what it saw.
-Exit 1 if a wait took longer than `--wait-s`.
+host of the job, and announces each of the `--steps` sync steps and waits for the release.
+Once step 0 is released (every host's daemon has then heard from every other, so placement
+knows their load) it submits its tasks (ids `local_rank << 40 | n`, priority 10: the daemons
+run them here or place them on a less loaded host); with `--submit-on NODE` only the ranks
+on that node submit, and the others run what is placed on them. It runs whatever task
+starts on its slot (its own, or another host's placed here: a little arithmetic, `--work`
+rounds of SHA-256) and completes it. When all of its own tasks are complete it announces one
+more step, a barrier (no rank leaves while another host's task may still be placed on its
+slot), and prints one JSON line: what it saw. Exit 1 if a wait took longer than `--wait-s`.
 """
 
 from __future__ import annotations
@@ -35,6 +38,13 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=2, help="sync steps")
     ap.add_argument("--work", type=int, default=20_000, help="SHA-256 rounds per task")
     ap.add_argument("--wait-s", type=float, default=120.0, help="longest wait for a step")
+    ap.add_argument(
+        "--submit-on",
+        type=int,
+        default=None,
+        metavar="NODE",
+        help="only the ranks on this node submit tasks (default: every rank)",
+    )
     args = ap.parse_args()
 
     client = Client.from_env(connect_timeout_s=args.wait_s)
@@ -44,7 +54,7 @@ def main() -> int:
     done: set[int] = set()  # this rank's own tasks, complete
     ran: list[list[int]] = []  # [task id, its origin node] for each task run on this slot
     running: set[tuple[int, int]] = set()  # (origin, id) started here, not preempted since
-    mine = {client.index << 40 | n for n in range(args.tasks)}
+    mine: set[int] = set()  # this rank's own tasks: filled once the node id is known
 
     @client.on_dispatch
     def start(task: Task, slot: int) -> None:
@@ -98,11 +108,21 @@ def main() -> int:
     with client:
         nodes = client.nodes
         client.define_group(1, nodes)
-        for task_id in sorted(mine):
-            client.submit(task_id, job=client.id, priority=10, cost_ns=1_000_000)
+        if args.submit_on is None or args.submit_on == client.id:
+            with lock:
+                mine.update(client.index << 40 | n for n in range(args.tasks))
+
+        def submit_mine() -> None:
+            for task_id in sorted(mine):
+                client.submit(task_id, job=client.id, priority=10, cost_ns=1_000_000)
+
+        if args.steps == 0:
+            submit_mine()
         for step in range(args.steps):
             client.sync_ready(1, step)
             wait(f"step {step} was not released", was_released(step))
+            if step == 0:  # every daemon has heard from every other: their load is known
+                submit_mine()
         wait("its tasks did not all complete", lambda: mine <= done)
         client.sync_ready(1, args.steps)  # the barrier
         wait("the last step was not released", was_released(args.steps))

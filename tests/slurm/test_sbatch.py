@@ -7,7 +7,7 @@ munged; docs/SLURM.md, "What the test runs").
 - two nodes (partition `two`: rs1 and rs2, each slurmd in a network namespace of its own):
   one daemon per node, two ranks each; the daemons find each other from Slurm's node list,
   their node ids follow the job's topology.conf (it lists rs2's leaf first, so rs2 is node
-  0), tasks are placed across the two nodes, and complete;
+  0); only rs2's ranks submit, and its daemon places tasks on rs1, where they complete;
 - the epilog: a job whose daemon was killed with SIGKILL leaves its lanes in /dev/shm; the
   epilog (deploy/slurm/epilog.sh) removes them after the job.
 """
@@ -76,8 +76,16 @@ def ranks(out: str) -> list[dict[str, Any]]:
 
 
 def check_job(
-    env: dict[str, str], job: int, out: str, hosts: list[str], per_host: int, tasks: int = 4
+    env: dict[str, str],
+    job: int,
+    out: str,
+    hosts: list[str],
+    per_host: int,
+    tasks: int = 4,
+    submit_on: int | None = None,
 ) -> list[dict[str, Any]]:
+    """The job completed and every rank saw what it should; `tasks` per rank, or per rank
+    of node `submit_on` alone (rank.py's --submit-on)."""
     state = job_state(env, job)
     assert state["JobState"] == "COMPLETED", out
     assert state["ExitCode"] == "0:0", out
@@ -85,13 +93,14 @@ def check_job(
     got = ranks(out)
     assert sorted(r["rank"] for r in got) == list(range(len(hosts) * per_host)), out
     for r in got:
-        assert r["tasks"] == tasks and r["done"] == tasks, r  # every task of every rank done
+        want = tasks if submit_on is None or r["node"] == submit_on else 0
+        assert r["tasks"] == want and r["done"] == want, r  # every task of every rank done
         assert r["released"] == [0, 1, 2], r  # both steps and the barrier, once each
         assert sorted(r["nodes"]) == list(range(len(hosts))), r
     assert sorted({r["host"] for r in got}) == sorted(hosts)
     # every task ran exactly once, somewhere: each (id, origin) completed by one rank
     ran = [tuple(t) for r in got for t in r["ran"]]
-    assert len(ran) == len(set(ran)) == tasks * len(got), out
+    assert len(ran) == len(set(ran)) == sum(r["tasks"] for r in got), out
     return got
 
 
@@ -118,17 +127,20 @@ def test_two_nodes(slurm_env: dict[str, str], tmp_path: Path) -> None:
         "--nodes=2",
         "--export=ALL,RDMASCHED_TRANSPORT=shm",
         str(SBATCH),
-        "--",
-        "--tasks=6",  # the script passes what follows `--` to rank.py
+        "--",  # the script passes what follows `--` to rank.py:
+        "--tasks=6",
+        "--submit-on=0",  # rs2's ranks alone: 12 tasks for its 2 slots, rs1's slots free
     )
     text = read(out)
-    got = check_job(slurm_env, job, text, ["rs1", "rs2"], 2, tasks=6)
+    got = check_job(slurm_env, job, text, ["rs1", "rs2"], 2, tasks=6, submit_on=0)
     # the topology.conf beside slurm.conf lists rs2's leaf first: node ids are positions
     # in the topology, not in the node list (rs[1-2])
     assert {r["host"]: r["node"] for r in got} == {"rs2": 0, "rs1": 1}, text
     assert "node 0 (rs2) of cluster" in text and "node 1 (rs1) of cluster" in text
-    # tasks went from one host to the other (12 tasks per host, 2 slots each)
-    assert any(origin != r["node"] for r in got for _, origin in r["ran"]), text
+    # rs2's daemon placed tasks on rs1: loaded against idle, once rs1's load was known (rank.py
+    # submits after step 0's release). With equal loads on both hosts nothing need move, and
+    # whether anything did was a race (a CI run where it did not)
+    assert any(r["node"] == 1 and origin == 0 for r in got for _, origin in r["ran"]), text
 
 
 def test_epilog_removes_a_killed_daemons_lanes(slurm_env: dict[str, str], tmp_path: Path) -> None:
