@@ -70,6 +70,8 @@ class Cluster:
         #: lane writes: every Send and every Relay (one per link a message crosses)
         self.traversals = 0
         self.timers: dict[int, int] = {}
+        #: node -> the times its core asked to be woken (`Wake`), not yet come
+        self.wakes: defaultdict[int, list[int]] = defaultdict(list)
         self.load = dict.fromkeys(self.cores, 0)
         #: node -> what its handlers saw: ("start", origin, id, slot), ("preempt", ...), ...
         self.seen: dict[int, list[tuple[Any, ...]]] = {i: [] for i in self.cores}
@@ -154,6 +156,8 @@ class Cluster:
                 seen.append(("completed", e.task_id, e.node))
             elif isinstance(e, m.SetTimer):
                 self.timers[node] = e.at_ns
+            elif isinstance(e, m.Wake):
+                self.wakes[node].append(e.at_ns)
             elif isinstance(e, m.MarkDead):
                 seen.append(("dead", e.peer))
                 self.dead_lanes[node].add(e.peer)
@@ -235,10 +239,16 @@ class Cluster:
         return rounds
 
     def advance(self, ns: int, step: int = HEARTBEAT_NS // 2) -> None:
-        """Let time pass: fire due heartbeat timers, deliver what they send."""
+        """Let time pass, `step` at a time: fire due wakes and heartbeat timers, deliver what
+        they send."""
         end = self.now + ns
         while self.now < end:
             self.now = min(end, self.now + step)
+            for i, ats in list(self.wakes.items()):
+                due = [a for a in ats if a <= self.now]
+                if due and i not in self.down and i not in self.stopped:
+                    ats[:] = [a for a in ats if a > self.now]
+                    self.do(i, self.cores[i].wake(self.now))
             for i, at in list(self.timers.items()):
                 if i not in self.down and i not in self.stopped and at <= self.now:
                     self.do(i, self.cores[i].tick(self.now, self.now))

@@ -78,7 +78,8 @@ cdef class NodeCore:
     # src: one int object, made once (it goes to Python code several times: a C int would be
     # converted each time, a new object for node ids above 256)
     @cython.locals(kind=int, src=object, far=bint, out=list, sched=Scheduler, shunned=set,
-                   sent=cython.ulonglong, flags=int, cancel=bint, origin=object, tid=object)
+                   sent=cython.ulonglong, flags=int, cancel=bint, origin=object, tid=object,
+                   fell=bint)
     cpdef list receive(self, Message m, peer, now)
     @cython.locals(nxt=cython.longlong)
     cdef list _relay(self, Message m, peer)

@@ -28,7 +28,8 @@ Effects (docs/DAEMON.md, "The node core", is the contract):
 * `SetTimer(at_ns)`: call `tick(now)` at `at_ns` (the heartbeat period).
 * `Wake(at_ns)`: call `wake(now)` at `at_ns`: a running task's run quantum (or a job's
   preemption window) ends then, and a queued task may preempt (docs/PREEMPTION.md, "No
-  thrash"). Only with a quantum or a budget set; a wake at any time is harmless.
+  thrash"); or a waiting gang's back-off ends, and it is tried again (docs/GANGS.md). Only
+  with a quantum or a budget set, or a gang waiting; a wake at any time is harmless.
 * `MarkDead(peer, why)`: stop sending to `peer` (heartbeats aside), drop its queue.
 * `Revive(peer, again)`: send to `peer` again (`again`: an earlier incarnation of it was
   known, so its transport may need re-attaching).
@@ -184,7 +185,8 @@ class SetTimer(NamedTuple):
 
 
 class Wake(NamedTuple):
-    """Call `wake(now)` at `at_ns` (a run quantum or a job's preemption window ends)."""
+    """Call `wake(now)` at `at_ns` (a run quantum, a job's preemption window or a gang's
+    back-off ends)."""
 
     at_ns: int
 
@@ -447,11 +449,15 @@ class NodeCore:
         return out
 
     def wake(self, now: int) -> list[Effect]:
-        """A `Wake` came due: the scheduler lets the queue preempt what it now may."""
+        """A `Wake` came due: the scheduler lets the queue preempt what it now may, and a
+        gang whose back-off ended is tried."""
         self.now = now
         if now >= self._wake_armed:
             self._wake_armed = 0
-        return self._act(self.scheduler.tick())
+        out = self._act(self.scheduler.tick())
+        if self.gangs.waiting:
+            self._gang(self.gangs.poll(now), out)
+        return out
 
     def peer_lost(self, peer: int, why: str, now: int) -> list[Effect]:
         """The transport says `peer` is gone (it closed its lane)."""
@@ -498,8 +504,9 @@ class NodeCore:
         if src in shunned:  # a message of an incarnation that ended
             self.stale_msgs += 1
             return out
-        if peer not in shunned:  # the last hop wrote the load hint: src's unless relayed
-            self._seen(peer, m.load)
+        # the last hop wrote the load hint (src's unless relayed); if it fell, a waiting
+        # gang may fit now (tried below, once the message is handled)
+        fell = peer not in shunned and self._seen(peer, m.load)
         if peer != src and not far:  # relayed from a link (around a dead lane): alive
             self.peers.revive(src)
         sched = self.scheduler
@@ -571,6 +578,8 @@ class NodeCore:
             self._reject(type(exc).__name__, str(exc))
         finally:
             sched.cause(0, 0, 0, 0)
+        if fell and self.gangs.waiting:  # (a HEARTBEAT or a COMPLETE: they come here)
+            self._gang(self.gangs.poll(now), out)
         return out
 
     def _relay(self, m: Message, peer: int) -> list[Effect]:
@@ -807,7 +816,10 @@ class NodeCore:
             kept[(task.origin << 64) | task_id] = (task.job, runtime_ns, task.progress_ns)
             if len(kept) > DONE_MAX:
                 del kept[next(iter(kept))]
-        return self._act(actions, out)
+        self._act(actions, out)
+        if self.gangs.waiting:  # a slot freed here (unless the queue took it): try them
+            self._gang(self.gangs.poll(now), out)
+        return out
 
     # ---- what the handlers returned ----------------------------------------------------------
     def preempted(self, victim: Task, progress_ns: int, now: int) -> list[Effect]:
@@ -919,6 +931,8 @@ class NodeCore:
             else:
                 self._act([o], out)
         self._trigger_ns = 0
+        if self.gangs.waiting:  # a gang that backs off is woken at the back-off's end
+            self._arm(out, self.gangs.wake_at(self.now))
         return self._load_changed(out)  # a slot held or given back moves the hint too
 
     def _sync_msg(self, group: int, flags: int, step: int, sent: int, node: int) -> list[Effect]:
@@ -1035,7 +1049,7 @@ class NodeCore:
         """`out`, with a `SetLoad` appended if the load hint changed (and a `Wake`, if
         the scheduler wants one earlier than the one asked for)."""
         if self._no_thrash:
-            self._arm(out)
+            self._arm(out, self.scheduler.wake_at())
         load = self.scheduler.load_hint()
         if load != self._load:
             self._load = load
@@ -1050,8 +1064,8 @@ class NodeCore:
                 out.append(self._fx0)
         return out
 
-    def _arm(self, out: list[Effect]) -> None:
-        at = self.scheduler.wake_at()
+    def _arm(self, out: list[Effect], at: int | None) -> None:
+        """A `Wake` at `at` appended to `out`, unless one no later is asked for already."""
         if at is not None and (self._wake_armed == 0 or at < self._wake_armed):
             self._wake_armed = at
             out.append(Wake(at))

@@ -10,7 +10,10 @@ effects. Both roles live here:
 * the coordinator's: members collected (`GangIncomplete` while fewer than N), a placement
   planned on this node and its live links, each slot **reserved** (held free, nothing
   started), then **committed** when every reservation is held, or **aborted** when one is
-  refused, with a randomised exponential back-off before the next attempt;
+  refused, with a randomised exponential back-off before the next attempt (its base the
+  failed attempt's own answer time: a round trip, not a heartbeat). A waiting gang is tried
+  again the moment capacity may have appeared: the node core calls `poll` when a slot frees
+  here, when a peer's load hint falls, and at the back-off's end (`wake_at`);
 * a target's: a reservation held on a free slot (never a queued one) for at most `hold_ns`,
   started on its commit, given back on an abort, its timeout, or its coordinator's death.
 
@@ -51,6 +54,10 @@ REASONS = (GANG_INCOMPLETE, GANG_TOO_LARGE, GANG_WAITING)
 MAX_RESTARTS = 3
 #: failed gangs remembered (`failed`), at most
 FAILED_MAX = 1024
+#: the shortest back-off base after a refused attempt (ns): an attempt answered faster than
+#: this (every member on this node, or answers on one host's shared memory) still waits a
+#: little, so that two coordinators that collided do not retry in lockstep
+BACKOFF_MIN_NS = 10_000
 
 
 class GangError(SchedulerError, ValueError):
@@ -108,6 +115,7 @@ class Gang:
     """One gang on its coordinator."""
 
     __slots__ = (
+        "attempt_at",
         "attempt_until",
         "attempts",
         "done",
@@ -146,6 +154,7 @@ class Gang:
         self.attempts = 0  #: failed reservation attempts in a row
         self.restarts = 0  #: times it was placed again after it lost a member
         self.retry_at = 0
+        self.attempt_at = 0
         self.attempt_until = 0
 
     def describe(self) -> dict[str, Any]:
@@ -177,8 +186,10 @@ class GangTable:
     `nodes`: the nodes this node may place members on besides itself (its links);
     `capacity`: node -> its slots (this node's too). `hold_ns`: a reservation not committed
     by then is given back; `answer_ns`: an attempt whose answers are not all in by then
-    counts the missing as refused; `backoff_ns`: the first back-off after a failed
-    attempt (doubled per attempt, up to 64 times, times a random factor in [0.5, 1.5)).
+    counts the missing as refused; `backoff_ns`: the longest first back-off after a failed
+    attempt. The first back-off is the attempt's answer time (from its reservations out to
+    its last answer in) bounded to [BACKOFF_MIN_NS, backoff_ns], doubled per attempt, up to
+    64 times, times a random factor in [0.5, 1.5).
     """
 
     def __init__(
@@ -209,6 +220,8 @@ class GangTable:
         self.max_restarts = max_restarts
         #: job -> gang coordinated here
         self.gangs: dict[int, Gang] = {}
+        #: jobs of the gangs in Phase.WAITING (empty: the node core's hot paths skip `poll`)
+        self.waiting: set[int] = set()
         #: member key -> its gang's job (empty: no gang here, the node core's hot paths skip)
         self.member_of: dict[int, int] = {}
         #: member key -> reservation held here for another node's gang
@@ -265,17 +278,29 @@ class GangTable:
         self.member_of[key] = job
         if len(g.members) < size:
             return []
-        g.phase = Phase.WAITING
+        self._enter(g, Phase.WAITING)
         g.reason = GANG_WAITING
         return self.poll(now)
 
+    def _enter(self, g: Gang, phase: Phase) -> None:
+        g.phase = phase
+        if phase is Phase.WAITING:
+            self.waiting.add(g.job)
+        else:
+            self.waiting.discard(g.job)
+
+    def wake_at(self, now: int) -> int | None:
+        """When the next waiting gang's back-off ends (after `now`), or None: the node core
+        asks its driver for a `Wake` then, and `poll`s."""
+        gangs = self.gangs
+        ats = [gangs[j].retry_at for j in self.waiting if gangs[j].retry_at > now]
+        return min(ats) if ats else None
+
     def poll(self, now: int) -> list[GangOut]:
         """Try the waiting gangs, in declaration order, one attempt at a time."""
-        if any(g.phase is Phase.RESERVING for g in self.gangs.values()):
+        if not self.waiting or any(g.phase is Phase.RESERVING for g in self.gangs.values()):
             return []
-        for g in sorted(self.gangs.values(), key=lambda x: x.seq):
-            if g.phase is not Phase.WAITING:
-                continue
+        for g in sorted((self.gangs[j] for j in self.waiting), key=_seq):
             plan = self._plan(g)
             if plan is None or now < g.retry_at:
                 continue
@@ -309,13 +334,14 @@ class GangTable:
         return plan
 
     def _attempt(self, g: Gang, plan: list[int], now: int) -> list[GangOut]:
-        g.phase = Phase.RESERVING
+        self._enter(g, Phase.RESERVING)
         g.reason = GANG_WAITING
         g.placed.clear()
         g.pending.clear()
         g.held.clear()
         g.local.clear()
         g.refused = False
+        g.attempt_at = now
         g.attempt_until = now + self.answer_ns
         out: list[GangOut] = []
         for t, node in zip(g.members, plan, strict=True):
@@ -358,7 +384,7 @@ class GangTable:
         """Every answer of the attempt is in (or timed out): commit, or abort and back off."""
         out: list[GangOut] = []
         if not g.refused:
-            g.phase = Phase.RUNNING
+            self._enter(g, Phase.RUNNING)
             g.reason = None
             g.attempts = 0
             self.n["placed"] += 1
@@ -380,11 +406,12 @@ class GangTable:
         g.held.clear()
         g.pending.clear()
         g.placed.clear()
-        g.phase = Phase.WAITING
+        self._enter(g, Phase.WAITING)
         g.reason = GANG_WAITING
         g.attempts += 1
         self.n["attempts_failed"] += 1
-        step = self.backoff_ns << min(g.attempts - 1, 6)
+        base = min(max(now - g.attempt_at, BACKOFF_MIN_NS), self.backoff_ns)
+        step = base << min(g.attempts - 1, 6)
         g.retry_at = now + int(step * (0.5 + self.rng.random()))
         return out + self.poll(now)
 
@@ -424,6 +451,7 @@ class GangTable:
 
     def _forget(self, g: Gang) -> None:
         del self.gangs[g.job]
+        self.waiting.discard(g.job)
         for t in g.members:
             self.member_of.pop(t.key, None)
 
@@ -485,7 +513,7 @@ class GangTable:
         text = f"{why}: the whole gang is placed again (restart {g.restarts})"
         for t in fresh:
             self.sched.note(t, text)
-        g.phase = Phase.WAITING
+        self._enter(g, Phase.WAITING)
         g.reason = GANG_WAITING
         g.retry_at = now + self.backoff_ns  # its cancelled members first leave their slots
         return out + self.poll(now)

@@ -150,16 +150,19 @@ class PeerTable:
             if p is not None:
                 p.domain = domain
 
-    def seen(self, peer: int, load: int) -> None:
-        """Any message (heartbeat or other) from ``peer``, with the load hint it carried.
+    def seen(self, peer: int, load: int) -> bool:
+        """Any message (heartbeat or other) from ``peer``, with the load hint it carried;
+        True if the hint fell (or is its first): ``peer`` may have room it had not.
 
         An unknown peer is added (domain ""); a dead one is alive again (it restarted:
         the tasks it held were already handed back).  The daemon only calls this for
         messages of a peer's live incarnation."""
         p = self._get(peer)
         p.last_ns = self._clock()
+        old = p.load
         p.load = load
         p.dead = False
+        return old is None or load < old
 
     def revive(self, peer: int) -> None:
         """``peer`` is alive again (a new incarnation): heard from now, load unknown."""

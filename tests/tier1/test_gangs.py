@@ -362,3 +362,63 @@ def test_why_and_the_waiting_counts_say_a_gang_members_reason(core: ModuleType) 
     declare(c, 0, 7, [3, 4], 4)  # complete: placed, no reason any more
     starts(c, 0, [1, 2, 3, 4])
     assert gang.why(g, 1) == [] and gang.waiting_counts(g)["GangIncomplete"] == 0
+
+
+# ---- a waiting gang is tried the moment capacity may have appeared (docs/GANGS.md) ----------
+def _one_busy_slot_each(core: ModuleType) -> Cluster:
+    """Two nodes of 2 slots, one slot busy on each (tasks 80 and 81), and gang 4 of 3 members
+    declared on node 0: it fits the cluster, not its free slots, so it waits."""
+    c = Cluster(2, slots=2, core=core)
+    for n in (0, 1):
+        c.do(n, c.cores[n].dispatch(Task(80 + n, 3, 10, MS, origin=n), c.now))
+    c.advance(3 * HEARTBEAT_NS)
+    declare(c, 0, 4, [1, 2, 3], 3)
+    assert wait_reason(c.cores[0].gangs, 1) == GANG_WAITING
+    return c
+
+
+def test_a_waiting_gang_is_tried_when_a_slot_frees_on_its_coordinator(core: ModuleType) -> None:
+    c = _one_busy_slot_each(core)
+    c.do(0, c.cores[0].complete(80, 0, 1, c.now))  # node 0's slot frees
+    c.deliver()  # no time passes: the gang is not left to the next heartbeat
+    got = starts(c, 0, [1, 2, 3])
+    assert all(len(v) == 1 for v in got.values()), got
+    assert wait_reason(c.cores[0].gangs, 1) is None
+
+
+def test_a_waiting_gang_is_tried_when_a_peers_load_hint_falls(core: ModuleType) -> None:
+    c = _one_busy_slot_each(core)
+    c.do(1, c.cores[1].complete(81, 1, 1, c.now))  # node 1's slot frees; node 0 cannot know
+    c.deliver()
+    assert starts(c, 0, [1, 2, 3]) == {1: [], 2: [], 3: []}
+    # node 1's next heartbeat carries its lower hint: node 0 tries the gang on receiving it,
+    # not at its own next heartbeat
+    c.do(1, c.cores[1].tick(c.now, c.now))
+    c.deliver()
+    got = starts(c, 0, [1, 2, 3])
+    assert all(len(v) == 1 for v in got.values()), got
+
+
+@pytest.mark.parametrize("seed_offset", [0, 1, 2])
+def test_a_refused_attempt_backs_off_by_its_answer_time(core: ModuleType, seed_offset: int) -> None:
+    """Two gangs that collide (test_competing_gangs_never_deadlock): their answers came at
+    once, so the back-off is BACKOFF_MIN_NS-scale, not a heartbeat; a `Wake` at its end
+    tries again. One gang is placed within a millisecond (the heartbeat is 20 ms)."""
+    c = Cluster(2, slots=2, core=core)
+    c.advance(3 * HEARTBEAT_NS)
+    for n in (0, 1):
+        c.cores[n].gangs.rng.seed(seed_offset * 10 + n)
+    for n in (0, 1):
+        for i in (1, 2, 3):
+            c.do(n, c.cores[n].submit(member(i, n, 5), c.now, 3))
+    c.deliver()
+    assert [c.cores[n].gangs.n["attempts_failed"] for n in (0, 1)] == [1, 1]
+    assert all(c.wakes[n] for n in (0, 1)), c.wakes  # each asked to be woken
+    c.advance(MS, step=1_000)
+    running = [
+        n
+        for n in (0, 1)
+        if 5 in c.cores[n].gangs.gangs and c.cores[n].gangs.gangs[5].phase is Phase.RUNNING
+    ]
+    assert len(running) == 1, [c.cores[n].gangs.gangs[5].describe() for n in (0, 1)]
+    assert all(len(v) == 1 for v in starts(c, running[0], [1, 2, 3]).values())

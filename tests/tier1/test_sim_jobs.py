@@ -103,10 +103,12 @@ def test_exclusive_starts_a_job_only_when_its_gang_fits_and_never_preempts() -> 
 
 
 def test_rdmasched_preempts_a_low_priority_job_for_a_high_one() -> None:
-    # L takes all 8 nodes for 60 s; H (4 nodes, high) arrives at 10.05 s: under rdmasched
+    # L takes all 8 nodes for 60 s; H (4 nodes, high) arrives at 10.35 s: under rdmasched
     # L's gang is cancelled, H runs within a few heartbeats, L is placed again after H
-    # started and loses only the steps since its last checkpoint (every 50 steps: 5 s)
-    jobs = (_job(1, 0, 8, 60), _job(2, 10.05, 4, 10, HIGH))
+    # started and loses only the steps since its last checkpoint (every 50 steps: 5 s; at
+    # 10.05 s H's gang, tried the moment the victims' slots free, ran before L's first step
+    # past the checkpoint ended, so L lost none)
+    jobs = (_job(1, 0, 8, 60), _job(2, 10.35, 4, 10, HIGH))
     c = JobCluster(_cfg(8, "rdmasched", jobs))
     r = c.run()
     low, high = c.state[1], c.state[2]
