@@ -51,7 +51,6 @@ cdef class NodeCore:
     cdef long long _leaf
     cdef list _leaf_peers
     cdef public set _cut
-    cdef dict _leaf_gw
     cdef dict _pending_far
     cdef public Scheduler scheduler
     cdef public object gangs

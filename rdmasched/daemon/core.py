@@ -123,6 +123,16 @@ RESEND_DEAD_AFTERS = 4
 _SYNC_BASE = SYNC_ID_BASE
 
 
+def _split_leaf(topo: Topology, leaf: int) -> tuple[list[int], list[int]]:
+    """(members of `leaf` with links only in it, the members with a link out of it)."""
+    inner: list[int] = []
+    gateways: list[int] = []
+    for q in range(topo.leaf_start[leaf], topo.leaf_start[leaf] + topo.leaf_size[leaf]):
+        out_of_leaf = any(topo.leaf(x) != leaf for x in topo.neighbours(q))
+        (gateways if out_of_leaf else inner).append(q)
+    return inner, gateways
+
+
 def sync_task_id(group: int, step: int) -> int:
     g = group & 0x7FFFFFFF  # (compiled, g and s are C integers: the id is the only int made)
     s = step & 0xFFFFFFFF
@@ -347,7 +357,6 @@ class NodeCore:
         )
         #: far nodes unreachable because every gateway of their leaf is dead (_cut_off)
         self._cut: set[int] = set()
-        self._leaf_gw: dict[int, tuple[list[int], list[int]]] = {}
         #: DISPATCHes for a far node whose incarnation is not known yet (asked)
         self._pending_far: dict[int, list[msg.Dispatch]] = {}
         self.scheduler = Scheduler(
@@ -1211,18 +1220,12 @@ class NodeCore:
         return self.members.is_dead(node) or node in self._cut
 
     def _gateways(self, leaf: int) -> tuple[list[int], list[int]]:
-        """(members of `leaf` with links only in it, the members with a link out of it)."""
-        got = self._leaf_gw.get(leaf)
-        if got is None:
-            topo = self.topology
-            assert topo is not None
-            inner: list[int] = []
-            gateways: list[int] = []
-            for q in range(topo.leaf_start[leaf], topo.leaf_start[leaf] + topo.leaf_size[leaf]):
-                out_of_leaf = any(topo.leaf(x) != leaf for x in topo.neighbours(q))
-                (gateways if out_of_leaf else inner).append(q)
-            got = self._leaf_gw[leaf] = (inner, gateways)
-        return got
+        """(members of `leaf` with links only in it, the members with a link out of it):
+        the topology's, made once for every core that holds it (`Topology.shared`: a
+        simulator's N cores would each split every leaf that loses a node, N² in all)."""
+        topo = self.topology
+        assert topo is not None
+        return topo.shared(("gateways", leaf), lambda: _split_leaf(topo, leaf))
 
     def _notice(self, peer: int) -> Send:
         """A notice to far `peer`: this node's incarnation, and the one of `peer` it knows

@@ -232,3 +232,28 @@ def test_the_docs_example_runs() -> None:
     section = text.split("\n## Failures\n", 1)[1].split("\n## ", 1)[0]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(code, "docs/SIM.md (Failures)", "exec"), {})
+
+
+@pytest.mark.parametrize("nodes", [128, 256])
+def test_a_death_costs_the_simulator_linear_work_not_quadratic(
+    nodes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every core that hears of a far node's death splits its leaf into the members with a
+    link out of it and those without (NodeCore._cut_off): a pure function of the topology,
+    made once per process (`Topology.shared`), not once per core. Per core it cost
+    `Topology.neighbours` for every member of the leaf: N² calls in all (3.94M at 2,000
+    nodes, the 10,000-node failure run out of reach)."""
+    from rdmasched.topology import Topology
+
+    calls = 0
+    plain = Topology.neighbours
+
+    def counted(self: Topology, node: int) -> list[int]:
+        nonlocal calls
+        calls += 1
+        return plain(self, node)
+
+    monkeypatch.setattr(Topology, "neighbours", counted)
+    m = f.measure(_small(nodes=nodes, leaf=16), probe_ms=1.0, spill=False)
+    assert m["finished"] and m["detected"] == m["survivors"] == nodes - 1
+    assert calls <= 4 * nodes, calls
