@@ -104,6 +104,8 @@ class Ledger:
         self.decisions = 0
         #: compute and sync tasks completed (background churn is not progress)
         self.progress = 0
+        #: co-located (background) tasks completed
+        self.background = 0
 
     def release(self, node: int, group: int, step: int, now: int) -> None:
         k = (node, group, step)
@@ -196,6 +198,8 @@ class Shaped:
         self.ledger.run_ends += 1
         if task_kind(task.id) != KIND_BACKGROUND:
             self.ledger.progress += 1
+        else:
+            self.ledger.background += 1
         if self.harvest is not None:
             self.harvest.ended(task)
         self.inner.complete(task, runtime_ns)

@@ -265,6 +265,7 @@ class NodeHarvest:
             assert task is not None
             self._cur[s] = None
             self._vacate(s, t)
+            self.shaped.ledger.background += 1  # (it never reached a core: counted here)
             self._colocated_done(task, t)
             tr = self.trainer
             if not tr.done or t <= tr.t_end:

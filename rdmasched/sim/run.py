@@ -728,10 +728,9 @@ class Run:
             "cpu_s": round(self.cpu_s, 3),
             "events_per_cpu_s": round(self.engine.events / self.cpu_s) if self.cpu_s > 0 else None,
         }
-        done = sum(led.completed.values())
-        out["background_tasks_done"] = done - led.progress
+        out["background_tasks_done"] = led.background
         out["background_tasks_per_node_per_s"] = (
-            (done - led.progress) / n / (span_ns / 1e9) if span_ns else 0.0
+            led.background / n / (span_ns / 1e9) if span_ns else 0.0
         )
         if cfg.scheduler == "central":
             out |= baselines.central_figures(self)

@@ -273,6 +273,17 @@ def test_timeslice_shares_a_traced_jobs_device() -> None:
 
 
 @pytest.mark.parametrize("scheduler", ["rdmasched", "timeslice"])
+def test_background_tasks_done_counts_the_co_located_tasks_alone(scheduler: str) -> None:
+    """`background_tasks_done` is the co-located tasks' completions, counted as they
+    complete. It was every completion on a core less the job's progress, and a traced
+    replay's stream ops count as progress without completing on a core: alone's read -N."""
+    c = traced("dlrm-hta", scheduler)
+    assert alone(c)["background_tasks_done"] == 0
+    r = simulate(c)
+    assert r["background_tasks_done"] >= r["harvested_tasks"] > 0
+
+
+@pytest.mark.parametrize("scheduler", ["rdmasched", "timeslice"])
 def test_a_traced_harvest_is_deterministic(scheduler: str) -> None:
     c = traced("dlrm-hta", scheduler, nodes=16, sigma=0.1)
     one, two = simulate(c), simulate(c)
