@@ -45,6 +45,22 @@ def _job(i: int, at_s: float, nodes: int, secs: float, prio: int = LOW) -> Job:
     return Job(i, int(at_s * S), nodes, int(secs * S) // STEP, STEP, prio)
 
 
+def test_two_gangs_of_the_whole_cluster_on_two_coordinators_both_run() -> None:
+    """4 nodes; B and D want all 4 and wait on two coordinators (nodes 1 and 2) while A
+    and C run. Once the cluster is idle their attempts refuse each other; after an abort the
+    targets' load hints stay high until their next heartbeats, which reach both
+    coordinators at one instant, so both try again at once. With a back-off that ended
+    before the next heartbeat (a round trip x 2^6) they collided at every heartbeat and
+    neither ever ran (2,660 failed attempts); it doubles until it spans heartbeats."""
+    jobs = (_job(1, 0, 1, 1.0), _job(2, 0.1, 4, 0.5), _job(3, 0.2, 1, 0.5), _job(4, 0.3, 4, 0.5))
+    cfg = replace(_cfg(4, "rdmasched", jobs), leaf=4, pod=4, heartbeat_ms=50, dead_after_ms=500)
+    c = JobCluster(cfg)
+    r = c.run()
+    assert r["finished"], r["gang_attempts_failed"]
+    assert all(st.first_start >= 0 for st in c.state.values())
+    assert r["overlaps"] == 0 and r["partial_runs"] == 0
+
+
 def test_a_gang_is_placed_whole_or_not_at_all() -> None:
     # 8 nodes; A takes 6, B (4) arrives while only 2 are free: none of B's members may
     # start (no node held for it, its gang waits for capacity) until A ends, then all 4
