@@ -189,7 +189,7 @@ class GangTable:
     counts the missing as refused; `backoff_ns`: the longest first back-off after a failed
     attempt. The first back-off is the attempt's answer time (from its reservations out to
     its last answer in) bounded to [BACKOFF_MIN_NS, backoff_ns], doubled per failed attempt
-    in a row up to 64 x backoff_ns, times a random factor in [0.5, 1.5).
+    in a row up to 2 x backoff_ns, times a random factor in [0.5, 1.5).
     """
 
     def __init__(
@@ -412,9 +412,11 @@ class GangTable:
         self.n["attempts_failed"] += 1
         # doubled until it spans heartbeats: after an abort the targets' hints stay high
         # until their next heartbeat, which reaches every coordinator at once, so gangs that
-        # collided and back off for less than a heartbeat try again together, every time
+        # collided and back off for less than a heartbeat try again together, every time.
+        # Past two heartbeats it grows no more: a gang refused for want of room (stale
+        # hints) would otherwise sit out tens of heartbeats while nodes free
         base = min(max(now - g.attempt_at, BACKOFF_MIN_NS), self.backoff_ns)
-        step = min(base << min(g.attempts - 1, 32), self.backoff_ns << 6)
+        step = min(base << min(g.attempts - 1, 32), self.backoff_ns << 1)
         g.retry_at = now + int(step * (0.5 + self.rng.random()))
         return out + self.poll(now)
 
