@@ -245,10 +245,10 @@ class Cluster:
         while self.now < end:
             self.now = min(end, self.now + step)
             for i, ats in list(self.wakes.items()):
-                due = [a for a in ats if a <= self.now]
-                if due and i not in self.down and i not in self.stopped:
-                    ats[:] = [a for a in ats if a > self.now]
-                    self.do(i, self.cores[i].wake(self.now))
+                if i in self.down or i in self.stopped or min(ats, default=end + 1) > self.now:
+                    continue
+                ats[:] = [a for a in ats if a > self.now]
+                self.do(i, self.cores[i].wake(self.now))
             for i, at in list(self.timers.items()):
                 if i not in self.down and i not in self.stopped and at <= self.now:
                     self.do(i, self.cores[i].tick(self.now, self.now))

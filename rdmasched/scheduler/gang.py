@@ -115,7 +115,6 @@ class Gang:
     """One gang on its coordinator."""
 
     __slots__ = (
-        "attempt_at",
         "attempt_until",
         "attempts",
         "done",
@@ -154,7 +153,6 @@ class Gang:
         self.attempts = 0  #: failed reservation attempts in a row
         self.restarts = 0  #: times it was placed again after it lost a member
         self.retry_at = 0
-        self.attempt_at = 0
         self.attempt_until = 0
 
     def describe(self) -> dict[str, Any]:
@@ -341,7 +339,6 @@ class GangTable:
         g.held.clear()
         g.local.clear()
         g.refused = False
-        g.attempt_at = now
         g.attempt_until = now + self.answer_ns
         out: list[GangOut] = []
         for t, node in zip(g.members, plan, strict=True):
@@ -415,7 +412,8 @@ class GangTable:
         # collided and back off for less than a heartbeat try again together, every time.
         # Past two heartbeats it grows no more: a gang refused for want of room (stale
         # hints) would otherwise sit out tens of heartbeats while nodes free
-        base = min(max(now - g.attempt_at, BACKOFF_MIN_NS), self.backoff_ns)
+        answered = now - (g.attempt_until - self.answer_ns)  # since its RESERVEs went out
+        base = min(max(answered, BACKOFF_MIN_NS), self.backoff_ns)
         step = min(base << min(g.attempts - 1, 32), self.backoff_ns << 1)
         g.retry_at = now + int(step * (0.5 + self.rng.random()))
         return out + self.poll(now)
