@@ -2,9 +2,15 @@
 # sleeps on the endpoints' completion channels when idle (adaptive blocking).
 
 from libc.stdint cimport uint32_t, uint64_t
+from libc.errno cimport errno
 from libc.stdlib cimport realloc, free
 
-from rdmasched._wire cimport rs_load_acquire_u64, rs_now_ns, rs_pause
+from posix.unistd cimport close, read, write
+
+from rdmasched._wire cimport (
+    rs_fence, rs_load_acquire_u32, rs_load_acquire_u64, rs_now_ns, rs_pause,
+    rs_store_release_u32,
+)
 from rdmasched._ring cimport rs_rx, LaneSet, Batch
 from rdmasched.libibverbs cimport (
     ibv_comp_channel, ibv_cq, ibv_req_notify_cq, ibv_get_cq_event, ibv_ack_cq_events,
@@ -20,6 +26,12 @@ cdef extern from "<poll.h>" nogil:
     enum:
         POLLIN
 
+cdef extern from "<sys/eventfd.h>" nogil:
+    int eventfd(unsigned int initval, int flags)
+    enum:
+        EFD_NONBLOCK
+        EFD_CLOEXEC
+
 cdef class VerbsLaneSet(LaneSet):
     """A LaneSet of verbs lanes whose `wait` sleeps when idle instead of spinning.
 
@@ -32,25 +44,55 @@ cdef class VerbsLaneSet(LaneSet):
     sender saw the flag (and wakes us), or it read the flag before the flag landed, so its
     tail store came before our READ, which then shows a message we have not consumed (and we
     do not sleep): no wake-up is lost. Awake again, the receiver writes 0 as its flag.
+
+    `wake` (another thread of this process handing the waiter work) ends a spin at once (the
+    spin looks at its flag) and a sleep through an eventfd that `poll()` watches beside the
+    channels: the waiter announces its sleep and then looks at the flag, `wake` stores the
+    flag and then looks at the announcement, both fenced, so either the waiter sees the
+    flag or `wake` sees it asleep and writes the eventfd (as the shm doorbell, PROTOCOL.md
+    section 9).
     """
 
     cdef list _chans
+    #: poll set: [0] the eventfd `wake` writes, [1 + k] channel k (`_chs[k]`)
     cdef pollfd *_fds
     cdef ibv_comp_channel **_chs
     cdef uint32_t _nfds
+    cdef int _efd
+    cdef volatile uint32_t _asleep
     cdef readonly uint64_t sleeps
     cdef readonly uint64_t wakeups
     cdef readonly uint64_t sleeps_refused
 
     def __cinit__(self):
         self._chans = []
-        self._fds = NULL
         self._chs = NULL
         self._nfds = 0
+        self._asleep = 0
+        self._fds = <pollfd *>realloc(NULL, sizeof(pollfd))
+        if self._fds == NULL:
+            raise MemoryError()
+        self._efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
+        if self._efd < 0:
+            raise OSError(errno, "eventfd for the verbs LaneSet's wake-up failed")
+        self._fds[0].fd = self._efd
+        self._fds[0].events = POLLIN
 
     def __dealloc__(self):
+        if self._efd >= 0:
+            close(self._efd)
         free(self._fds)
         free(self._chs)
+
+    def wake(self):
+        """End the `wait` another thread is in, spinning or asleep in `poll()`, or else the
+        next one, at once (see the class)."""
+        cdef uint64_t one = 1
+        rs_store_release_u32(&self._woken, 1)
+        rs_fence()
+        if rs_load_acquire_u32(&self._asleep) != 0:
+            with nogil:
+                write(self._efd, &one, sizeof(one))
 
     def add(self, VerbsRxLane lane not None):
         """Add a verbs lane (its endpoint must have a completion channel); its index."""
@@ -63,7 +105,7 @@ cdef class VerbsLaneSet(LaneSet):
         ch = qp._chan
         idx = LaneSet.add(self, lane)
         if ch not in self._chans:
-            fds = <pollfd *>realloc(self._fds, (self._nfds + 1) * sizeof(pollfd))
+            fds = <pollfd *>realloc(self._fds, (self._nfds + 2) * sizeof(pollfd))
             if fds == NULL:
                 raise MemoryError()
             self._fds = fds
@@ -73,8 +115,8 @@ cdef class VerbsLaneSet(LaneSet):
                 raise MemoryError()
             self._chs = chs
             self._chs[self._nfds] = ch.ch
-            self._fds[self._nfds].fd = ch.ch.fd
-            self._fds[self._nfds].events = POLLIN
+            self._fds[self._nfds + 1].fd = ch.ch.fd
+            self._fds[self._nfds + 1].events = POLLIN
             self._nfds += 1
             self._chans.append(ch)
         return idx
@@ -87,10 +129,12 @@ cdef class VerbsLaneSet(LaneSet):
             got = self._drain(batch, quantum)
             if got:
                 return got
+            if self._take_wake():
+                return 0
             now = rs_now_ns()
             if now - start >= timeout_ns:
                 return 0
-            if now - start < spin_ns or self._nfds == 0:
+            if now - start < spin_ns:
                 rs_pause()
                 continue
             got = self._sleep(batch, quantum, timeout_ns - (now - start))
@@ -107,7 +151,7 @@ cdef class VerbsLaneSet(LaneSet):
         cdef int ms, n
         cdef ibv_cq *ev_cq
         cdef void *ev_ctx
-        cdef uint64_t spent
+        cdef uint64_t spent, count
         # 1. arm every receive CQ (wake-ups that already came are taken first)
         for i in range(self._n):
             r = self._arr[i]
@@ -153,8 +197,14 @@ cdef class VerbsLaneSet(LaneSet):
                 busy = True                 # let the poller find out and report it
             elif rs_load_acquire_u64(&c.ctl.peer_tail) > r.head:
                 busy = True                 # a message is posted that we have not seen
+        # ... and tell `wake` we sleep, then look at its flag (it stays set for `_wait`)
+        rs_store_release_u32(&self._asleep, 1)
+        rs_fence()
+        if rs_load_acquire_u32(&self._woken) != 0:
+            busy = True
         got = self._drain(batch, quantum)
         if got or busy:
+            rs_store_release_u32(&self._asleep, 0)
             self.sleeps_refused += 1
             self._awake()
             return got
@@ -168,11 +218,14 @@ cdef class VerbsLaneSet(LaneSet):
         if left_ns > <uint64_t>1000000000000:
             left_ns = <uint64_t>1000000000000
         ms = <int>((left_ns + 999999) // 1000000)
-        n = poll(self._fds, self._nfds, ms)
+        n = poll(self._fds, self._nfds + 1, ms)
+        rs_store_release_u32(&self._asleep, 0)
         if n > 0:
             self.wakeups += 1
+            if self._fds[0].revents:
+                read(self._efd, &count, sizeof(count))  # (nonblocking: resets the count)
             for k in range(self._nfds):
-                if self._fds[k].revents:
+                if self._fds[k + 1].revents:
                     while ibv_get_cq_event(self._chs[k], &ev_cq, &ev_ctx) == 0:
                         ibv_ack_cq_events(ev_cq, 1)
         self._awake()

@@ -34,8 +34,6 @@ class Links(Protocol):
     me: int
     #: the peers this node holds lanes to; a send to any other node is an error (LaneError)
     peers: frozenset[int]
-    #: whether `wake` really wakes a sleeping loop; if not the loop naps at most 1 ms
-    can_wake: bool
     inbound: LaneSet
     #: inbound lane index in `inbound` -> the peer it comes from
     inbound_peer: list[int]
@@ -50,8 +48,6 @@ class Links(Protocol):
 
 class ShmLinks:
     """Lanes in shared memory between node processes on one host."""
-
-    can_wake = True
 
     def __init__(
         self,
@@ -189,11 +185,9 @@ class VerbsLinks:
     accepting on a thread so start-up order cannot deadlock.
 
     The inbound `LaneSet` sleeps on the endpoint's completion channel when idle and senders
-    wake it with a write-with-immediate; a call from another thread of this process cannot
-    ring that channel, so `can_wake` is False and the loop naps at most 1 ms at a time.
+    wake it with a write-with-immediate; a call from another thread of this process wakes it
+    through the eventfd it also sleeps on (`wake`), so the loop sleeps until woken.
     """
-
-    can_wake = False
 
     def __init__(
         self,
@@ -279,7 +273,7 @@ class VerbsLinks:
             raise
 
     def wake(self) -> None:
-        pass
+        self.inbound.wake()
 
     def close(self) -> None:
         self.endpoint.close()

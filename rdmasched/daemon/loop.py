@@ -12,7 +12,8 @@ Polling is adaptive: after a message the loop spins for `spin_us` (busy, GIL rel
 called, a timer is due, or `idle_wake_ms` passes. A sender rings only when it sees the
 receiver asleep (one fenced load per send on a lane with a doorbell); the receiver announces
 its sleep and then looks at its lanes and at `wake`'s flag once more (docs/PROTOCOL.md
-section 9). Links that cannot wake (verbs: `can_wake` False) make the loop nap at most 1 ms.
+section 9). Verbs links sleep the same way on their completion channels, with an eventfd for
+`wake` (cython/rdmasched/_verbs_blocking.pxi).
 
 A send never blocks the loop: a message that finds its lane full waits in that peer's
 outbox, and every later message to that peer queues behind it, so order is kept. Outboxes
@@ -363,8 +364,7 @@ class Loop:
                 elif inbox:
                     timeout_ns = 0
                 else:
-                    # a loop other threads cannot wake must look at its inbox often
-                    timeout_ns = self.idle_wake_ns if self.links.can_wake else 1_000_000
+                    timeout_ns = self.idle_wake_ns
                     if timers:
                         timeout_ns = max(0, min(timeout_ns, timers[0][0] - now))
                 batch.clear()

@@ -99,3 +99,39 @@ def test_bursts_while_it_sleeps_lose_nothing(device: Any, device_args: Any) -> N
     out = run(device, device_args, gaps, spin_us=50)
     assert out["ids"] == list(range(len(gaps)))
     assert max(out["lat_ns"]) / 1e6 < 2000
+
+
+def _wait_then_wake(device: Any, spin_us: int, wake_after_s: float) -> tuple[int, float]:
+    """A verbs LaneSet with one idle connection waits (10 s timeout, `spin_us` of spin);
+    another thread calls `wake` after `wake_after_s`: (what `wait` returned, its seconds)."""
+    from tests.tier3.verbs_pairs import connect_pair
+
+    with (
+        verbs.Endpoint(device, 7, token=TOKEN, nslots=64) as a,
+        verbs.Endpoint(device, 8, token=TOKEN, nslots=64) as b,
+    ):
+        _ca, cb = connect_pair(a, b)
+        ls = verbs.LaneSet()
+        ls.add(cb.rx)
+        timer = threading.Timer(wake_after_s, ls.wake)
+        t0 = time.monotonic()
+        timer.start()
+        got = ls.wait(Batch(16), timeout_us=TIMEOUT_US, spin_us=spin_us)
+        took = time.monotonic() - t0
+        timer.join()
+        return got, took
+
+
+def test_wake_ends_a_sleeping_wait(device: Any) -> None:
+    # The loop's thread sleeps in poll() on the completion channel; a call handed over by
+    # another thread (a client's submit, through the hub) must end that sleep at once, not
+    # at the wait's timeout (docs/PROTOCOL.md section 9).
+    got, took = _wait_then_wake(device, spin_us=50, wake_after_s=0.3)
+    assert got == 0
+    assert took < 3.0, f"wake() did not end the sleep: wait returned after {took:.1f} s"
+
+
+def test_wake_ends_a_spinning_wait(device: Any) -> None:
+    got, took = _wait_then_wake(device, spin_us=TIMEOUT_US, wake_after_s=0.3)
+    assert got == 0
+    assert took < 3.0, f"wake() did not end the spin: wait returned after {took:.1f} s"
