@@ -216,16 +216,27 @@ class RoceCapture:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                data, addr = self.sock.recvfrom(65535)
+                self._take(*self.sock.recvfrom(65535))
             except TimeoutError:
                 continue
-            got = parse_roce_v2(data) if addr[1] == ETH_P_IP else None
-            if got is not None:
-                self.packets.append((addr[2] == PACKET_OUTGOING, *got))
+
+    def _take(self, data: bytes, addr: Any) -> None:
+        got = parse_roce_v2(data) if addr[1] == ETH_P_IP else None
+        if got is not None:
+            self.packets.append((addr[2] == PACKET_OUTGOING, *got))
 
     def stop(self) -> list[tuple[bool, int, int]]:
         self._stop.set()
         self._thread.join(5)
+        # What the kernel queued but the thread had not read yet is captured, not lost: a
+        # one-vCPU guest runs the thread behind the exchange, and a stop that left the
+        # queue unread saw 41 of the 300-odd packets each way of a run.
+        self.sock.setblocking(False)
+        while True:
+            try:
+                self._take(*self.sock.recvfrom(65535))
+            except BlockingIOError:
+                break
         # struct tpacket_stats: packets, drops (those the buffer had no room for), since open
         self.seen, self.dropped = struct.unpack(
             "II", self.sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8)
@@ -290,6 +301,7 @@ def test_the_lanes_packets_carry_the_configured_dscp(dscp: int | None) -> None:
         f"out {sorted(set(out))}, in {sorted(set(into))}"
     )
     assert cap.dropped == 0, f"the capture missed {cap.dropped} of {cap.seen} packets"
-    # fewer packets than messages: a WRITE carries consecutive slots, an ACK several WRITEs
-    assert len(out) >= 50 and len(into) >= 50, (len(out), len(into), len(packets))
+    # every message is at least one WRITE (docs/VERBS.md, the data path): 300 out, and the
+    # peer's 300 in (its ACKs besides, one for several of our WRITEs)
+    assert len(out) >= 300 and len(into) >= 300, (len(out), len(into), len(packets))
     assert set(out) == {want << 2} and set(into) == {want << 2}
