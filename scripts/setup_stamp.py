@@ -7,9 +7,10 @@ changed skips pip and the ~1.5-minute Cython build.
 The inputs: scripts/setup.sh itself (its Debian package list and pip steps), setup.py,
 pyproject.toml (dependencies, build requirements), every file under cython/ (the hot path's
 .pyx/.pxd/.h), the scheduler source Cython compiles (rdmasched/scheduler/core.py,
-core.pxd, task.py and task.pxd; the node core rdmasched/daemon/core.py and core.pxd), and the Python that runs this (the venv's interpreter and its version). Any change
-to one of them, or a missing stamp, means a full set-up. Standard library only: it runs
-before anything is installed.
+core.pxd, task.py and task.pxd; the node core rdmasched/daemon/core.py and core.pxd), and
+the Python that runs this (the venv's interpreter and its version). Any change to one of
+them, or a missing stamp, means a full set-up. Standard library only: it runs before
+anything is installed.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ export RDMASCHED_RESULTS
 RDMASCHED_RESULTS=$(realpath -m "$RESULTS")
 
 echo "== lint, format, types"
-.venv/bin/ruff check rdmasched tests
-.venv/bin/ruff format --check rdmasched tests
+.venv/bin/ruff check rdmasched tests scripts
+.venv/bin/ruff format --check rdmasched tests scripts
 .venv/bin/mypy
 
 echo "== tiers 1 and 2: wire, ring, scheduler, shm between processes"
