@@ -87,8 +87,8 @@ def _client(endpoint: str, k: int, conn: Any, stop_bg: Any, spin: int | None, ou
             json.dump([r for r in rec if r[1] & CRIT], f)
 
 
-def hops(spin: int | None, samples: int) -> dict[str, list[float]]:
-    """The hops of `samples` critical tasks (us each)."""
+def hops(spin: int | None, samples: int) -> dict[str, list[int]]:
+    """The hops of `samples` critical tasks (ns each)."""
     from rdmasched.bench.handoff import _cluster
     from rdmasched.clientproto import OP_START, OP_STOP, OP_SUBMIT, endpoint_name
     from rdmasched.daemon.clients import ClientHub
@@ -182,15 +182,11 @@ def hops(spin: int | None, samples: int) -> dict[str, list[float]]:
     at: dict[int, dict[str, int]] = {}
     for point, tid, t in rec:
         at.setdefault(tid, {}).setdefault(point, t)
-    return {
-        f"{a} -> {b}": sorted((e[b] - e[a]) / 1000 for e in at.values() if a in e and b in e)
-        for a, b in HOPS
-    }
+    return {f"{a} -> {b}": [e[b] - e[a] for e in at.values() if a in e and b in e] for a, b in HOPS}
 
 
-def cold_wake(rounds: int = 30) -> float:
-    """p50 us from a lock's release to the return of the thread asleep on it (after
-    65 ms)."""
+def cold_wake(rounds: int = 30) -> list[int]:
+    """ns from a lock's release to the return of the thread asleep on it (after 65 ms)."""
     import threading
 
     lock, woke, ts = threading.Lock(), [0], []
@@ -211,13 +207,13 @@ def cold_wake(rounds: int = 30) -> float:
         t0 = time.monotonic_ns()
         lock.release()
         done.wait(5)
-        ts.append((woke[0] - t0) / 1000)
+        ts.append(woke[0] - t0)
     t.join(5)
-    return sorted(ts)[len(ts) // 2]
+    return ts
 
 
-def cold_submit(rounds: int = 30) -> dict[str, float]:
-    """`NodeCore.submit` of a task that queues (4 slots busy): p50 us, back to back and
+def cold_submit(rounds: int = 30) -> dict[str, list[int]]:
+    """`NodeCore.submit` of a task that queues (4 slots busy), ns, back to back and
     after 65 ms of a spin that keeps this thread on its vCPU (warm in the CPU, cold in the
     caches the node core uses)."""
     from rdmasched.bench.handoff import _cluster
@@ -226,7 +222,7 @@ def cold_submit(rounds: int = 30) -> dict[str, float]:
     node = Node(_cluster(f"cold{uuid.uuid4().hex[:8]}", 4, 50), "h0")
     node.on_dispatch(lambda t, s: None)
     node.open()
-    core, tid, out = node.core, 0, {}
+    core, tid, out = node.core, 0, {}  # type: ignore[var-annotated]
     try:
         for i in range(4):
             node.carry_out(core.submit(node.new_task(i + 1, cost_ns=10**12), node.clock(), 0))
@@ -242,16 +238,18 @@ def cold_submit(rounds: int = 30) -> dict[str, float]:
                 now = node.clock()
                 t0 = time.perf_counter_ns()
                 effects = core.submit(task, now, 0)
-                ts.append((time.perf_counter_ns() - t0) / 1000)
+                ts.append(time.perf_counter_ns() - t0)
                 node.carry_out(effects)
                 node.carry_out(core.preempt(1000 + tid, None, True, node.clock()))
-            out[mode] = sorted(ts)[len(ts) // 2]
+            out[mode] = ts
     finally:
         node.stop()
     return out
 
 
 def main() -> int:
+    from rdmasched.stats import percentile_us
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--spin-us", type=int, default=None, help="daemon and clients")
     ap.add_argument("--samples", type=int, default=100)
@@ -259,11 +257,11 @@ def main() -> int:
     print(f"load {os.getloadavg()[0]:.2f}; spin {args.spin_us}; {args.samples} critical tasks")
     for hop, d in hops(args.spin_us, args.samples).items():
         if d:
-            p50, p90, p99 = (d[min(len(d) - 1, int(len(d) * q))] for q in (0.5, 0.9, 0.99))
+            p50, p90, p99 = (percentile_us(d, q) or 0.0 for q in (50, 90, 99))
             print(f"  {hop:<20} n={len(d):<4} p50 {p50:7.1f}  p90 {p90:7.1f}  p99 {p99:7.1f} us")
-    print(f"  a thread woken after 65 ms asleep: p50 {cold_wake():.1f} us")
-    for mode, us in cold_submit().items():
-        print(f"  NodeCore.submit, {mode}: p50 {us:.1f} us")
+    print(f"  a thread woken after 65 ms asleep: p50 {percentile_us(cold_wake(), 50):.1f} us")
+    for mode, ts in cold_submit().items():
+        print(f"  NodeCore.submit, {mode}: p50 {percentile_us(ts, 50):.1f} us")
     return 0
 
 
