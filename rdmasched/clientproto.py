@@ -7,7 +7,9 @@ Nothing here runs a lane; it names them and says what travels in them.
 **Lanes and doorbells.** A daemon is found by its endpoint `<cluster>.<host>`
 (`endpoint_name`); client k (the rank's LOCAL_RANK) has two shm lanes, `up_lane` (client ->
 daemon, created by the daemon when it opens) and `down_lane` (daemon -> client, created by
-the client), and each end waits on a doorbell of its own (`bell_name`).
+the client). A client waits on a doorbell of its own (`bell_name`); the daemon's up lanes
+name the node's doorbell on shm links (the node's loop reads them) and one of the hub's own
+("d") on verbs links (docs/CLIENT.md).
 
 **Messages.** A client lane carries the ring's ordinary messages (rdmasched.wire: kind, id,
 job, priority, flags, arg0..arg2, meta); what a message means is its **op**, which travels

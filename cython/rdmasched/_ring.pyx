@@ -942,6 +942,16 @@ cdef class LaneSet:
         self._n += 1
         return self._n - 1
 
+    def truncate(self, n):
+        """Keep the first `n` lanes and let go of the rest (their owner closes them). Only
+        while no thread waits on or drains this set: on the thread that does, or after it
+        stopped (`Loop.disown`)."""
+        if not 0 <= n <= self._n:
+            raise ValueError(f"truncate({n}) of a set of {self._n} lanes")
+        del self._lanes[n:]
+        self._n = <uint32_t>n
+        self._next = 0
+
     def __len__(self):
         return self._n
 

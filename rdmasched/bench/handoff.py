@@ -191,7 +191,7 @@ def client_throughput(
         "tasks": total,
         "seconds": wall,
         "tasks_per_s": total / wall,
-        # the daemon process's CPU over the run (loop thread + the hub's reader)
+        # the daemon process's CPU over the run (its loop thread reads the ranks' lanes too)
         "daemon_cpu_pct": 100.0 * (c1.user - c0.user + c1.system - c0.system) / wall,
         # the rank processes' CPU over the run, summed (100 = one core)
         "ranks_cpu_pct": 100.0 * sum(r[5] for r in res) / wall,

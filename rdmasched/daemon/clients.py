@@ -12,9 +12,11 @@ socket on the message path):
 The lanes' names, the messages' ops and the error frames are the client-lane protocol,
 `rdmasched.clientproto`, which the client imports too. The daemon creates the up lanes of
 clients 0..max_clients-1 when it opens (one per slot by default; `k` is the rank's
-LOCAL_RANK), with a doorbell of its own, and one thread (`rdmasched-clients<id>`) waits on
-them; every message it reads is handed to the node's loop (`Node.call_soon`), which owns
-all the state below, so nothing here is shared between threads.
+LOCAL_RANK). On shm links they ring the node's doorbell and the node's loop reads them in
+its own wait (`Loop.adopt`; every `check_ms` a loop timer looks for clients gone); on verbs
+links they have a doorbell of their own and one thread (`rdmasched-clients<id>`) waits on
+them and hands every batch to the node's loop (`Node.call_soon`). The loop owns all the
+state below, so nothing here is shared between threads.
 
 The hub drives the node through its public surface: it takes over the node's handlers
 (`Node.handlers` are its fallback) on the loop thread, the node's loop running or not (a
@@ -66,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 from rdmasched import Kind
 from rdmasched._ring import Batch, LaneSet, RxLane, TxLane
 from rdmasched._shm import read_header
+from rdmasched._wire import Message
 from rdmasched.api import LATER, Handlers, check_gang
 from rdmasched.clientproto import (
     NONE,
@@ -113,6 +116,7 @@ from rdmasched.scheduler.task import TaskState, task_key
 from rdmasched.transport import shm
 
 if TYPE_CHECKING:
+    from rdmasched.daemon.loop import Loop
     from rdmasched.daemon.node import Node
 
 _log = logging.getLogger("rdmasched.clients")
@@ -128,6 +132,12 @@ _NEW_SESSION = (
     "; a new training session starts its groups again under a session of its own (the "
     "launcher's run, or Client(session=...)), docs/CLIENT.md"
 )
+
+
+def _fields(m: Message, k: int) -> tuple[Any, ...]:
+    """What `ClientHub._handle` takes of client `k`'s message `m` (a copy: a batch is
+    reused once read)."""
+    return (k, m.hops, m.kind, m.id, m.job, m.priority, m.flags, m.arg0, m.arg1, m.arg2, m.meta)
 
 
 class _Client:
@@ -183,6 +193,10 @@ class ClientHub:
         #: their doorbell, us (docs/DAEMON.md, "Spinning")
         self.spin_us = spin_us
         self._rx: list[RxLane] = []
+        #: who reads the up lanes: the node's loop, in its own wait (`_loop`, shm links),
+        #: else a thread of the hub's (`_thread`) on a set and doorbell of its own
+        self._loop: Loop | None = None
+        self._adopted = False
         self._set: LaneSet | None = None
         self._bell: shm.Doorbell | None = None
         self._thread: threading.Thread | None = None
@@ -226,6 +240,8 @@ class ClientHub:
         self._doomed: set[int] = set()
         self._doomed_running: list[int] = []
         self._slicing = False
+        #: STOP notices of this pass's preemptions not written yet (`_write_stops`)
+        self._stops: list[tuple[Any, ...]] = []
         #: PREEMPT(cancel)s clients asked for (a queued task ends unseen: `_prune`)
         self._cancels = 0
         self.rejected: dict[str, int] = {}
@@ -234,37 +250,43 @@ class ClientHub:
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def open(self) -> ClientHub:
-        """Create the up lanes and the doorbell, take over the node's handlers, start the
-        thread that reads the lanes."""
-        bell = shm.Doorbell.create(bell_name(self.endpoint, "d"))
-        self._bell = bell
-        lanes = LaneSet()
-        lanes.set_doorbell(bell, bell.address)
+        """Create the up lanes, take over the node's handlers, and start reading the lanes:
+        in the node's loop's own wait when its links are shm (the lanes ring the node's
+        doorbell), else on a thread of the hub's with a doorbell of its own."""
+        node = self.node
+        loop = node.loop
+        shared = loop.adoptable() if loop is not None else None
+        self._loop = loop if shared is not None else None  # before `_take_over` can run
         try:
+            if shared is None:
+                self._bell = shm.Doorbell.create(bell_name(self.endpoint, "d"))
+                self._set = LaneSet()
+                self._set.set_doorbell(self._bell, self._bell.address)
+            bell = shared or self._bell
             for k in range(self.max_clients):
                 rx = shm.create_lane(up_lane(self.endpoint, k), self.nslots, doorbell=bell)
                 self._rx.append(rx)
-                lanes.add(rx)
-            # on the loop thread, before anything the reader hands it: the loop may run
-            self.node.call_soon(self._take_over)
+                if self._set is not None:
+                    self._set.add(rx)
+            # on the loop thread, before anything the lanes bring: the loop may run
+            node.call_soon(self._take_over)
         except BaseException:
             self.close()
             raise
-        self._set = lanes
-        node = self.node
         node.hub = self
-        self._thread = threading.Thread(
-            target=self._read, name=f"rdmasched-clients{node.id}", daemon=True
-        )
-        self._thread.start()
+        if self._loop is None:
+            self._thread = threading.Thread(
+                target=self._read, name=f"rdmasched-clients{node.id}", daemon=True
+            )
+            self._thread.start()
         _log.info(
             "node %d: serving clients at %s (%d); after a message the loop spins %s us, "
-            "the clients' reader %d us",
+            "the clients' reader %s",
             node.id,
             self.endpoint,
             self.max_clients,
-            "?" if node.loop is None else node.loop.spin_us,
-            self.spin_us,
+            "?" if loop is None else loop.spin_us,
+            "is the loop" if self._loop is not None else f"{self.spin_us} us",
         )
         return self
 
@@ -272,7 +294,11 @@ class ClientHub:
         """Take over the node's handlers (loop thread). A node may run before its hub opens
         (`rdmasched daemon` serves a started node, on which peers place tasks at once): a
         task that started meanwhile with no dispatch handler was run by no one, so it is
-        started now, on a client or, with none yet, waiting for the first (`_hand_over`)."""
+        started now, on a client or, with none yet, waiting for the first (`_hand_over`).
+        On shm links the loop reads the up lanes from here on, and checks their clients
+        every `check_ms`."""
+        if self._stop.is_set():  # closed before the loop came to this
+            return
         node = self.node
         self._own: Handlers = node.handlers
         node.on_dispatch(self._on_start)
@@ -285,15 +311,22 @@ class ClientHub:
             for t in node.scheduler.running():
                 if t.group is None and t.slot is not None:  # not a sync task
                     self._on_start(t, t.slot)
+        if self._loop is not None:
+            self._loop.adopt(self._rx, self._on_lane)
+            self._adopted = True
+            node.call_later(self.check_ns, self._check_tick)
 
     def close(self) -> None:
-        """Stop reading, close every lane (clients waiting on this daemon find it gone)."""
+        """Stop reading, close every lane (clients waiting on this daemon find it gone).
+        Safe twice; from any thread."""
         self._stop.set()
         if self._set is not None:
             self._set.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5)
         self._thread = None
+        if not self._let_go():
+            return
         for c in list(self.clients.values()):
             c.tx.close()
         self.clients.clear()
@@ -305,6 +338,37 @@ class ClientHub:
         if self._bell is not None:
             self._bell.close()
             self._bell = None
+
+    def _let_go(self) -> bool:
+        """The node's loop stops reading the up lanes (shm): at once when no thread runs it
+        or this is its thread, else on its thread after what was posted before (the
+        adoption among it), waited for. False if it did not answer in 5 s (a handler that
+        never returns): the lanes are left open then, not closed under a reader."""
+        loop = self._loop
+        if loop is None:
+            return True
+        if loop.running and not loop.in_loop():
+            done = threading.Event()
+
+            def release() -> None:
+                self._release_lanes()
+                done.set()
+
+            loop.post(release)
+            if not done.wait(5) and loop.running:
+                _log.warning(
+                    "node %d: the loop did not let go of the client lanes in 5 s; left open",
+                    self.node.id,
+                )
+                return False
+        self._release_lanes()
+        self._loop = None
+        return True
+
+    def _release_lanes(self) -> None:
+        if self._adopted and self._loop is not None:
+            self._loop.disown()
+        self._adopted = False
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -323,7 +387,28 @@ class ClientHub:
             "msgs_out": self.msgs_out,
         }
 
-    # ---- the reader thread ----------------------------------------------------------------------
+    # ---- reading the up lanes: the node's loop (shm) ---------------------------------------------
+    def _on_lane(self, m: Message, k: int) -> None:
+        """A message of client `k`'s up lane, read by the node's loop (`Loop.adopt`)."""
+        self._handle_all([_fields(m, k)])
+
+    def _check_tick(self) -> None:
+        """Every `check_ms` on the loop thread: drop the clients whose process is gone,
+        after carrying out all that they wrote (a COMPLETE written just before the exit is
+        taken, not lost to the cancel of the dead client's tasks)."""
+        if self._stop.is_set() or self._loop is None:
+            return
+        gone = frozenset(
+            k
+            for k in self.clients
+            if not shm.sender_alive(self._rx[k])  # type: ignore[arg-type]
+        )
+        if gone:
+            self._loop.drain_now()
+            self._check_clients(gone)
+        self.node.call_later(self.check_ns, self._check_tick)
+
+    # ---- reading the up lanes: a thread of the hub's (verbs links) -------------------------------
     def _read(self) -> None:
         lanes = self._set
         assert lanes is not None
@@ -361,22 +446,7 @@ class ClientHub:
     def _post_batch(self, batch: Batch) -> bool:
         """Hand the messages of `batch` to the node's loop, in order; False once the node is
         gone."""
-        msgs = [
-            (
-                m.lane,
-                m.hops,
-                m.kind,
-                m.id,
-                m.job,
-                m.priority,
-                m.flags,
-                m.arg0,
-                m.arg1,
-                m.arg2,
-                m.meta,
-            )
-            for m in batch
-        ]
+        msgs = [_fields(m, m.lane) for m in batch]
         return self._post(lambda: self._handle_all(msgs))
 
     def _post(self, fn: Any) -> bool:
@@ -766,6 +836,8 @@ class ClientHub:
                 self.waiting[(task.origin, task.id)] = (task, slot)
             return
         self.running_on[(task.origin, task.id)] = k
+        if self._stops:
+            self._write_stops(k)
         self._send(
             k,
             Kind.DISPATCH,
@@ -779,6 +851,8 @@ class ClientHub:
             OP_START,
             task.payload,
         )
+        if self._stops:
+            self._write_stops()
 
     def _on_preempt(self, task: Task, slot: int, cancel: bool) -> Any:
         key = (task.origin, task.id)
@@ -792,19 +866,32 @@ class ClientHub:
             self.running_on.pop((task.origin, task.id), None)
             own = self._own.preempt
             return own(task, slot, cancel) if own is not None and k is None else task.progress_ns
-        self._send(
-            k,
-            Kind.PREEMPT,
-            task.id,
-            task.job,
-            0,
-            slot,
-            task.progress_ns,
-            int(cancel),
-            task.origin,
-            OP_STOP,
-        )
+        # written after the START this preemption makes room for, if one comes in this pass
+        # (`_write_stops`): a rank's reader woken by the STOP may run in the loop's place
+        stop = (k, Kind.PREEMPT, task.id, task.job, 0, slot, task.progress_ns, int(cancel))
+        if not self._stops:
+            try:
+                self.node.call_soon(self._write_stops)  # no START came: after the pass
+            except RdmaschedError:  # the node is stopping: now
+                self._send(*stop, task.origin, OP_STOP)
+                return LATER
+        self._stops.append((*stop, task.origin, OP_STOP))
         return LATER  # its answer comes as OP_YIELDED
+
+    def _write_stops(self, k: int | None = None) -> None:
+        """Write the STOP notices of this pass's preemptions not written yet (`k`: only
+        those to client k), in the order decided. A START goes before the STOPs it made room
+        for on other clients' lanes, and after those on its own: one lane keeps the order
+        decided (a rank whose co-located work is preempted for its own step has it stopped
+        before the step starts, docs/TORCH.md). A STOP is never written after its own
+        task's later START: a preempted task starts again only after this STOP's answer."""
+        if k is None:
+            stops, self._stops = self._stops, []
+        else:
+            stops = [a for a in self._stops if a[0] == k]
+            self._stops = [a for a in self._stops if a[0] != k]
+        for a in stops:
+            self._send(*a)
 
     def _on_sync(self, task: Task, slot: int) -> Any:
         gid = task.group if task.group is not None else 0

@@ -35,14 +35,15 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from rdmasched._ring import Batch, TxLane
+from rdmasched._ring import Batch, RxLane, TxLane
 from rdmasched._wire import Message
 from rdmasched.daemon.links import Links
 from rdmasched.daemon.probe import Probe
 from rdmasched.errors import EpochError, LaneError, LaneFullError, PeerDeadError
+from rdmasched.transport import shm
 
 _log = logging.getLogger("rdmasched.daemon")
 
@@ -112,6 +113,11 @@ class Loop:
         self.peers: frozenset[int] = links.peers
         self.outbox_waits = 0
         self.dropped = 0
+        #: lanes of another owner read in this loop's wait (`adopt`): the index of the first
+        #: in `links.inbound`, and who takes their messages
+        self._adopted_at: int | None = None
+        self._adopted: Callable[[Message, int], None] | None = None
+        self._on_message: Handler | None = None
 
     # ---- time ------------------------------------------------------------------------------
     def call_at(self, t_ns: int, fn: Callable[[], None]) -> None:
@@ -119,6 +125,65 @@ class Loop:
 
     def call_later(self, delay_ns: int, fn: Callable[[], None]) -> None:
         self.call_at(self.clock() + delay_ns, fn)
+
+    # ---- lanes of another owner, read in this loop's one wait ------------------------------
+    def adoptable(self) -> shm.Doorbell | None:
+        """The doorbell this loop sleeps on if it can read other shm lanes in its wait
+        (`adopt`): shm links' (`ShmLinks.doorbell`); None on verbs, whose wait sleeps on
+        completion channels."""
+        return getattr(self.links, "doorbell", None)
+
+    def adopt(self, lanes: Sequence[RxLane], on_message: Callable[[Message, int], None]) -> None:
+        """Read `lanes` in this loop's wait, beside the peers' lanes: a message of
+        `lanes[i]` goes to `on_message(m, i)`, in the order the wait drained it (the client
+        hub's up lanes, docs/CLIENT.md). They are shm lanes created on `adoptable()`'s
+        doorbell. On the loop thread, or while no thread runs the loop; one owner at a time,
+        who takes them back with `disown` before it closes them."""
+        if self._adopted is not None:
+            raise RuntimeError("this loop already reads the lanes of another owner")
+        inbound, peer_of = self.links.inbound, self.links.inbound_peer
+        self._adopted_at = len(inbound)
+        for i, rx in enumerate(lanes):
+            inbound.add(rx)
+            peer_of.append(-1 - i)  # not a peer: `run` hands it to the owner
+        self._adopted = on_message
+
+    def disown(self) -> None:
+        """Stop reading the adopted lanes (where `adopt` may be called). Safe twice."""
+        at = self._adopted_at
+        if at is None:
+            return
+        self.links.inbound.truncate(at)
+        del self.links.inbound_peer[at:]
+        self._adopted = self._adopted_at = None
+
+    def drain_now(self) -> None:
+        """Read every inbound lane until none has a message, and handle what came as after
+        a wait. From a timer on the loop thread: the hub's check of its clients, which must
+        carry out all that a client wrote before it is dropped."""
+        on_message = self._on_message
+        if on_message is None:
+            return
+        batch = Batch(self._batch_cap)
+        while self.links.inbound.drain(batch):
+            for m in batch:
+                self._route(m, on_message)
+                while self._inbox:
+                    self._inbox.popleft()()
+            self.msgs_in += len(batch)
+            batch.clear()
+
+    def _route(self, m: Message, on_message: Handler) -> None:
+        """Hand `m` to `on_message` with its peer, or to the owner of its adopted lane (a
+        lane disowned by a handler of the same batch: dropped, its owner let go of it)."""
+        try:
+            peer = self.links.inbound_peer[m.lane]
+        except IndexError:
+            return
+        if peer >= 0:
+            on_message(m, peer)
+        elif self._adopted is not None:
+            self._adopted(m, -1 - peer)
 
     # ---- other threads -------------------------------------------------------------------
     def in_loop(self) -> bool:
@@ -322,9 +387,10 @@ class Loop:
     def run(self, on_message: Handler, until: Callable[[], bool] | None = None) -> None:
         """Poll, dispatch messages to `on_message`, fire timers, until `stop()` or `until()`."""
         self._thread = threading.get_ident()
+        self._on_message = on_message
         batch = self._batch
         inbound = self.links.inbound
-        peer_of = self.links.inbound_peer
+        route = self._route
         timers = self._timers
         inbox = self._inbox
         clock = self.clock
@@ -384,7 +450,7 @@ class Loop:
                     for m in batch:
                         # the clock was read just now, after the wait: it is read again
                         # after each message, off the path from the lane to the handler
-                        on_message(m, peer_of[m.lane])
+                        route(m, on_message)
                         while inbox:  # what its handlers asked for, before the next one
                             inbox.popleft()()
                         if probe is not None:  # point 6: the next message's turn
@@ -397,6 +463,7 @@ class Loop:
                     self.msgs_in += got  # counted after the batch: off the path to a handler
         finally:
             self._thread = None
+            self._on_message = None
 
     def pending_timers(self) -> int:
         return len(self._timers)

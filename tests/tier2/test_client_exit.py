@@ -7,7 +7,9 @@ Found in CI (test_managed_run_under_repeated_preemption_completes_every_step, a 
 machine): the daemon's reader drained the lanes, the rank wrote its COMPLETE and exited, and
 the reader's liveness check, posted after that drain, found the process gone and cancelled
 the task before the next drain read the COMPLETE. Here the reader is held, for real, at
-that point: right after a drain, until the rank has written and exited.
+that point: right after a drain, until the rank has written and exited. The same on both
+readers of the up lanes: a thread of the hub's (verbs links), and the node's loop (shm
+links), whose check of its clients is held at its start the same way.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from rdmasched._ring import LaneSet
 from rdmasched.cluster import ClusterConfig
 from rdmasched.daemon import clients as clients_mod
 from rdmasched.daemon.clients import ClientHub
+from rdmasched.daemon.loop import Loop
 from rdmasched.daemon.node import Node
 from tests.waiting import wait_for
 
@@ -68,15 +71,31 @@ class HeldLanes:
         return getattr(self._real, name)
 
 
-@pytest.fixture
-def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Node, ClientHub, HeldLanes]]:
+@pytest.fixture(params=["thread", "loop"])
+def held(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Node, ClientHub, HeldLanes]]:
     sets: list[HeldLanes] = []
+    if request.param == "thread":  # the reader of verbs links: the hub's own thread
+        monkeypatch.setattr(Loop, "adoptable", lambda self: None)
 
-    def lane_set() -> HeldLanes:
-        sets.append(HeldLanes(LaneSet()))
-        return sets[-1]
+        def lane_set() -> HeldLanes:
+            sets.append(HeldLanes(LaneSet()))
+            return sets[-1]
 
-    monkeypatch.setattr(clients_mod, "LaneSet", lane_set)
+        monkeypatch.setattr(clients_mod, "LaneSet", lane_set)
+    else:  # the node's loop: its check of the clients held before it looks
+        sets.append(HeldLanes(None))
+        tick = ClientHub._check_tick
+
+        def held_tick(hub: ClientHub) -> None:
+            lanes = sets[0]
+            if lanes.armed.is_set() and not lanes.held.is_set():
+                lanes.hold()
+                lanes.held.set()
+            tick(hub)
+
+        monkeypatch.setattr(ClientHub, "_check_tick", held_tick)
     cfg = ClusterConfig.from_dict(
         {
             "cluster": {"name": f"ce{os.getpid()}-{uuid.uuid4().hex[:6]}"},
@@ -107,7 +126,7 @@ def test_a_complete_written_just_before_the_rank_exits_is_taken(
     try:
         assert rank.stdout.readline().strip() == "running"
 
-        def complete_and_exit() -> None:  # on the reader thread, right after a drain
+        def complete_and_exit() -> None:  # on the reader, right after a drain
             assert rank.stdin is not None
             rank.stdin.write("go\n")
             rank.stdin.flush()
