@@ -11,12 +11,11 @@ benchmark: it wraps methods of the hub and the client with a clock read (CLOCK_M
 one clock for every process of the host) at each hop of a critical task:
 
     submit   client 0 calls Client.submit             (and `returned`: the call is back)
-    reader   the hub's reader thread has it           (ClientHub._post_batch)
-    loop     the loop thread takes the batch          (ClientHub._handle_all)
-    handle   ... and the SUBMIT itself                (ClientHub._handle)
+    loop     the node's loop has read it              (ClientHub._handle_all)
+    handle   ... and handles the SUBMIT               (ClientHub._handle)
     preempt  the victim's preempt handler is entered  (ClientHub._on_preempt)
-    stop     its STOP notice is written (and rung)    (ClientHub._send)
     start    the START notice is written (and rung)   (ClientHub._send)
+    stop     then the victim's STOP (and rung)        (ClientHub._send)
     rx       client 0's reader thread has it          (Client._on_message)
     work     the task's first line, on a work thread  (bench peers' _Worker._run)
 
@@ -42,12 +41,11 @@ from typing import Any
 CRIT = 1 << 39  # bench peers' critical task ids
 HOPS = [
     ("submit", "returned"),
-    ("submit", "reader"),
-    ("reader", "loop"),
+    ("submit", "loop"),
     ("loop", "handle"),
     ("handle", "preempt"),
-    ("preempt", "stop"),
-    ("stop", "start"),
+    ("preempt", "start"),
+    ("start", "stop"),
     ("start", "rx"),
     ("rx", "work"),
     ("submit", "work"),
@@ -98,13 +96,8 @@ def hops(spin: int | None, samples: int) -> dict[str, list[int]]:
     rec: list[tuple[str, int, int]] = []
     last_stop = [0, 0]  # (entered the preempt handler, STOP written): the latest
     cls = ClientHub
-    post_batch, handle_all, handle = cls._post_batch, cls._handle_all, cls._handle
+    handle_all, handle = cls._handle_all, cls._handle
     on_preempt, send = cls._on_preempt, cls._send
-
-    def post_batch_(self: Any, batch: Any) -> bool:
-        now = time.monotonic_ns()
-        rec.extend(("reader", m.id, now) for m in batch if m.hops == OP_SUBMIT and m.id & CRIT)
-        return post_batch(self, batch)
 
     def handle_all_(self: Any, msgs: list[Any]) -> None:
         now = time.monotonic_ns()
@@ -132,7 +125,6 @@ def hops(spin: int | None, samples: int) -> dict[str, list[int]]:
         elif op == OP_START and id & CRIT:
             rec.append(("start", id, time.monotonic_ns()))
 
-    cls._post_batch = post_batch_  # type: ignore[method-assign]
     cls._handle_all = handle_all_  # type: ignore[method-assign]
     cls._handle = handle_  # type: ignore[method-assign]
     cls._on_preempt = on_preempt_  # type: ignore[method-assign]
