@@ -836,8 +836,6 @@ class ClientHub:
                 self.waiting[(task.origin, task.id)] = (task, slot)
             return
         self.running_on[(task.origin, task.id)] = k
-        if self._stops:
-            self._write_stops(k)
         self._send(
             k,
             Kind.DISPATCH,
@@ -881,10 +879,12 @@ class ClientHub:
     def _write_stops(self, k: int | None = None) -> None:
         """Write the STOP notices of this pass's preemptions not written yet (`k`: only
         those to client k), in the order decided. A START goes before the STOPs it made room
-        for on other clients' lanes, and after those on its own: one lane keeps the order
-        decided (a rank whose co-located work is preempted for its own step has it stopped
-        before the step starts, docs/TORCH.md). A STOP is never written after its own
-        task's later START: a preempted task starts again only after this STOP's answer."""
+        for on other clients' lanes; anything written to a client's lane goes after the
+        STOPs to that client (`_send`): one lane keeps the order decided (a rank whose
+        co-located work is preempted for its own step has it stopped before the step starts,
+        docs/TORCH.md; a compute task preempted by its step's sync hears the STOP before the
+        SYNC). A STOP is never written after its own task's later START: a preempted task
+        starts again only after this STOP's answer."""
         if k is None:
             stops, self._stops = self._stops, []
         else:
@@ -947,6 +947,8 @@ class ClientHub:
         hops: int = 0,
         meta: dict[str, Any] | None = None,
     ) -> None:
+        if self._stops:  # this pass's STOPs to k go first: one lane keeps the order decided
+            self._write_stops(k)
         c = self.clients.get(k)
         if c is None:
             return

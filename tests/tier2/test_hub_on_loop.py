@@ -158,3 +158,33 @@ def test_on_one_clients_lane_the_stop_still_comes_before_the_start(monkeypatch: 
             rank.flush()
     finally:
         node.stop()
+
+
+def test_a_task_preempted_by_its_own_sync_hears_the_stop_before_the_sync() -> None:
+    """The PyTorch integration's shape: the step's compute task holds the one slot; the
+    step's bucket sync (priority 255) preempts it. On the rank's lane the STOP comes before
+    the SYNC, as decided, so its answer is in before the sync ends and the slot goes back to
+    the compute task, not to lower-priority work queued behind it (the TORCH.md example's
+    co-located job ran inside the step when the STOP came after the SYNC)."""
+    order: list[str] = []
+    cfg = ClusterConfig.from_dict(
+        {
+            "cluster": {"name": f"ps{os.getpid()}-{uuid.uuid4().hex[:6]}", "heartbeat_ms": 20},
+            "node": [{"name": "h0", "slots": 1}],
+        }
+    )
+    node = Node(cfg, "h0", spin_us=0).start()
+    try:
+        hub = ClientHub(node, max_clients=1).open()
+        with Client(hub.endpoint, 0) as rank:
+            rank.on_dispatch(lambda t, slot: order.append(f"start {t.id}"))
+            rank.on_preempt(lambda t, slot, cancel: order.append(f"stop {t.id}") or 0)
+            rank.on_sync(lambda t, slot: order.append("sync") or True)
+            rank.define_group(7, rank.nodes, local=1)
+            rank.dispatch(1, priority=200)
+            assert rank.wait_for(lambda: order == ["start 1"], 10), order
+            rank.sync_ready(7, 0)
+            assert rank.wait_for(lambda: len(order) >= 3, 10), order
+            assert order[:3] == ["start 1", "stop 1", "sync"], order
+    finally:
+        node.stop()
