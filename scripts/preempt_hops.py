@@ -17,7 +17,8 @@ one clock for every process of the host) at each hop of a critical task:
     start    the START notice is written (and rung)   (ClientHub._send)
     stop     then the victim's STOP (and rung)        (ClientHub._send)
     rx       client 0's reader thread has it          (Client._on_message)
-    work     the task's first line, on a work thread  (bench peers' _Worker._run)
+    work     the task's first line: in the reader's dispatch handler for a no-op
+             (bench peers' _Worker._dispatch), else on a work thread (_Worker._run)
 
 Then two figures of this host, measured in the same run, to compare the hops with: a
 Python thread woken through a lock by another after 65 ms asleep (the floor of one
@@ -58,7 +59,8 @@ def _client(endpoint: str, k: int, conn: Any, stop_bg: Any, spin: int | None, ou
     from rdmasched.bench import peers
 
     rec: list[tuple[str, int, int]] = []
-    on_message, submit, run = cm.Client._on_message, cm.Client.submit, peers._Worker._run
+    on_message, submit = cm.Client._on_message, cm.Client.submit
+    dispatch, run = peers._Worker._dispatch, peers._Worker._run
 
     def on_message_(self: Any, m: Any) -> None:
         if m.hops == cm.OP_START and m.id & CRIT:
@@ -71,12 +73,18 @@ def _client(endpoint: str, k: int, conn: Any, stop_bg: Any, spin: int | None, ou
         rec.append(("returned", tid, time.monotonic_ns()))
         return r
 
+    def dispatch_(self: Any, task: Any, slot: int) -> None:
+        if task.cost_ns - task.progress_ns <= peers.INLINE_NS:
+            rec.append(("work", task.id, time.monotonic_ns()))
+        dispatch(self, task, slot)
+
     def run_(self: Any, tid: int, *a: Any) -> None:
         rec.append(("work", tid, time.monotonic_ns()))
         run(self, tid, *a)
 
     cm.Client._on_message = on_message_  # type: ignore[method-assign]
     cm.Client.submit = submit_  # type: ignore[method-assign]
+    peers._Worker._dispatch = dispatch_  # type: ignore[method-assign]
     peers._Worker._run = run_  # type: ignore[method-assign]
     try:
         peers._client_main(endpoint, k, 6, conn, stop_bg, spin)

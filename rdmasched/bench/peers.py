@@ -7,7 +7,8 @@ number of slots (4 by default):
 - **rdmasched**: one `rdmasched daemon` (its own process, `python -m rdmasched.cli daemon`)
   and `slots` client processes (`rdmasched.Client`), each submitting its own tasks; the
   daemon starts a task on the client that submitted it (today's shape: a task runs on its
-  owner), which runs `work` on a thread of its own and completes it. A high-priority task
+  owner), which runs `work` and completes it: a no-op (at most `INLINE_NS`) at once in its
+  dispatch handler, a longer task on a thread of its own. A high-priority task
   takes a slot from a low-priority one by preemption: the client's `on_preempt` stops its
   `work` (the function waits on an event) and the daemon requeues it with its progress.
 - **Ray** (`ray.init(num_cpus=slots, include_dashboard=False, resources={"critical": 1})`):
@@ -229,10 +230,18 @@ def _pace(period_s: float, i: int, t0: float) -> None:
 
 
 # ---- rdmasched: a daemon and its clients ---------------------------------------------------------
+#: a task expected to take at most this long runs on the client's reader thread, in its
+#: `on_dispatch` handler, instead of being handed to a work thread (a hand-off costs a
+#: thread's wake-up, 100-140 us here: docs/PERFORMANCE-LOG.md); a longer one would hold the
+#: reader, and with it the rank's other notices, for its whole run (docs/CLIENT.md, "Handlers")
+INLINE_NS = 100_000
+
+
 class _Worker:
-    """A client process's worker (rdmasched): `on_dispatch` hands a task to a thread of its
-    own, which runs `work` (its remaining time: cost - progress) and completes it; an
-    `on_preempt` stops it there and gives its progress."""
+    """A client process's worker (rdmasched): `on_dispatch` runs a task whose remaining time
+    (cost - progress) is at most `INLINE_NS` at once, on the reader thread, and hands a
+    longer one to a thread of its own; either runs `work` and completes it. An `on_preempt`
+    stops a handed-over task there and gives its progress."""
 
     def __init__(self, client: Any, threads: int) -> None:
         self.client = client
@@ -246,9 +255,16 @@ class _Worker:
         client.on_preempt(self._preempt)
 
     def _dispatch(self, task: Any, slot: int) -> None:
+        left = max(0, task.cost_ns - task.progress_ns)
+        if left <= INLINE_NS:  # nothing can preempt it: the reader is running it
+            first = self.first.pop(task.id, None)
+            t = work(left / 1e6)
+            self.client.complete(task.id)
+            self.done(task.id, t if first is None else first)
+            return
         run: tuple[threading.Event, list[int]] = (threading.Event(), [0])
         self.runs[task.id] = run
-        self.pool.submit(self._run, task.id, max(0, task.cost_ns - task.progress_ns), run)
+        self.pool.submit(self._run, task.id, left, run)
 
     def _run(self, tid: int, left_ns: int, run: tuple[threading.Event, list[int]]) -> None:
         stop, began = run
