@@ -74,7 +74,7 @@ def _client(endpoint: str, k: int, conn: Any, stop_bg: Any, spin: int | None, ou
         return r
 
     def dispatch_(self: Any, task: Any, slot: int) -> None:
-        if task.cost_ns - task.progress_ns <= peers.INLINE_NS:
+        if peers.runs_inline(task):
             rec.append(("work", task.id, time.monotonic_ns()))
         dispatch(self, task, slot)
 

@@ -237,6 +237,12 @@ def _pace(period_s: float, i: int, t0: float) -> None:
 INLINE_NS = 100_000
 
 
+def runs_inline(task: Any) -> bool:
+    """Whether the worker runs `task` in its dispatch handler: what is left of it (cost -
+    progress) is at most `INLINE_NS`."""
+    return bool(task.cost_ns - task.progress_ns <= INLINE_NS)
+
+
 class _Worker:
     """A client process's worker (rdmasched): `on_dispatch` runs a task whose remaining time
     (cost - progress) is at most `INLINE_NS` at once, on the reader thread, and hands a
@@ -256,11 +262,8 @@ class _Worker:
 
     def _dispatch(self, task: Any, slot: int) -> None:
         left = max(0, task.cost_ns - task.progress_ns)
-        if left <= INLINE_NS:  # nothing can preempt it: the reader is running it
-            first = self.first.pop(task.id, None)
-            t = work(left / 1e6)
-            self.client.complete(task.id)
-            self.done(task.id, t if first is None else first)
+        if runs_inline(task):  # nothing can preempt it: the reader is running it
+            self._finish(task.id, work(left / 1e6))
             return
         run: tuple[threading.Event, list[int]] = (threading.Event(), [0])
         self.runs[task.id] = run
@@ -274,7 +277,12 @@ class _Worker:
         if stop.is_set():  # preempted: the daemon starts it again, for what is left
             return
         self.runs.pop(tid, None)
-        self.first.pop(tid, None)
+        self._finish(tid, first)
+
+    def _finish(self, tid: int, started: int) -> None:
+        """Complete task `tid`, which started (its first run, if it was preempted) at
+        `started` unless an earlier run was recorded."""
+        first = self.first.pop(tid, started)
         self.client.complete(tid)
         self.done(tid, first)
 

@@ -17,7 +17,6 @@ class _Client:
     def __init__(self) -> None:
         self.completed: list[tuple[int, int]] = []  # (task id, the completing thread)
         self.handlers: dict[str, Any] = {}
-        self.done = threading.Event()
 
     def on_dispatch(self, fn: Any) -> None:
         self.handlers["dispatch"] = fn
@@ -27,7 +26,6 @@ class _Client:
 
     def complete(self, tid: int) -> None:
         self.completed.append((tid, threading.get_ident()))
-        self.done.set()
 
 
 def _task(tid: int, cost_ns: int, progress_ns: int = 0) -> Any:
