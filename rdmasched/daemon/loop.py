@@ -107,6 +107,8 @@ class Loop:
         self.listened_ns = clock()
         self.msgs_in = 0
         self.msgs_out = 0
+        #: waits that returned messages: msgs_in / batches is the messages one pass takes
+        self.batches = 0
         #: message kind -> messages sent of it (own and relayed: every message written)
         self.sent_kinds: dict[int, int] = {}
         #: the peers this loop has lanes to (a send to any other is a LaneError)
@@ -461,6 +463,7 @@ class Loop:
                                 self._stalled(now - last)
                             last = now
                     self.msgs_in += got  # counted after the batch: off the path to a handler
+                    self.batches += 1
         finally:
             self._thread = None
             self._on_message = None

@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import multiprocessing as mp
 import os
+import resource
 import signal
 import sys
 import threading
@@ -128,6 +129,35 @@ def _progress_timer(loop: Any, trainer: Trainer, shared: _Shared, idx: int) -> N
     loop.call_later(50_000_000, tick)
 
 
+class _Meter:
+    """What the host gave this process over its run: CPU time (every thread's) and context
+    switches from the start barrier to its last step (`done` true; the coordinator: to the
+    stop), and how many passes of its loop took messages. The calibration's host model is
+    checked on these."""
+
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop
+        self.start = self._usage()
+        self.used: dict[str, Any] | None = None
+
+    @staticmethod
+    def _usage() -> tuple[float, int, int]:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return ru.ru_utime + ru.ru_stime, ru.ru_nvcsw, ru.ru_nivcsw
+
+    def end(self, done: bool = True) -> bool:
+        """Take the figures the first time `done` is true; returns `done`."""
+        if done and self.used is None:
+            cpu, vcsw, ivcsw = (b - a for a, b in zip(self.start, self._usage(), strict=True))
+            self.used = {"cpu_s": cpu, "vcsw": vcsw, "ivcsw": ivcsw, "batches": self.loop.batches}
+        return done
+
+    def figures(self) -> dict[str, Any]:
+        self.end()
+        assert self.used is not None
+        return self.used
+
+
 def rdmasched_node(cfg: DemoConfig, cluster_name: str, i: int, shared: _Shared) -> dict[str, Any]:
     from rdmasched.cluster import local_cluster
     from rdmasched.daemon.node import LATER, Node
@@ -181,15 +211,17 @@ def rdmasched_node(cfg: DemoConfig, cluster_name: str, i: int, shared: _Shared) 
         node.open()
         node.define_group(GROUP, range(cfg.nodes))
         shared.go.wait(60)
-        node.call_later(0, trainer.begin)
         assert node.loop is not None
+        meter = _Meter(node.loop)
+        node.call_later(0, trainer.begin)
         _progress_timer(node.loop, trainer, shared, i)
-        node.run(until=lambda: bool(shared.stop.value))
+        node.run(until=lambda: meter.end(trainer.done) and bool(shared.stop.value))
         _write_trace(cfg, f"rdmasched-node{i}", i, node.scheduler)
         st = node.stats()
         return {
             **trainer.figures(),
             **_plane(node.loop),
+            **meter.figures(),
             "msgs_in": st["msgs_in"],
             "msgs_out": st["msgs_out"],
             "reactions": node.reactions.samples,
@@ -219,12 +251,15 @@ def coordinator_proc(cfg: DemoConfig, cluster_name: str, shared: _Shared) -> dic
             aging_us=cfg.aging_us,
         )
         shared.go.wait(60)
+        meter = _Meter(loop)
         t0 = time.monotonic()
         loop.run(coord.on_message, until=lambda: bool(shared.stop.value))
+        used = meter.figures()
         for node, sched in coord.sched.items():
             _write_trace(cfg, f"central-node{node}", node, sched)
         return {
             **_plane(loop),
+            **used,
             "msgs_in": loop.msgs_in,
             "msgs_out": loop.msgs_out,
             "duration_s": time.monotonic() - t0,
@@ -247,12 +282,14 @@ def central_node(cfg: DemoConfig, cluster_name: str, i: int, shared: _Shared) ->
         trainer = Trainer(i, cfg.slots, cfg.workload, ex)
         ex.trainer = trainer
         shared.go.wait(60)
+        meter = _Meter(loop)
         loop.call_later(0, trainer.begin)
         _progress_timer(loop, trainer, shared, i)
-        loop.run(ex.on_message, until=lambda: bool(shared.stop.value))
+        loop.run(ex.on_message, until=lambda: meter.end(trainer.done) and bool(shared.stop.value))
         return {
             **trainer.figures(),
             **_plane(loop),
+            **meter.figures(),
             "msgs_in": loop.msgs_in,
             "msgs_out": loop.msgs_out,
             "reactions": ex.reactions.samples,
@@ -424,13 +461,18 @@ def summarize(mode: str, cfg: DemoConfig, results: list[dict[str, Any]]) -> dict
                 "lanes_to": r["lanes_to"],
                 "ring_bytes": r["ring_bytes"],
                 "sent_kinds": r["sent_kinds"],
+                "cpu_s": r["cpu_s"],
+                "batches": r["batches"],
+                "completions": r["completions"],
             }
         )
     dur = max(r["duration_s"] for r in nodes)
     msgs = sum(r["msgs_in"] for r in nodes) + sum(r["msgs_in"] for r in extra)
     steps = [n["step_time_ms"] for n in per_node if n["step_time_ms"] is not None]
+    nsteps = max(1, min(r["steps"] for r in nodes))
     out: dict[str, Any] = {
-        **_plane_summary(nodes + extra, cfg.nodes, max(1, min(r["steps"] for r in nodes))),
+        **_plane_summary(nodes + extra, cfg.nodes, nsteps),
+        "host": _host_summary(nodes, extra, nsteps, dur),
         "sync_release_p50_us": _percentile(release, 0.5),
         "sync_release_p99_us": _percentile(release, 0.99),
         "slot_idle_pct": sum(n["slot_idle_pct"] for n in per_node) / len(per_node),
@@ -456,6 +498,34 @@ def _release_latencies(ready: list[list[int]], release: list[list[int]]) -> list
         last = max(r[s] for r in ready)
         out.extend(max(0, rel[s] - last) for rel in release)
     return out
+
+
+def _host_summary(
+    nodes: list[dict[str, Any]], extra: list[dict[str, Any]], steps: int, dur: float
+) -> dict[str, Any]:
+    """What the host gave the run, every process (the coordinator too) from the start
+    barrier to the end: CPU time per step and the share of the host's CPUs it kept busy
+    (a spinning loop counts: it holds its CPU) and per task completed, context switches
+    per step (involuntary: the kernel took the CPU from a process that still wanted it),
+    and the messages a loop pass took (the nodes' mean; the coordinator's)."""
+    procs = nodes + extra
+    cpu = sum(r["cpu_s"] for r in procs)
+    cpus = len(os.sched_getaffinity(0))
+    node_batches = sum(r["batches"] for r in nodes)
+    tasks = sum(r["completions"] for r in nodes)
+    coord = extra[0] if extra else None
+    return {
+        "cpus": cpus,
+        "cpu_ms_per_step": 1000.0 * cpu / steps,
+        "cpu_busy_pct": 100.0 * cpu / (dur * cpus) if dur else None,
+        "cpu_us_per_task": 1e6 * cpu / tasks if tasks else None,
+        "voluntary_switches_per_step": sum(r["vcsw"] for r in procs) / steps,
+        "involuntary_switches_per_step": sum(r["ivcsw"] for r in procs) / steps,
+        "msgs_per_batch": sum(r["msgs_in"] for r in nodes) / node_batches if node_batches else None,
+        "coordinator_msgs_per_batch": coord["msgs_in"] / coord["batches"]
+        if coord and coord["batches"]
+        else None,
+    }
 
 
 def _plane_summary(procs: list[dict[str, Any]], nodes: int, steps: int) -> dict[str, Any]:

@@ -25,7 +25,13 @@ process of this model:
   the central coordinator's calls into its node cores); a timer: `timer_cpu_ns`; a call a
   handler posted (`Node.complete`, `Node.dispatch`, `Node.sync_ready` run on the loop's
   inbox after the handler: rdmasched/daemon/node.py `_call`): `post_cpu_ns`; a turn on a CPU
-  that last ran another process: `switch_cpu_ns`. These four and `wake_keep_pct` (the
+  that last ran another process: `switch_cpu_ns`. A pass of the loop (`Loop.run`: the
+  outbox, the timers' check, the wait's return with what the lanes hold, up to 256) costs
+  `pass_cpu_ns` once for the messages and timers queued when it begins; what comes during
+  a pass waits for the next. A turn that comes after more than `cache_turns` turns of
+  other processes since the process's own last one finds its working set gone from the
+  caches and costs `cold_cpu_ns` more (scripts/ring_turns.py measures such a cliff here).
+  These seven and `wake_keep_pct` (the
   measured wake-ups are drawn up to that percentile) are the model's free parameters
   (FREE): `rdmasched sim --calibrate --host-model --fit-sizes` fits them on real runs of
   some sizes and scores the others.
@@ -78,6 +84,9 @@ MSG_CPU_NS = 40_000
 TIMER_CPU_NS = 20_000
 POST_CPU_NS = 20_000
 SWITCH_CPU_NS = 20_000
+PASS_CPU_NS = 0
+COLD_CPU_NS = 0
+CACHE_TURNS = 16
 WAKE_KEEP_PCT = 95.0
 
 #: the keys `--host-model K=V,...` takes, and what each sets
@@ -88,6 +97,9 @@ SPEC_KEYS = {
     "timer_us": "CPU per timer handled, us",
     "post_us": "CPU per call posted to the loop's inbox, us",
     "switch_us": "CPU per turn on a CPU that last ran another process, us",
+    "pass_us": "CPU per pass of a loop, once for what was queued when it began, us",
+    "cold_us": "CPU a turn costs more when its caches went cold (see cache_turns), us",
+    "cache_turns": "a turn is cold after more than this many turns of others (0: never)",
     "wake_pct": "draw wake-ups from their percentiles up to this one (50-100)",
     "wake": "'recorded' (WAKE_MSG_US, WAKE_TIMER_US) or 'none' (wake-ups take no time)",
 }
@@ -99,6 +111,9 @@ FREE = {
     "timer_us": ("timer_cpu_ns", US),
     "post_us": ("post_cpu_ns", US),
     "switch_us": ("switch_cpu_ns", US),
+    "pass_us": ("pass_cpu_ns", US),
+    "cold_us": ("cold_cpu_ns", US),
+    "cache_turns": ("cache_turns", 1),
     "wake_pct": ("wake_keep_pct", 1),
 }
 
@@ -115,6 +130,12 @@ class HostModel:
     #: CPU a turn costs on a CPU that last ran another process (the context switch and the
     #: caches refilled)
     switch_cpu_ns: int = SWITCH_CPU_NS
+    #: CPU one pass of the loop costs, once for the items queued when it begins
+    pass_cpu_ns: int = PASS_CPU_NS
+    #: CPU a turn costs besides the switch when more than `cache_turns` turns of other
+    #: processes came since its own last turn (its working set evicted); 0: never
+    cold_cpu_ns: int = COLD_CPU_NS
+    cache_turns: int = CACHE_TURNS
     #: wake-up latency percentiles, us (0th..100th, evenly spaced); () takes no time
     wake_msg_us: tuple[float, ...] = WAKE_MSG_US
     wake_timer_us: tuple[float, ...] = WAKE_TIMER_US
@@ -131,7 +152,10 @@ class HostModel:
             )
         if not (math.isfinite(self.spin_us) and self.spin_us >= 0):
             raise ArgumentError(f"host model: spin_us must be >= 0, not {self.spin_us}")
-        for name in ("msg_cpu_ns", "timer_cpu_ns", "post_cpu_ns", "switch_cpu_ns"):
+        for name in (
+            "msg_cpu_ns", "timer_cpu_ns", "post_cpu_ns", "switch_cpu_ns", "pass_cpu_ns",
+            "cold_cpu_ns", "cache_turns",
+        ):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ArgumentError(f"host model: {name} must be >= 0")
         for name in ("wake_msg_us", "wake_timer_us"):
@@ -151,6 +175,10 @@ class HostModel:
         """This model with free parameter `key` (FREE's keys) set to `us` (in the key's
         unit: microseconds, or a percentile)."""
         name, unit = FREE[key]
+        if name == "cache_turns":
+            if us != int(us):
+                raise ArgumentError(f"host model: cache_turns must be a whole number, not {us}")
+            return replace(self, cache_turns=int(us))
         kw: dict[str, Any] = {name: round(us * unit) if unit != 1 else float(us)}
         return replace(self, **kw)
 
@@ -161,6 +189,9 @@ class HostModel:
             "timer_us": self.timer_cpu_ns / US,
             "post_us": self.post_cpu_ns / US,
             "switch_us": self.switch_cpu_ns / US,
+            "pass_us": self.pass_cpu_ns / US,
+            "cold_us": self.cold_cpu_ns / US,
+            "cache_turns": self.cache_turns,
             "wake_pct": self.wake_keep_pct,
         }
 
@@ -248,6 +279,8 @@ class Host:
         self.queued_ns = 0
         self.turns = 0
         self.switches = 0
+        self.passes = 0
+        self.cold_turns = 0
 
     # ---- the drivers' classes, bound to this host ------------------------------------------
     def endpoint(
@@ -298,6 +331,7 @@ class Host:
         cap = max(1, span_ns) * self.model.cpus
         return {
             **self.model.as_dict(),
+            "cpu_ms": (self.handle_ns + self.spun_ns) / 1e6,
             "cpu_busy_pct": 100.0 * (self.handle_ns + self.spun_ns) / cap,
             "cpu_handling_pct": 100.0 * self.handle_ns / cap,
             "cpu_spinning_pct": 100.0 * self.spun_ns / cap,
@@ -306,6 +340,8 @@ class Host:
             "runq_wait_mean_us": self.queued_ns / self.turns / US if self.turns else None,
             "turns": self.turns,
             "switches": self.switches,
+            "passes": self.passes,
+            "cold_turns": self.cold_turns,
         }
 
 
@@ -313,7 +349,7 @@ class HostEndpoint(Endpoint):
     """A node's (or the coordinator's) process under the host model: its loop sleeps,
     wakes, waits for a CPU, handles its items one at a time and spins (module docstring)."""
 
-    __slots__ = ("host", "items", "posts", "since", "spin_token", "state")
+    __slots__ = ("host", "items", "last_turn", "left", "posts", "since", "spin_token", "state")
 
     def __init__(
         self,
@@ -333,6 +369,10 @@ class HostEndpoint(Endpoint):
         self.state = SLEEP
         self.since = 0
         self.spin_token = 0
+        #: items of the current pass not yet taken (0: the next item begins a pass)
+        self.left = 0
+        #: the host's turn count at this process's last turn (-1: none yet)
+        self.last_turn = -1
 
     # ---- work in: a message, a timer due, a posted call --------------------------------------
     def arrive(self, m: _wire.Message, writer: int) -> None:
@@ -376,12 +416,20 @@ class HostEndpoint(Endpoint):
     def on_cpu(self, last: int) -> None:
         """A turn on a CPU that last ran process `last`."""
         host = self.host
-        host.turns += 1
+        model = host.model
+        others = host.turns - self.last_turn if self.last_turn >= 0 else None
+        self.last_turn = host.turns = host.turns + 1
         self.state = RUN
-        if last != self.node and host.model.switch_cpu_ns:
+        cost = 0
+        if last != self.node and model.switch_cpu_ns:
             host.switches += 1
-            host.handle_ns += host.model.switch_cpu_ns
-            self.engine.at(self.engine.now + host.model.switch_cpu_ns, self._next)
+            cost = model.switch_cpu_ns
+        if model.cold_cpu_ns and (others is None or others > model.cache_turns):
+            host.cold_turns += 1
+            cost += model.cold_cpu_ns
+        if cost:
+            host.handle_ns += cost
+            self.engine.at(self.engine.now + cost, self._next)
         else:
             self._next()
 
@@ -392,9 +440,19 @@ class HostEndpoint(Endpoint):
         if not self.alive:
             self.items.clear()
             self.posts.clear()
+            self.left = 0
         if self.posts:
             kind, a, b = self.posts.popleft()
         elif self.items:
+            if not self.left:  # a pass begins: it takes what is queued now
+                host = self.host
+                self.left = len(self.items)
+                host.passes += 1
+                if host.model.pass_cpu_ns:
+                    host.handle_ns += host.model.pass_cpu_ns
+                    engine.at(now + host.model.pass_cpu_ns, self._next)
+                    return
+            self.left -= 1
             kind, a, b = self.items.popleft()
         else:
             self.state = SPIN

@@ -142,10 +142,17 @@ REAL_KEYS = (
     "msgs_per_node_step",
     "msgs_per_node_step_by_kind",
     "lanes_max",
+    "host",
 )
 #: the figures a calibration compares, and the ones a host model is fitted and scored on
-FIGURES = ("step_time_ms", "slot_idle_pct", "msgs_per_step", "msgs_per_step_no_hb")
-SCORED = ("step_time_ms", "slot_idle_pct", "msgs_per_step")
+FIGURES = (
+    "step_time_ms",
+    "slot_idle_pct",
+    "msgs_per_step",
+    "msgs_per_step_no_hb",
+    "cpu_ms_per_step",
+)
+SCORED = ("step_time_ms", "slot_idle_pct", "msgs_per_step", "cpu_ms_per_step")
 
 
 def real_runs(
@@ -172,7 +179,7 @@ def reals_from(doc: dict[str, Any]) -> dict[int, dict[str, Any]]:
         for row in doc["calibration"]:
             n = int(row["nodes"])
             r = out.setdefault(n, {"load": tuple(row["loadavg_before_after_real"])})
-            r[row["scheduler"]] = {x: row["real"][x] for x in REAL_KEYS}
+            r[row["scheduler"]] = {x: row["real"].get(x) for x in REAL_KEYS}
     except (KeyError, TypeError, ValueError) as exc:
         raise ArgumentError(
             f"not a calibration document with its real runs (rdmasched sim --calibrate "
@@ -202,11 +209,14 @@ def _figures(sim: dict[str, Any], steps: int) -> dict[str, float | None]:
     not with the steps."""
     hb = sim["msgs_by_kind"].get("HEARTBEAT", 0) + sim.get("relays_by_kind", {}).get("HEARTBEAT", 0)
     w = sim.get("lane_writes", sim["msgs"]) / steps
+    host = sim.get("host_model")
     return {
         "step_time_ms": sim["step_time_ms"],
         "slot_idle_pct": sim["slot_idle_pct"],
         "msgs_per_step": w,
         "msgs_per_step_no_hb": w - hb / steps,
+        # the host's CPU busy per step (handling and spinning): only a host model has one
+        "cpu_ms_per_step": host["cpu_ms"] / steps if host else None,
     }
 
 
@@ -214,11 +224,14 @@ def _real_figures(r: dict[str, Any], n: int) -> dict[str, float | None]:
     per_node, kinds = r.get("msgs_per_node_step"), r.get("msgs_per_node_step_by_kind")
     w = per_node * n if per_node is not None else None
     hb = kinds.get("HEARTBEAT", 0.0) * n if isinstance(kinds, dict) else None
+    host = r.get("host")
     return {
         "step_time_ms": r.get("step_time_ms"),
         "slot_idle_pct": r.get("slot_idle_pct"),
         "msgs_per_step": w,
         "msgs_per_step_no_hb": w - hb if w is not None and hb is not None else None,
+        # every process's CPU time per step (recorded since the demo measures it)
+        "cpu_ms_per_step": host.get("cpu_ms_per_step") if isinstance(host, dict) else None,
     }
 
 
@@ -304,6 +317,9 @@ FIT_GRID: dict[str, tuple[float, ...]] = {
     "timer_us": (10, 20, 30, 40, 60),
     "post_us": (5, 10, 20, 30, 40),
     "switch_us": (0, 10, 20, 40),
+    "pass_us": (0, 10, 20, 40),
+    "cold_us": (0, 5, 10, 15, 20, 30, 40),
+    "cache_turns": (8, 12, 16, 20, 24, 28),
     "wake_pct": (90, 95, 99, 100),
 }
 

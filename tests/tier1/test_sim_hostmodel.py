@@ -115,6 +115,58 @@ def test_switch_costs_a_turn_on_a_cpu_another_process_ran() -> None:
     assert host.switches == 2
 
 
+def test_a_turn_after_many_others_finds_its_caches_cold() -> None:
+    """The caches hold the working sets of the last few turns' processes: a turn that
+    comes after more than `cache_turns` turns of other processes since its own last one
+    costs `cold_us` (its working set refilled from memory) besides the switch. Two
+    processes taking turns stay warm; the third after two others' turns is cold."""
+    model = replace(BARE, cpus=1, timer_cpu_ns=10 * US, cache_turns=1, cold_cpu_ns=50 * US)
+    eng, host = _host(model)
+    a, b, c = (host.endpoint(eng, i, 0, lambda m, w: None) for i in range(3))
+    seen: dict[str, int] = {}
+    for t, ep, name in ((0, a, "a1"), (100, b, "b1"), (200, a, "a2"), (300, c, "c1"),
+                        (400, b, "b2"), (500, a, "a3")):  # fmt: skip
+        eng.at(t * US, ep.fire, lambda name=name: seen.setdefault(name, eng.now))
+    _run(eng)
+    # first turns are cold (a1, b1, c1); a2 after one other turn (b1): warm; b2 after two
+    # (a2, c1): cold; a3 after two (c1, b2): cold
+    assert seen == {"a1": 50 * US, "b1": 150 * US, "a2": 200 * US, "c1": 350 * US,
+                    "b2": 450 * US, "a3": 550 * US}  # fmt: skip
+    assert host.cold_turns == 5
+
+
+def test_a_pass_costs_once_for_what_was_queued_when_it_began() -> None:
+    """The real loop takes what its lanes hold in one wait (up to 256) and pays the pass
+    (the wait's return, the outbox, the timers' check) once for the batch: three items
+    queued at 0 are one pass; an item that comes while the pass runs waits for the next one,
+    which pays again; a posted call runs inside the pass that posted it."""
+    model = replace(BARE, cpus=1, pass_cpu_ns=30 * US, post_cpu_ns=5 * US)
+    eng, host = _host(replace(model, wake_timer_us=(20.0, 20.0)))  # a, b, c queue meanwhile
+    ep = host.endpoint(eng, 0, 0, lambda m, w: None)
+    seen: list[tuple[str, int]] = []
+
+    def item(name: str, post: bool = False) -> Any:
+        def run() -> None:
+            seen.append((name, eng.now))
+            if post:
+                ep.post(lambda: seen.append((name + "-posted", eng.now)))
+
+        return run
+
+    for name in ("a", "b", "c"):
+        eng.at(0, ep.fire, item(name, post=name == "b"))
+    eng.at(250 * US, ep.fire, item("d"))
+    _run(eng)
+    # woken at 20: the pass 20-50, then a 50-150, b 150-250, its post 250-255, c 255-355;
+    # d came at 250: the next pass 355-385, d 385-485
+    assert seen == [
+        ("a", 50 * US), ("b", 150 * US), ("b-posted", 250 * US), ("c", 255 * US),
+        ("d", 385 * US),
+    ]  # fmt: skip
+    assert host.passes == 2
+    assert host.handle_ns == (2 * 30 + 4 * 100 + 5) * US
+
+
 def test_draw_is_the_inverse_cdf_of_the_percentiles() -> None:
     q = (10.0, 20.0, 40.0)
     assert draw(q, 0.0) == 10.0
@@ -248,6 +300,7 @@ def _fake_real(n: int, step: float) -> dict[str, Any]:
         "msgs_per_node_step": 2.0,
         "msgs_per_node_step_by_kind": {"HEARTBEAT": 0.2, "SYNC_READY": 1.8},
         "lanes_max": 3,
+        "host": {"cpu_ms_per_step": 9.0},
     }
     return {"load": (0.5, 0.6), "rdmasched": r, "central": dict(r)}
 
@@ -262,12 +315,18 @@ def test_calibrate_from_recorded_real_runs_round_trips_and_scores() -> None:
     assert all(r["fitted_on"] and "plain_sim_step_time_ms" in r for r in rows)
     again = reals_from(json.loads(json.dumps({"calibration": rows})))
     assert again[4]["rdmasched"] == reals[4]["rdmasched"]
+    # the host's CPU per step is compared (the model's handling and spinning per step)
+    assert all(r["real_cpu_ms_per_step"] == 9.0 and r["sim_cpu_ms_per_step"] > 0 for r in rows)
+    assert all(r["plain_sim_cpu_ms_per_step"] is None for r in rows)  # no host, no CPU
     assert list(again[4]["load"]) == [0.5, 0.6]
     s = score(rows)
     want = [abs(r[f"diff_{k}_pct"]) for r in rows for k in ("step_time_ms", "slot_idle_pct")]
-    want += [abs(r["diff_msgs_per_step_pct"]) for r in rows]
+    want += [abs(r[f"diff_{k}_pct"]) for r in rows for k in ("msgs_per_step", "cpu_ms_per_step")]
     assert s == pytest.approx(sum(want) / len(want))
-    assert set(FIT_GRID) == {"msg_us", "timer_us", "post_us", "switch_us", "wake_pct"}
+    assert set(FIT_GRID) == {
+        "msg_us", "timer_us", "post_us", "switch_us", "pass_us", "cold_us", "cache_turns",
+        "wake_pct",
+    }  # fmt: skip
 
 
 def test_sim_help_names_the_host_model(capsys: pytest.CaptureFixture[str]) -> None:

@@ -68,6 +68,19 @@ def test_demo_json_and_trace(tmp_path: Path) -> None:
             assert 0 <= n["slot_idle_pct"] <= 100
             assert n["step_time_ms"] > 0
         assert mode["msgs_per_s"] > 0
+        # what the host gave the run (the calibration's host model is checked against it):
+        # every process's CPU time over the run, its context switches, its loop's batches
+        host = mode["host"]
+        assert host["cpu_ms_per_step"] > 0 and 0 < host["cpu_busy_pct"] <= 100.0 * 1.05
+        assert host["voluntary_switches_per_step"] > 0
+        assert host["involuntary_switches_per_step"] >= 0
+        assert host["msgs_per_batch"] >= 1 and host["cpu_us_per_task"] > 0
+        for n in mode["nodes"]:
+            assert n["cpu_s"] > 0 and n["batches"] > 0
+    coord = res["central"]["coordinator"]
+    assert coord["cpu_s"] > 0 and coord["batches"] > 0
+    assert res["central"]["host"]["coordinator_msgs_per_batch"] >= 1
+    assert res["rdmasched"]["host"]["coordinator_msgs_per_batch"] is None
     assert "node-steps" not in out.stderr  # the progress bar is for a terminal only
     # the decision events of every node, merged in time order, filterable by task
     files = sorted(p.name for p in tmp_path.iterdir())
