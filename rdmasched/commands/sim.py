@@ -401,6 +401,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default none: the parameters as given)",
     )
     p.add_argument(
+        "--calibrate-rounds",
+        type=int,
+        default=1,
+        metavar="R",
+        help="with --calibrate: run the real demo at every size R times, interleaved "
+        "(4, 8, 16, 32, 4, ...), and compare each figure's median over the rounds: this "
+        "host's speed drifts from minute to minute (default 1)",
+    )
+    p.add_argument(
         "--calibrate-real",
         metavar="FILE",
         help="with --calibrate: take the real runs (and the wake-ups measured beside them) "
@@ -635,6 +644,10 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         out = [n for n in args.fit_sizes if n not in args.calibrate_sizes]
         if out:
             parser.error(f"--fit-sizes {out[0]}: not one of --calibrate-sizes")
+    if args.calibrate_rounds < 1:
+        parser.error(f"--calibrate-rounds {args.calibrate_rounds}: at least 1")
+    if args.calibrate_rounds != 1 and args.calibrate_real is not None:
+        parser.error("--calibrate-rounds runs the real demo: not with --calibrate-real")
     args.calibrate_doc = None
     if args.calibrate_real is not None:
         if not args.calibrate:
@@ -922,7 +935,11 @@ def _calibrate(args: argparse.Namespace, base: SimConfig, say: Any) -> int:
     # SIGTERM/SIGHUP/SIGINT stop the calibration as they stop the demo (its real runs
     # stop their processes and remove their segments), in its simulated runs too
     with signals_interrupt():
-        reals = old["reals"] if old is not None else real_runs(sizes, _real_demo(args, base))
+        reals = (
+            old["reals"]
+            if old is not None
+            else real_runs(sizes, _real_demo(args, base), rounds=args.calibrate_rounds)
+        )
         fit_sizes = list(args.fit_sizes or ())
         fit: dict[str, Any] | None = None
         if fit_sizes:

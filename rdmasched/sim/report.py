@@ -156,20 +156,44 @@ SCORED = ("step_time_ms", "slot_idle_pct", "msgs_per_step", "cpu_ms_per_step")
 
 
 def real_runs(
-    sizes: Sequence[int], real: Callable[[int], dict[str, Any]]
+    sizes: Sequence[int], real: Callable[[int], dict[str, Any]], rounds: int = 1
 ) -> dict[int, dict[str, Any]]:
     """A real `rdmasched demo` run at each size, one after the other (nothing of the
-    calibration's own runs beside them): what the calibration compares of each scheduler
-    (REAL_KEYS), and the host's 1-minute load average before and after the run."""
+    calibration's own runs beside them), `rounds` times over, interleaved (4, 8, ..., 4,
+    8, ...: this host's speed drifts from minute to minute, so each size sees the same
+    drift): what the calibration compares of each scheduler (REAL_KEYS), each figure the
+    median over the rounds, every round's record kept (`rounds`), and the host's 1-minute
+    load average before the first and after the last run of each size."""
+    if rounds < 1:
+        raise ArgumentError(f"calibration rounds must be >= 1, not {rounds}")
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
+    for _ in range(rounds):
+        for n in sizes:
+            before = os.getloadavg()[0]
+            demo = real(n)
+            runs[n].append({"load": (round(before, 2), round(os.getloadavg()[0], 2))} | {
+                k: {x: demo[k].get(x) for x in REAL_KEYS} for k in ("rdmasched", "central")
+            })  # fmt: skip
     out: dict[int, dict[str, Any]] = {}
-    for n in sizes:
-        before = os.getloadavg()[0]
-        demo = real(n)
-        load = (round(before, 2), round(os.getloadavg()[0], 2))
-        out[n] = {"load": load} | {
-            k: {x: demo[k].get(x) for x in REAL_KEYS} for k in ("rdmasched", "central")
-        }
+    for n, rs in runs.items():
+        med = {k: _median_of([r[k] for r in rs]) for k in ("rdmasched", "central")}
+        load = (rs[0]["load"][0], rs[-1]["load"][1])
+        out[n] = {"load": load, **med} | ({"rounds": rs} if rounds > 1 else {})
     return out
+
+
+def _median_of(xs: list[Any]) -> Any:
+    """The median of records alike: of numbers, the median (the upper of the middle two);
+    of dicts, key by key; anything else, the first's."""
+    first = xs[0]
+    if isinstance(first, dict):
+        return {
+            k: _median_of([x.get(k) if isinstance(x, dict) else None for x in xs]) for k in first
+        }
+    nums = [x for x in xs if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    if len(nums) != len(xs):
+        return first
+    return sorted(nums)[len(nums) // 2]
 
 
 def reals_from(doc: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -278,6 +302,10 @@ def calibrate(
                 "loadavg_before_after_real": list(rn["load"]),
                 "real": r,
             }
+            if "rounds" in rn:  # the medians' rounds, each as it was
+                row["real_rounds"] = [
+                    _real_figures(x[sched], n) | {"load": list(x["load"])} for x in rn["rounds"]
+                ]
             if sched == "rdmasched":  # the same cluster on both sides: the same lanes
                 row["sim_lanes_per_node"] = sim.get("lanes_per_node")
                 row["real_lanes_per_node"] = r.get("lanes_max")

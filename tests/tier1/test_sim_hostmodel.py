@@ -25,7 +25,7 @@ from rdmasched.sim.hostmodel import (
     draw,
     parse_spec,
 )
-from rdmasched.sim.report import FIT_GRID, calibrate, reals_from, score
+from rdmasched.sim.report import FIT_GRID, calibrate, real_runs, reals_from, score
 
 US = 1_000
 #: no wake-up latency, no spin: only the run queue's arithmetic
@@ -266,6 +266,9 @@ def test_parse_spec() -> None:
         ["--fit-sizes", "4"],  # no --calibrate --host-model
         ["--calibrate", "--host-model", "--fit-sizes", "5"],  # not a calibrate size
         ["--calibrate-real", "x.json"],  # no --calibrate
+        ["--calibrate", "--calibrate-rounds", "0"],
+        ["--calibrate", "--calibrate-rounds", "3", "--calibrate-real", "x.json"],
+        ["--host-model", "cache_turns=2.5"],  # a whole number
     ],
 )
 def test_bad_host_model_flags_are_one_line_exit_2(
@@ -303,6 +306,34 @@ def _fake_real(n: int, step: float) -> dict[str, Any]:
         "host": {"cpu_ms_per_step": 9.0},
     }
     return {"load": (0.5, 0.6), "rdmasched": r, "central": dict(r)}
+
+
+def test_real_runs_in_rounds_are_interleaved_and_their_median_is_compared() -> None:
+    """This host's speed drifts from one minute to the next, so `rounds` > 1 runs every
+    size once per round, one size after the other (4, 8, 4, 8, ...), and a calibration
+    compares each figure's median over the rounds; each round's record is kept."""
+    calls: list[int] = []
+
+    def real(n: int) -> dict[str, Any]:
+        calls.append(n)
+        k = len(calls)
+        r = _fake_real(n, float(k))["rdmasched"] | {"host": {"cpu_ms_per_step": 10.0 * k}}
+        return {"rdmasched": r, "central": dict(r)}
+
+    out = real_runs([4, 8], real, rounds=3)
+    assert calls == [4, 8, 4, 8, 4, 8]
+    assert out[4]["rdmasched"]["step_time_ms"] == 3.0  # the median of runs 1, 3 and 5
+    assert out[8]["central"]["host"]["cpu_ms_per_step"] == 40.0  # of 20, 40, 60
+    assert out[8]["central"]["lanes_max"] == 3
+    assert [r["rdmasched"]["step_time_ms"] for r in out[8]["rounds"]] == [2.0, 4.0, 6.0]
+    base = replace(_cfg(4, "rdmasched", HostModel()), workload=WorkloadConfig(steps=5))
+    rows = calibrate(base, [4], {4: out[4]}, plain=False)
+    assert rows[0]["real_step_time_ms"] == 3.0
+    assert [r["step_time_ms"] for r in rows[0]["real_rounds"]] == [1.0, 3.0, 5.0]
+    again = reals_from(json.loads(json.dumps({"calibration": rows})))
+    assert again[4]["rdmasched"]["step_time_ms"] == 3.0
+    with pytest.raises(ArgumentError, match="rounds"):
+        real_runs([4], real, rounds=0)
 
 
 def test_calibrate_from_recorded_real_runs_round_trips_and_scores() -> None:
