@@ -100,8 +100,11 @@ def main() -> None:
     ap.add_argument("--spin-us", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    sizes = [int(x) for x in args.sizes.split(",")]
-    if any(n < 2 for n in sizes) or args.hops < 1 or args.spin_us < 0:
+    try:
+        sizes = [int(x) for x in args.sizes.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or any(n < 2 for n in sizes) or args.hops < 1 or args.spin_us < 0:
         ap.error("sizes >= 2, --hops >= 1, --spin-us >= 0")
     rows = []
     for n in sizes:

@@ -61,33 +61,37 @@ US = 1_000
 
 #: A sleeping loop woken by a message (the doorbell's futex wake, the wait's return, the
 #: drain and the Python dispatch to the handler), us: the 0, 5, 10, ..., 100th percentiles
-#: of `measure_wakeups(1000)` on this project's 2-vCPU VM (AMD EPYC), 2026-12-02 02:19 UTC,
-#: load average 1.9: 1,000 messages one every 1-3 ms (the receiver asleep each time). The
-#: calibration's host model was fitted with these (docs/SIM.md, "Calibration");
-#: `rdmasched sim --measure-wakeups` measures them again (0, 1, ..., 100th).
+#: of `measure_wakeups(1000)` on this project's 2-vCPU VM (AMD EPYC), 2026-12-04 19:19 UTC,
+#: load average 0.4, measured by `rdmasched sim --calibrate --host-model "" --calibrate-rounds
+#: 5` just before the real runs the defaults below were fitted on (their file,
+#: docs/figures/calibration-real-2026-12-04.json, keeps every percentile): 1,000 messages
+#: one every 1-3 ms (the receiver asleep each time). `rdmasched sim --measure-wakeups`
+#: measures them again (0, 1, ..., 100th).
 WAKE_MSG_US: tuple[float, ...] = (
-    11.4, 29.3, 34.0, 37.1, 40.9, 44.5, 47.2, 50.5, 53.7, 56.5, 60.8, 64.6, 69.0, 73.4,
-    77.2, 84.0, 90.4, 97.2, 110.6, 138.4, 3279.3,
+    7.2, 9.3, 11.0, 12.9, 14.1, 15.3, 16.3, 17.6, 20.0, 22.2, 24.0, 26.2, 28.4, 30.4, 32.5,
+    34.7, 37.2, 41.0, 46.7, 56.2, 269.2,
 )  # fmt: skip
 #: A sleeping loop woken by its own timer (the futex wait's timeout, with the thread's timer
 #: slack), the delay past the timer's due time to its callback, us: the same percentiles,
 #: same run, 1,000 timers 0.5-3 ms ahead.
 WAKE_TIMER_US: tuple[float, ...] = (
-    72.6, 117.1, 124.1, 129.3, 134.9, 140.1, 144.6, 149.6, 154.8, 161.1, 166.5, 172.8,
-    179.1, 186.9, 193.5, 210.5, 244.1, 327.0, 647.8, 1323.0, 10105.0,
+    69.9, 77.2, 78.9, 81.4, 84.5, 90.0, 97.2, 99.8, 101.7, 103.0, 104.1, 105.2, 106.3, 107.4,
+    108.8, 110.3, 112.1, 114.6, 117.5, 124.1, 174.5,
 )  # fmt: skip
 
 #: the free parameters' defaults: fitted on the real runs at 4 and 16 nodes of
-#: docs/figures/calibration-host-real.json by `rdmasched sim --calibrate --host-model
-#: --fit-sizes 4,16` (docs/SIM.md, "Calibration", gives the command and the scores)
-MSG_CPU_NS = 40_000
-TIMER_CPU_NS = 20_000
-POST_CPU_NS = 20_000
+#: docs/figures/calibration-real-2026-12-04.json (5 interleaved rounds, their medians) by
+#: `rdmasched sim --calibrate --host-model msg_us=40,timer_us=20,post_us=20,switch_us=20,
+#: pass_us=0,cold_us=0,cache_turns=16,wake_pct=95 --fit-sizes 4,16 --calibrate-real FILE`
+#: (docs/SIM.md, "Calibration", gives the scores on 8 and 32 nodes and on a second set)
+MSG_CPU_NS = 10_000
+TIMER_CPU_NS = 10_000
+POST_CPU_NS = 10_000
 SWITCH_CPU_NS = 20_000
 PASS_CPU_NS = 0
-COLD_CPU_NS = 0
+COLD_CPU_NS = 40_000
 CACHE_TURNS = 16
-WAKE_KEEP_PCT = 95.0
+WAKE_KEEP_PCT = 90.0
 
 #: the keys `--host-model K=V,...` takes, and what each sets
 SPEC_KEYS = {

@@ -31,7 +31,7 @@ US = 1_000
 #: no wake-up latency, no spin: only the run queue's arithmetic
 BARE = HostModel(
     cpus=2, spin_us=0, msg_cpu_ns=0, timer_cpu_ns=100 * US, post_cpu_ns=0, switch_cpu_ns=0,
-    wake_msg_us=(), wake_timer_us=(),
+    pass_cpu_ns=0, cold_cpu_ns=0, wake_msg_us=(), wake_timer_us=(),
 )  # fmt: skip
 
 
