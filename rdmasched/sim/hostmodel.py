@@ -31,7 +31,12 @@ process of this model:
   a pass waits for the next. A turn that comes after more than `cache_turns` turns of
   other processes since the process's own last one finds its working set gone from the
   caches and costs `cold_cpu_ns` more (scripts/ring_turns.py measures such a cliff here).
-  These seven and `wake_keep_pct` (the
+  A turn that has lasted `slice_ns` while another process waits for a CPU yields at its
+  next item and goes to the back of the run queue, as the kernel preempts a process that
+  has run its slice (the real coordinator's long batches are cut so: thousands of
+  involuntary switches a run, `rdmasched demo --json`'s `host`); the short turns of the
+  nodes never last that long.
+  These eight and `wake_keep_pct` (the
   measured wake-ups are drawn up to that percentile) are the model's free parameters
   (FREE): `rdmasched sim --calibrate --host-model --fit-sizes` fits them on real runs of
   some sizes and scores the others.
@@ -79,18 +84,20 @@ WAKE_TIMER_US: tuple[float, ...] = (
     108.8, 110.3, 112.1, 114.6, 117.5, 124.1, 174.5,
 )  # fmt: skip
 
-#: the free parameters' defaults: fitted on the real runs at 4 and 16 nodes of
+#: the free parameters' defaults: fitted on the real runs at 4 and 32 nodes of
 #: docs/figures/calibration-real-2026-12-04.json (5 interleaved rounds, their medians) by
-#: `rdmasched sim --calibrate --host-model msg_us=40,timer_us=20,post_us=20,switch_us=20,
-#: pass_us=0,cold_us=0,cache_turns=16,wake_pct=95 --fit-sizes 4,16 --calibrate-real FILE`
-#: (docs/SIM.md, "Calibration", gives the scores on 8 and 32 nodes and on a second set)
+#: `rdmasched sim --calibrate --host-model msg_us=10,timer_us=10,post_us=10,switch_us=20,
+#: pass_us=0,cold_us=40,cache_turns=16,slice_us=0,wake_pct=90 --fit-sizes 4,32
+#: --calibrate-real FILE` (docs/SIM.md, "Calibration", gives the scores on 8 and 16 nodes
+#: and on a second set)
 MSG_CPU_NS = 10_000
 TIMER_CPU_NS = 10_000
 POST_CPU_NS = 10_000
 SWITCH_CPU_NS = 20_000
 PASS_CPU_NS = 0
 COLD_CPU_NS = 40_000
-CACHE_TURNS = 16
+CACHE_TURNS = 24
+SLICE_NS = 2_000_000
 WAKE_KEEP_PCT = 90.0
 
 #: the keys `--host-model K=V,...` takes, and what each sets
@@ -104,6 +111,7 @@ SPEC_KEYS = {
     "pass_us": "CPU per pass of a loop, once for what was queued when it began, us",
     "cold_us": "CPU a turn costs more when its caches went cold (see cache_turns), us",
     "cache_turns": "a turn is cold after more than this many turns of others (0: never)",
+    "slice_us": "a turn this long yields to a process waiting for a CPU (0: never), us",
     "wake_pct": "draw wake-ups from their percentiles up to this one (50-100)",
     "wake": "'recorded' (WAKE_MSG_US, WAKE_TIMER_US) or 'none' (wake-ups take no time)",
 }
@@ -118,6 +126,7 @@ FREE = {
     "pass_us": ("pass_cpu_ns", US),
     "cold_us": ("cold_cpu_ns", US),
     "cache_turns": ("cache_turns", 1),
+    "slice_us": ("slice_ns", US),
     "wake_pct": ("wake_keep_pct", 1),
 }
 
@@ -140,6 +149,8 @@ class HostModel:
     #: processes came since its own last turn (its working set evicted); 0: never
     cold_cpu_ns: int = COLD_CPU_NS
     cache_turns: int = CACHE_TURNS
+    #: a turn this long yields to a process waiting for a CPU; 0: never
+    slice_ns: int = SLICE_NS
     #: wake-up latency percentiles, us (0th..100th, evenly spaced); () takes no time
     wake_msg_us: tuple[float, ...] = WAKE_MSG_US
     wake_timer_us: tuple[float, ...] = WAKE_TIMER_US
@@ -158,7 +169,7 @@ class HostModel:
             raise ArgumentError(f"host model: spin_us must be >= 0, not {self.spin_us}")
         for name in (
             "msg_cpu_ns", "timer_cpu_ns", "post_cpu_ns", "switch_cpu_ns", "pass_cpu_ns",
-            "cold_cpu_ns", "cache_turns",
+            "cold_cpu_ns", "cache_turns", "slice_ns",
         ):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ArgumentError(f"host model: {name} must be >= 0")
@@ -196,6 +207,7 @@ class HostModel:
             "pass_us": self.pass_cpu_ns / US,
             "cold_us": self.cold_cpu_ns / US,
             "cache_turns": self.cache_turns,
+            "slice_us": self.slice_ns / US,
             "wake_pct": self.wake_keep_pct,
         }
 
@@ -285,6 +297,7 @@ class Host:
         self.switches = 0
         self.passes = 0
         self.cold_turns = 0
+        self.preemptions = 0
 
     # ---- the drivers' classes, bound to this host ------------------------------------------
     def endpoint(
@@ -346,6 +359,7 @@ class Host:
             "switches": self.switches,
             "passes": self.passes,
             "cold_turns": self.cold_turns,
+            "preemptions": self.preemptions,
         }
 
 
@@ -353,7 +367,10 @@ class HostEndpoint(Endpoint):
     """A node's (or the coordinator's) process under the host model: its loop sleeps,
     wakes, waits for a CPU, handles its items one at a time and spins (module docstring)."""
 
-    __slots__ = ("host", "items", "last_turn", "left", "posts", "since", "spin_token", "state")
+    __slots__ = (
+        "host", "items", "last_turn", "left", "posts", "since", "spin_token", "state",
+        "turn_start",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -377,6 +394,8 @@ class HostEndpoint(Endpoint):
         self.left = 0
         #: the host's turn count at this process's last turn (-1: none yet)
         self.last_turn = -1
+        #: when its turn on a CPU began
+        self.turn_start = 0
 
     # ---- work in: a message, a timer due, a posted call --------------------------------------
     def arrive(self, m: _wire.Message, writer: int) -> None:
@@ -424,6 +443,7 @@ class HostEndpoint(Endpoint):
         others = host.turns - self.last_turn if self.last_turn >= 0 else None
         self.last_turn = host.turns = host.turns + 1
         self.state = RUN
+        self.turn_start = self.engine.now
         cost = 0
         if last != self.node and model.switch_cpu_ns:
             host.switches += 1
@@ -445,11 +465,23 @@ class HostEndpoint(Endpoint):
             self.items.clear()
             self.posts.clear()
             self.left = 0
+        host = self.host
+        if (
+            host.runq
+            and host.model.slice_ns
+            and (self.items or self.posts)
+            and now - self.turn_start >= host.model.slice_ns
+        ):  # its slice is over and another waits: to the back of the queue, items kept
+            host.preemptions += 1
+            self.state = READY
+            self.since = now
+            host.runq.append(self)
+            host.release(self.node)
+            return
         if self.posts:
             kind, a, b = self.posts.popleft()
         elif self.items:
             if not self.left:  # a pass begins: it takes what is queued now
-                host = self.host
                 self.left = len(self.items)
                 host.passes += 1
                 if host.model.pass_cpu_ns:

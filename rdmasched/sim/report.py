@@ -151,6 +151,7 @@ FIGURES = (
     "msgs_per_step",
     "msgs_per_step_no_hb",
     "cpu_ms_per_step",
+    "preemptions_per_step",
 )
 SCORED = ("step_time_ms", "slot_idle_pct", "msgs_per_step", "cpu_ms_per_step")
 
@@ -241,6 +242,8 @@ def _figures(sim: dict[str, Any], steps: int) -> dict[str, float | None]:
         "msgs_per_step_no_hb": w - hb / steps,
         # the host's CPU busy per step (handling and spinning): only a host model has one
         "cpu_ms_per_step": host["cpu_ms"] / steps if host else None,
+        # turns cut by the slice, beside the real run's involuntary context switches
+        "preemptions_per_step": host["preemptions"] / steps if host else None,
     }
 
 
@@ -256,6 +259,9 @@ def _real_figures(r: dict[str, Any], n: int) -> dict[str, float | None]:
         "msgs_per_step_no_hb": w - hb if w is not None and hb is not None else None,
         # every process's CPU time per step (recorded since the demo measures it)
         "cpu_ms_per_step": host.get("cpu_ms_per_step") if isinstance(host, dict) else None,
+        "preemptions_per_step": host.get("involuntary_switches_per_step")
+        if isinstance(host, dict)
+        else None,
     }
 
 
@@ -348,6 +354,7 @@ FIT_GRID: dict[str, tuple[float, ...]] = {
     "pass_us": (0, 10, 20, 40),
     "cold_us": (0, 5, 10, 15, 20, 30, 40),
     "cache_turns": (8, 12, 16, 20, 24, 28),
+    "slice_us": (0, 250, 500, 1000, 2000, 4000),
     "wake_pct": (90, 95, 99, 100),
 }
 

@@ -31,7 +31,7 @@ US = 1_000
 #: no wake-up latency, no spin: only the run queue's arithmetic
 BARE = HostModel(
     cpus=2, spin_us=0, msg_cpu_ns=0, timer_cpu_ns=100 * US, post_cpu_ns=0, switch_cpu_ns=0,
-    pass_cpu_ns=0, cold_cpu_ns=0, wake_msg_us=(), wake_timer_us=(),
+    pass_cpu_ns=0, cold_cpu_ns=0, slice_ns=0, wake_msg_us=(), wake_timer_us=(),
 )  # fmt: skip
 
 
@@ -133,6 +133,36 @@ def test_a_turn_after_many_others_finds_its_caches_cold() -> None:
     assert seen == {"a1": 50 * US, "b1": 150 * US, "a2": 200 * US, "c1": 350 * US,
                     "b2": 450 * US, "a3": 550 * US}  # fmt: skip
     assert host.cold_turns == 5
+
+
+def test_a_long_turn_gives_its_cpu_to_a_waiting_process_after_its_slice() -> None:
+    """The kernel preempts a process that has run its slice while another waits for a
+    CPU (the real coordinator's long batches: thousands of involuntary switches a run):
+    with `slice_us`, a turn longer than that yields at its next item to the first process
+    waiting and goes to the back of the run queue, keeping its items; without, it keeps the
+    CPU until its queue is empty."""
+    model = replace(BARE, cpus=1, slice_ns=200 * US)
+    eng, host = _host(model)
+    a = host.endpoint(eng, 0, 0, lambda m, w: None)
+    b = host.endpoint(eng, 1, 0, lambda m, w: None)
+    seen: list[tuple[str, int]] = []
+    for k in range(5):
+        eng.at(0, a.fire, lambda k=k: seen.append((f"a{k}", eng.now)))
+    eng.at(150 * US, b.fire, lambda: seen.append(("b", eng.now)))
+    _run(eng)
+    # a runs 0-200 (two items), has run its slice with b waiting: b 200-300, then a again
+    assert seen == [("a0", 0), ("a1", 100 * US), ("b", 200 * US), ("a2", 300 * US),
+                    ("a3", 400 * US), ("a4", 500 * US)]  # fmt: skip
+    assert host.preemptions == 1
+    eng, host = _host(replace(BARE, cpus=1))  # no slice: b waits for a's five items
+    a = host.endpoint(eng, 0, 0, lambda m, w: None)
+    b = host.endpoint(eng, 1, 0, lambda m, w: None)
+    seen.clear()
+    for k in range(5):
+        eng.at(0, a.fire, lambda k=k: seen.append((f"a{k}", eng.now)))
+    eng.at(150 * US, b.fire, lambda: seen.append(("b", eng.now)))
+    _run(eng)
+    assert seen[-1] == ("b", 500 * US) and host.preemptions == 0
 
 
 def test_a_pass_costs_once_for_what_was_queued_when_it_began() -> None:
@@ -356,7 +386,7 @@ def test_calibrate_from_recorded_real_runs_round_trips_and_scores() -> None:
     assert s == pytest.approx(sum(want) / len(want))
     assert set(FIT_GRID) == {
         "msg_us", "timer_us", "post_us", "switch_us", "pass_us", "cold_us", "cache_turns",
-        "wake_pct",
+        "slice_us", "wake_pct",
     }  # fmt: skip
 
 
