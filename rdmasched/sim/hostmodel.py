@@ -9,9 +9,9 @@ process of this model:
 - **A CPU per turn (a run queue).** The host has `cpus` CPUs and one first-come run queue.
   A process that has work (a message, a timer due, a call its handlers posted) and is not on
   a CPU waits in the queue; on a CPU it handles what is queued one item at a time, each
-  costing CPU time, and keeps the CPU until its queue is empty and its spin is over. Linux
-  does not preempt such short turns (tens of us, far below its time slice), so a turn is not
-  cut into shares.
+  costing CPU time, and keeps the CPU until its queue is empty and its spin is over, or
+  until its slice is over while another waits (below). A turn is not cut into shares: the
+  nodes' turns are tens of us, far below the kernel's time slice.
 - **The real loop's spin and sleep** (rdmasched/daemon/loop.py, `LaneSet.wait`): after its
   last item a process spins `spin_us` on its CPU, busy (the demo's nodes and coordinator
   spin 50 us, `DemoConfig.spin_us`); work that comes while it spins is handled at once. Then
