@@ -7,11 +7,12 @@
 N processes, each the real `Loop` on shm lanes to its two neighbours, pass one token
 around the ring `--hops` times: one process runs at a time, and each turn comes after the
 turns of the N-1 others, so its working set has had N-1 others' through the caches since
-its own last turn. Printed per size: every process's CPU time (getrusage, from the start
-barrier to its last hop) per hop, and the wall time per hop. A diagnostic, not a
-benchmark: a flat line means a turn costs the same whatever ran before it; a step up at N
-means the caches hold fewer than N such processes' working sets (the ring's are small: the
-demo's nodes, with their scheduler and workload, are larger, so their step comes sooner).
+its own last turn. Printed per size: every process's CPU time (getrusage through the
+demo's `Meter`, from the start barrier to its last hop) per hop, and the wall time per
+hop. A diagnostic, not a benchmark: a flat line means a turn costs the same whatever ran
+before it; a step up at N means the caches hold fewer than N such processes' working sets
+(the ring's are small: the demo's nodes, with their scheduler and workload, are larger, so
+their step comes sooner).
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import resource
 import time
 import uuid
 from typing import Any
 
 from rdmasched.daemon.links import ShmLinks
 from rdmasched.daemon.loop import Loop
-from rdmasched.demo.runner import remove_segments
+from rdmasched.demo.runner import Meter, remove_segments
 from rdmasched.wire import Kind
 
 ctx = mp.get_context("fork")
@@ -52,14 +52,12 @@ def _member(name: str, i: int, n: int, hops: int, spin_us: int, bar: Any, out: A
 
     try:
         bar.wait(60)
-        ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        meter = Meter(loop)
         t0 = time.monotonic()
         if i == 0:
             loop.call_later(1_000_000, lambda: loop.send(1 % n, int(Kind.HEARTBEAT), arg0=0))
         loop.run(on_message, until=lambda: done[0])
-        ru = resource.getrusage(resource.RUSAGE_SELF)
-        cpu = ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime
-        out.send((cpu, time.monotonic() - t0))
+        out.send((meter.figures()["cpu_s"], time.monotonic() - t0))
         time.sleep(0.2)  # the neighbours read the last messages before the lanes go
     finally:
         links.close()

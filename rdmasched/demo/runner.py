@@ -129,11 +129,11 @@ def _progress_timer(loop: Any, trainer: Trainer, shared: _Shared, idx: int) -> N
     loop.call_later(50_000_000, tick)
 
 
-class _Meter:
+class Meter:
     """What the host gave this process over its run: CPU time (every thread's) and context
     switches from the start barrier to its last step (`done` true; the coordinator: to the
     stop), and how many passes of its loop took messages. The calibration's host model is
-    checked on these."""
+    checked on these (scripts/ring_turns.py measures its ring's turns with it too)."""
 
     def __init__(self, loop: Any) -> None:
         self.loop = loop
@@ -212,7 +212,7 @@ def rdmasched_node(cfg: DemoConfig, cluster_name: str, i: int, shared: _Shared) 
         node.define_group(GROUP, range(cfg.nodes))
         shared.go.wait(60)
         assert node.loop is not None
-        meter = _Meter(node.loop)
+        meter = Meter(node.loop)
         node.call_later(0, trainer.begin)
         _progress_timer(node.loop, trainer, shared, i)
         node.run(until=lambda: meter.end(trainer.done) and bool(shared.stop.value))
@@ -251,7 +251,7 @@ def coordinator_proc(cfg: DemoConfig, cluster_name: str, shared: _Shared) -> dic
             aging_us=cfg.aging_us,
         )
         shared.go.wait(60)
-        meter = _Meter(loop)
+        meter = Meter(loop)
         t0 = time.monotonic()
         loop.run(coord.on_message, until=lambda: bool(shared.stop.value))
         used = meter.figures()
@@ -282,7 +282,7 @@ def central_node(cfg: DemoConfig, cluster_name: str, i: int, shared: _Shared) ->
         trainer = Trainer(i, cfg.slots, cfg.workload, ex)
         ex.trainer = trainer
         shared.go.wait(60)
-        meter = _Meter(loop)
+        meter = Meter(loop)
         loop.call_later(0, trainer.begin)
         _progress_timer(loop, trainer, shared, i)
         loop.run(ex.on_message, until=lambda: meter.end(trainer.done) and bool(shared.stop.value))

@@ -167,10 +167,7 @@ class HostModel:
             )
         if not (math.isfinite(self.spin_us) and self.spin_us >= 0):
             raise ArgumentError(f"host model: spin_us must be >= 0, not {self.spin_us}")
-        for name in (
-            "msg_cpu_ns", "timer_cpu_ns", "post_cpu_ns", "switch_cpu_ns", "pass_cpu_ns",
-            "cold_cpu_ns", "cache_turns", "slice_ns",
-        ):  # fmt: skip
+        for name, _ in FREE.values():
             if getattr(self, name) < 0:
                 raise ArgumentError(f"host model: {name} must be >= 0")
         for name in ("wake_msg_us", "wake_timer_us"):
@@ -190,25 +187,20 @@ class HostModel:
         """This model with free parameter `key` (FREE's keys) set to `us` (in the key's
         unit: microseconds, or a percentile)."""
         name, unit = FREE[key]
-        if name == "cache_turns":
-            if us != int(us):
-                raise ArgumentError(f"host model: cache_turns must be a whole number, not {us}")
-            return replace(self, cache_turns=int(us))
-        kw: dict[str, Any] = {name: round(us * unit) if unit != 1 else float(us)}
+        kw: dict[str, Any]
+        if not isinstance(getattr(self, name), int):  # a percentile
+            kw = {name: float(us)}
+        elif unit == 1 and us != int(us):  # a count
+            raise ArgumentError(f"host model: {key} must be a whole number, not {us}")
+        else:
+            kw = {name: round(us * unit)}
         return replace(self, **kw)
 
     def free(self) -> dict[str, float]:
-        """The fitted parameters, us."""
+        """The fitted parameters, in their keys' units (FREE)."""
         return {
-            "msg_us": self.msg_cpu_ns / US,
-            "timer_us": self.timer_cpu_ns / US,
-            "post_us": self.post_cpu_ns / US,
-            "switch_us": self.switch_cpu_ns / US,
-            "pass_us": self.pass_cpu_ns / US,
-            "cold_us": self.cold_cpu_ns / US,
-            "cache_turns": self.cache_turns,
-            "slice_us": self.slice_ns / US,
-            "wake_pct": self.wake_keep_pct,
+            key: getattr(self, name) / unit if unit != 1 else getattr(self, name)
+            for key, (name, unit) in FREE.items()
         }
 
 
@@ -494,13 +486,13 @@ class HostEndpoint(Endpoint):
             self.state = SPIN
             self.since = now
             self.spin_token += 1
-            engine.at(now + self.host.spin_ns, self._spin_over, self.spin_token)
+            engine.at(now + host.spin_ns, self._spin_over, self.spin_token)
             return
-        cost = self.host.item_ns[kind]
+        cost = host.item_ns[kind]
         if kind == MSG:
             cost += self.cpu_ns if self.cost is None else self.cost(a)
             self.handled += 1
-        self.host.handle_ns += cost
+        host.handle_ns += cost
         self.busy_until = now + cost  # what the handler sends leaves at its item's end
         if kind == MSG:
             self.handler(a, b)
