@@ -92,6 +92,9 @@ cdef int rs_tx_room(rs_tx *t, uint32_t n) noexcept nogil
 cdef int rs_tx_put(rs_tx *t, const rs_msg *m, const uint8_t *meta) noexcept nogil
 cdef int rs_tx_wait_room(rs_tx *t, uint32_t n, uint64_t timeout_ns) noexcept nogil
 
+# between two polls of a spin (every transport's receive wait): pause, then give way
+cdef void rs_spin_step(uint64_t spun_ns) noexcept nogil
+
 
 cdef class Batch:
     cdef rs_msg *msgs

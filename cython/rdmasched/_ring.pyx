@@ -54,6 +54,7 @@ cdef enum:
     META_ROOM = MAX_CONT * CONT_PAYLOAD
     SPIN_BEFORE_YIELD = 4096
     GIL_SPIN = 256           # polls (about 2-10 us) before `poll` releases the GIL to wait
+    SPIN_PAUSE_NS = 10000    # a spin's first 10 us poll with a pause only (`rs_spin_step`)
 
 DEFAULT_TIMEOUT_US = 1_000_000
 DEFAULT_GRACE_US = 100
@@ -398,22 +399,33 @@ cdef uint64_t _us_to_ns(double us, str what) except? 0:
 
 
 
+cdef void rs_spin_step(uint64_t spun_ns) noexcept nogil:
+    """Between two polls of a spin that has lasted `spun_ns`: for its first `SPIN_PAUSE_NS` a
+    pause (the answer to a message just sent comes within a few us on shm), then a
+    `sched_yield`, which runs any thread ready on this CPU first and returns at once when
+    there is none: a spinning waiter never holds a core another thread is waiting for (a
+    rank's reader woken beside a daemon that spins after a preemption)."""
+    if spun_ns < SPIN_PAUSE_NS:
+        rs_pause()
+    else:
+        sched_yield()
+
+
 cdef int _spin_poll(rs_rx *r, rs_msg *m, uint8_t *meta, uint64_t timeout_ns) noexcept nogil:
-    """Busy-poll one lane until a message arrives (1), the timeout passes (0) or it dies (-1)."""
-    cdef uint64_t start = 0, now
+    """Busy-poll one lane until a message arrives (1), the timeout passes (0) or it dies (-1),
+    giving way as `rs_spin_step` says."""
+    cdef uint64_t start = rs_now_ns(), spun = 0
     cdef uint32_t k = 0
     while True:
         if rs_rx_poll(r, m, meta):
             return 1
         if r.dead:
             return -1
-        rs_pause()
+        rs_spin_step(spun)
         k += 1
-        if (k & 255) == 0:
-            now = rs_now_ns()
-            if start == 0:
-                start = now
-            elif now - start >= timeout_ns:
+        if spun >= SPIN_PAUSE_NS or (k & 255) == 0:  # past the pauses a yield costs more
+            spun = rs_now_ns() - start
+            if spun >= timeout_ns:
                 return 0
 
 
@@ -1041,7 +1053,7 @@ cdef class LaneSet:
             if now - start >= timeout_ns:
                 return 0
             if now - start < spin_ns:
-                rs_pause()
+                rs_spin_step(now - start)
                 continue
             if self._bell == NULL:
                 ts.tv_sec = 0

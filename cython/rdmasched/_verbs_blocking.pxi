@@ -8,10 +8,10 @@ from libc.stdlib cimport realloc, free
 from posix.unistd cimport close, read, write
 
 from rdmasched._wire cimport (
-    rs_fence, rs_load_acquire_u32, rs_load_acquire_u64, rs_now_ns, rs_pause,
+    rs_fence, rs_load_acquire_u32, rs_load_acquire_u64, rs_now_ns,
     rs_store_release_u32,
 )
-from rdmasched._ring cimport rs_rx, LaneSet, Batch
+from rdmasched._ring cimport rs_rx, LaneSet, Batch, rs_spin_step
 from rdmasched.libibverbs cimport (
     ibv_comp_channel, ibv_cq, ibv_req_notify_cq, ibv_get_cq_event, ibv_ack_cq_events,
     IBV_SEND_INLINE,
@@ -135,7 +135,7 @@ cdef class VerbsLaneSet(LaneSet):
             if now - start >= timeout_ns:
                 return 0
             if now - start < spin_ns:
-                rs_pause()
+                rs_spin_step(now - start)
                 continue
             got = self._sleep(batch, quantum, timeout_ns - (now - start))
             if got:
