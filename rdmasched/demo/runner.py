@@ -634,6 +634,12 @@ def print_report(cfg: DemoConfig, res: dict[str, Any], file: Any = None) -> None
     for mode in (a, c):
         ring = mode.get("ring_bytes_max")
         mode["ring_kib_max"] = None if ring is None else ring / 1024
+    # what the host gave each run (`_host_summary`: every process, the coordinator too)
+    cpus = (a.get("host") or c.get("host") or {}).get("cpus")
+    for label, key, fmt in HOST_ROWS:
+        rows.append((label.format(cpus=cpus), f"host.{key}", fmt))
+        for mode in (a, c):
+            mode[f"host.{key}"] = (mode.get("host") or {}).get(key)
     print(f"{'':<26}{'rdmasched':>14}{'central':>14}{'central/rdmasched':>20}", file=file)
     for label, key, fmt in rows:
         va, vc = a.get(key), c.get(key)
@@ -681,6 +687,16 @@ def print_report(cfg: DemoConfig, res: dict[str, Any], file: Any = None) -> None
             line += f" ({fc - fa:+.2f} points; {100 * (fc - fa) / fc:.0f}% less idle time)"
         print(line, file=file)
 
+
+#: the report's rows of what the host gave each run: label, key in a mode's `host`, format
+HOST_ROWS = (
+    ("host CPU ms per step", "cpu_ms_per_step", "{:.2f}"),
+    ("host CPU busy % ({cpus} CPUs)", "cpu_busy_pct", "{:.1f}"),
+    ("host CPU us per task", "cpu_us_per_task", "{:.1f}"),
+    ("invol. switches per step", "involuntary_switches_per_step", "{:.1f}"),
+    ("msgs per loop pass", "msgs_per_batch", "{:.1f}"),
+    ("coordinator msgs per pass", "coordinator_msgs_per_batch", "{:.1f}"),
+)
 
 #: the summary's figures: label, key in a mode's results, format, unit
 SUMMARY = (

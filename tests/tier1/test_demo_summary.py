@@ -44,3 +44,28 @@ def test_the_summary_lines_name_each_figure() -> None:
         row = next(x for x in tail.splitlines() if line in x)
         for w in want:
             assert w in row, (w, row)
+
+
+def test_the_report_shows_what_the_host_gave_each_run() -> None:
+    res = {k: dict(v) for k, v in RES.items()}
+    res["rdmasched"]["host"] = {
+        "cpus": 2,
+        "cpu_ms_per_step": 4.25,
+        "cpu_busy_pct": 33.3,
+        "cpu_us_per_task": 120.5,
+        "voluntary_switches_per_step": 40.0,
+        "involuntary_switches_per_step": 3.5,
+        "msgs_per_batch": 1.2,
+        "coordinator_msgs_per_batch": None,
+    }
+    res["central"]["host"] = dict(res["rdmasched"]["host"], cpu_ms_per_step=8.5)
+    out = io.StringIO()
+    print_report(DemoConfig(), res, file=out)
+    text = out.getvalue()
+    row = next(x for x in text.splitlines() if x.startswith("host CPU ms per step"))
+    assert "4.25" in row and "8.50" in row and "2.00x" in row
+    assert any(x.startswith("host CPU busy % (2 CPUs)") and "33.3" in x for x in text.splitlines())
+    row = next(x for x in text.splitlines() if x.startswith("coordinator msgs per pass"))
+    assert "-" in row  # rdmasched has no coordinator
+    # a result without the host's figures (an older JSON) still prints
+    print_report(DemoConfig(), {k: dict(v) for k, v in RES.items()}, file=io.StringIO())
