@@ -7,6 +7,7 @@ from rdmasched._wire import Message
 
 DEFAULT_TIMEOUT_US: int
 DEFAULT_GRACE_US: int
+SPIN_PAUSE_NS: int
 
 def check_nslots(nslots: int) -> int: ...
 

@@ -54,10 +54,13 @@ cdef enum:
     META_ROOM = MAX_CONT * CONT_PAYLOAD
     SPIN_BEFORE_YIELD = 4096
     GIL_SPIN = 256           # polls (about 2-10 us) before `poll` releases the GIL to wait
-    SPIN_PAUSE_NS = 10000    # a spin's first 10 us poll with a pause only (`rs_spin_step`)
+    PAUSE_NS = 10000         # a spin's first 10 us poll with a pause only (`rs_spin_step`)
 
 DEFAULT_TIMEOUT_US = 1_000_000
 DEFAULT_GRACE_US = 100
+#: how long a spin polls with a pause only before it yields the CPU between polls, ns
+#: (`rs_spin_step`; the simulator's host model takes it from here)
+SPIN_PAUSE_NS = PAUSE_NS
 
 
 cdef uint32_t _log2(uint32_t n) noexcept nogil:
@@ -400,12 +403,12 @@ cdef uint64_t _us_to_ns(double us, str what) except? 0:
 
 
 cdef void rs_spin_step(uint64_t spun_ns) noexcept nogil:
-    """Between two polls of a spin that has lasted `spun_ns`: for its first `SPIN_PAUSE_NS` a
+    """Between two polls of a spin that has lasted `spun_ns`: for its first `PAUSE_NS` a
     pause (the answer to a message just sent comes within a few us on shm), then a
     `sched_yield`, which runs any thread ready on this CPU first and returns at once when
     there is none: a spinning waiter never holds a core another thread is waiting for (a
     rank's reader woken beside a daemon that spins after a preemption)."""
-    if spun_ns < SPIN_PAUSE_NS:
+    if spun_ns < PAUSE_NS:
         rs_pause()
     else:
         sched_yield()
@@ -423,7 +426,7 @@ cdef int _spin_poll(rs_rx *r, rs_msg *m, uint8_t *meta, uint64_t timeout_ns) noe
             return -1
         rs_spin_step(spun)
         k += 1
-        if spun >= SPIN_PAUSE_NS or (k & 255) == 0:  # past the pauses a yield costs more
+        if spun >= PAUSE_NS or (k & 255) == 0:  # past the pauses a yield costs more
             spun = rs_now_ns() - start
             if spun >= timeout_ns:
                 return 0

@@ -14,8 +14,12 @@ process of this model:
   nodes' turns are tens of us, far below the kernel's time slice.
 - **The real loop's spin and sleep** (rdmasched/daemon/loop.py, `LaneSet.wait`): after its
   last item a process spins `spin_us` on its CPU, busy (the demo's nodes and coordinator
-  spin 50 us, `DemoConfig.spin_us`); work that comes while it spins is handled at once. Then
-  it sleeps and gives the CPU to the next process in the queue. Work for a sleeping process
+  spin 50 us, `DemoConfig.spin_us`); work that comes while it spins is handled at once. The
+  spin gives way (`spin_gives_way`, as `rs_spin_step` does since commit fd92b8d): once it is
+  `SPIN_PAUSE_NS` old, a process waiting for a CPU with work gets the spinner's, and the
+  spinner waits in the queue for the rest of its spin (it sleeps if the spin ends there,
+  and handles what came meanwhile at its turn). Then it sleeps and gives the CPU to the
+  next process in the queue. Work for a sleeping process
   wakes it: a message through the doorbell (futex), a timer when the futex wait times out.
   The wake-up takes a latency drawn from a distribution measured on this host
   (`measure_wakeups`, recorded in `WAKE_MSG_US` and `WAKE_TIMER_US` with the command that
@@ -57,6 +61,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from rdmasched import _wire
+from rdmasched._ring import SPIN_PAUSE_NS
 from rdmasched.daemon.core import NodeCore
 from rdmasched.errors import ArgumentError
 from rdmasched.sim.drivers import CoreNode, Ledger, Shaped, SimLoop
@@ -104,6 +109,8 @@ WAKE_KEEP_PCT = 90.0
 SPEC_KEYS = {
     "cpus": "CPUs of the host",
     "spin_us": "a loop's spin after its last item, us",
+    "spin_gives_way": "1: the spin yields its CPU to a waiting process after 10 us (the loop "
+    "since fd92b8d); 0: it holds the CPU (the loop before)",
     "msg_us": "CPU per message handled, us (besides the link model's cpu_ns)",
     "timer_us": "CPU per timer handled, us",
     "post_us": "CPU per call posted to the loop's inbox, us",
@@ -137,6 +144,10 @@ class HostModel:
 
     cpus: int = 2
     spin_us: float = 50.0
+    #: the loop's spin gives its CPU to a process waiting for one after `SPIN_PAUSE_NS`
+    #: (`rs_spin_step`, since commit fd92b8d); off: every poll a pause, the CPU held for the
+    #: whole spin (the loop before; the real runs recorded before it)
+    spin_gives_way: bool = True
     msg_cpu_ns: int = MSG_CPU_NS
     timer_cpu_ns: int = TIMER_CPU_NS
     post_cpu_ns: int = POST_CPU_NS
@@ -231,8 +242,12 @@ def parse_spec(text: str, base: HostModel | None = None) -> HostModel:
             v = -1.0
         if not (math.isfinite(v) and v >= 0) or (key == "cpus" and (v < 1 or v != int(v))):
             raise ArgumentError(f"--host-model {key}={value!r}: not a valid number")
+        if key == "spin_gives_way" and v not in (0, 1):
+            raise ArgumentError(f"--host-model {key}={value!r}: 0 or 1")
         if key == "cpus":
             hm = replace(hm, cpus=int(v))
+        elif key == "spin_gives_way":
+            hm = replace(hm, spin_gives_way=bool(v))
         elif key == "spin_us":
             hm = replace(hm, spin_us=v)
         else:
@@ -275,6 +290,10 @@ class Host:
         #: the free CPUs, each as the process it ran last (-1: none yet)
         self.free_cpus: list[int] = [-1] * model.cpus
         self.runq: deque[HostEndpoint] = deque()
+        #: the processes spinning on a CPU, in the order they began (node -> process)
+        self.spinning: dict[int, HostEndpoint] = {}
+        #: spinners due to give way (one each for as many processes waiting)
+        self.giving = 0
         self.spin_ns = round(model.spin_us * US)
         self.item_ns = (model.msg_cpu_ns, model.timer_cpu_ns, model.post_cpu_ns)
         self.wake_q = (_kept(model.wake_msg_us, model.wake_keep_pct),
@@ -290,6 +309,7 @@ class Host:
         self.passes = 0
         self.cold_turns = 0
         self.preemptions = 0
+        self.give_ways = 0
 
     # ---- the drivers' classes, bound to this host ------------------------------------------
     def endpoint(
@@ -326,6 +346,28 @@ class Host:
             p.state = READY
             p.since = self.engine.now
             self.runq.append(p)
+            self.offer()
+
+    def offer(self) -> None:
+        """Processes wait for a CPU: as many spinners as they are give theirs, each once its
+        spin is `SPIN_PAUSE_NS` old (`spin_gives_way`; the real spin's `sched_yield`)."""
+        if not self.model.spin_gives_way:
+            return
+        need = self.waiting_with_work() - self.giving
+        now = self.engine.now
+        for ep in self.spinning.values():
+            if need <= 0:
+                break
+            if not ep.giving:
+                ep.giving = True
+                self.giving += 1
+                need -= 1
+                self.engine.at(max(now, ep.spin_began + SPIN_PAUSE_NS), ep.give_way, ep.spin_token)
+
+    def waiting_with_work(self) -> int:
+        """The processes in the run queue that have work: not a spinner that gave way and
+        waits only to spin on (giving way to it would gain nothing)."""
+        return sum(1 for p in self.runq if p.items or p.posts)
 
     def release(self, last: int) -> None:
         """Process `last` went to sleep: its CPU to the first one waiting."""
@@ -352,6 +394,7 @@ class Host:
             "passes": self.passes,
             "cold_turns": self.cold_turns,
             "preemptions": self.preemptions,
+            "give_ways": self.give_ways,
         }
 
 
@@ -360,8 +403,8 @@ class HostEndpoint(Endpoint):
     wakes, waits for a CPU, handles its items one at a time and spins (module docstring)."""
 
     __slots__ = (
-        "host", "items", "last_turn", "left", "posts", "since", "spin_token", "state",
-        "turn_start",
+        "giving", "host", "items", "last_turn", "left", "posts", "since", "spin_began",
+        "spin_end", "spin_token", "state", "turn_start",
     )  # fmt: skip
 
     def __init__(
@@ -382,6 +425,11 @@ class HostEndpoint(Endpoint):
         self.state = SLEEP
         self.since = 0
         self.spin_token = 0
+        #: when its spin began and ends (0: no spin under way), and whether it is due to give
+        #: its CPU to a waiting process (`Host.offer`)
+        self.spin_began = 0
+        self.spin_end = 0
+        self.giving = False
         #: items of the current pass not yet taken (0: the next item begins a pass)
         self.left = 0
         #: the host's turn count at this process's last turn (-1: none yet)
@@ -418,11 +466,12 @@ class HostEndpoint(Endpoint):
             else:
                 self._woken()
         elif st == SPIN:  # spinning: handled at once, on the CPU it holds
-            self.host.spun_ns += self.engine.now - self.since
+            self._stop_spin()
             self.spin_token += 1
             self.state = RUN
             self._next()
-        # WAKING, READY: queued for its turn; RUN: after the current item
+        # WAKING, READY: queued for its turn (a spinner that gave way too); RUN: after the
+        # current item
 
     def _woken(self) -> None:
         self.host.want_cpu(self)
@@ -470,6 +519,8 @@ class HostEndpoint(Endpoint):
             host.runq.append(self)
             host.release(self.node)
             return
+        if self.posts or self.items:
+            self.spin_end = 0  # work: the next spin is a new one
         if self.posts:
             kind, a, b = self.posts.popleft()
         elif self.items:
@@ -485,8 +536,14 @@ class HostEndpoint(Endpoint):
         else:
             self.state = SPIN
             self.since = now
-            self.spin_token += 1
-            engine.at(now + host.spin_ns, self._spin_over, self.spin_token)
+            if self.spin_end <= now:  # a new spin (else the rest of one that gave way)
+                self.spin_began = now
+                self.spin_end = now + host.spin_ns
+                self.spin_token += 1
+                engine.at(self.spin_end, self._spin_over, self.spin_token)
+            host.spinning[self.node] = self
+            if host.runq:
+                host.offer()
             return
         cost = host.item_ns[kind]
         if kind == MSG:
@@ -500,12 +557,46 @@ class HostEndpoint(Endpoint):
             a(*b)
         engine.at(now + cost, self._next)
 
+    def _stop_spin(self) -> None:
+        """It stops spinning on its CPU (work came, its spin ended, it gives way)."""
+        host = self.host
+        host.spun_ns += self.engine.now - self.since
+        del host.spinning[self.node]
+        if self.giving:
+            self.giving = False
+            host.giving -= 1
+
+    def give_way(self, token: int) -> None:
+        """Its spin yields the CPU to the first process waiting (`Host.offer`) and waits
+        in the run queue for the rest of the spin."""
+        if token != self.spin_token or self.state != SPIN or not self.giving:
+            return  # work came, or its spin ended, since it was asked
+        host = self.host
+        self._stop_spin()
+        if not host.waiting_with_work():  # nobody with work waits any more: it spins on
+            host.spinning[self.node] = self
+            self.since = self.engine.now
+            return
+        host.give_ways += 1
+        self.state = READY
+        self.since = self.engine.now
+        host.runq.append(self)
+        host.release(self.node)
+
     def _spin_over(self, token: int) -> None:
-        if token != self.spin_token or self.state != SPIN:
+        if token != self.spin_token:
             return  # work came while it spun
-        self.host.spun_ns += self.engine.now - self.since
-        self.state = SLEEP
-        self.host.release(self.node)
+        host = self.host
+        if self.state == SPIN:
+            self._stop_spin()
+            self.spin_end = 0
+            self.state = SLEEP
+            host.release(self.node)
+        elif self.state == READY and not (self.items or self.posts):
+            # its spin ended while it waited in the queue after giving way: it sleeps
+            host.runq.remove(self)
+            self.spin_end = 0
+            self.state = SLEEP
 
 
 class HostCoreNode(CoreNode):

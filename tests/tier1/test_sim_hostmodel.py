@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from rdmasched._ring import SPIN_PAUSE_NS
 from rdmasched.cli import main
 from rdmasched.demo.job import WorkloadConfig
 from rdmasched.errors import ArgumentError
@@ -80,8 +81,9 @@ def test_one_process_handles_its_items_in_a_row_and_posts_first() -> None:
 def test_spin_keeps_the_cpu_and_takes_work_without_a_wake_up() -> None:
     """After its last item a process spins `spin_us` on its CPU: work in that time is
     handled at once (no wake-up); after it, the process sleeps and the next item pays a
-    wake-up; the spin holds the CPU from another process."""
-    model = replace(BARE, cpus=1, spin_us=50, wake_timer_us=(20.0, 20.0))
+    wake-up. With `spin_gives_way` off (the loop before commit fd92b8d: every poll a
+    pause), the spin holds the CPU from another process."""
+    model = replace(BARE, cpus=1, spin_us=50, wake_timer_us=(20.0, 20.0), spin_gives_way=False)
     eng, host = _host(model)
     a = host.endpoint(eng, 0, 0, lambda m, w: None)
     b = host.endpoint(eng, 1, 0, lambda m, w: None)
@@ -99,6 +101,54 @@ def test_spin_keeps_the_cpu_and_takes_work_without_a_wake_up() -> None:
     assert host.wakeups == 3  # a at 0, b, a at 1000; not a at 130 (spinning)
     assert host.spun_ns == (10 + 50 + 50 + 50) * US
     assert host.queued_ns == 150 * US  # b, from 130 to 280
+
+
+def test_a_spin_gives_its_cpu_to_a_waiting_process_after_its_pause() -> None:
+    """The real spin (`rs_spin_step`) polls with a pause for its first `SPIN_PAUSE_NS`,
+    then yields between polls: a process waiting for the CPU gets it, and the spinner waits
+    in the run queue for the rest of its spin. If its spin ends there with no work, it
+    sleeps (leaves the queue); work that came meanwhile it handles at its turn."""
+    assert SPIN_PAUSE_NS == 10 * US
+    model = replace(BARE, cpus=1, spin_us=50, wake_timer_us=(20.0, 20.0))
+    eng, host = _host(model)
+    a = host.endpoint(eng, 0, 0, lambda m, w: None)
+    b = host.endpoint(eng, 1, 0, lambda m, w: None)
+    seen: dict[str, int] = {}
+    # a wakes at 20 us, handles 20-120 and spins from 120
+    eng.at(0, a.fire, lambda: seen.setdefault("a1", eng.now))
+    # b wakes at 130, a's spin is 10 us old: a gives way at once, b runs 130-230
+    eng.at(110 * US, b.fire, lambda: seen.setdefault("b", eng.now))
+    # a timer of a while it waits in the queue: no wake-up; b spins from 230 and gives way
+    # at 240 to a, which handles it 240-340; b's spin ends in the queue at 280: it sleeps
+    eng.at(150 * US, a.fire, lambda: seen.setdefault("a2", eng.now))
+    eng.at(1000 * US, a.fire, lambda: seen.setdefault("a3", eng.now))
+    _run(eng)
+    assert seen == {"a1": 20 * US, "b": 130 * US, "a2": 240 * US, "a3": 1020 * US}
+    assert host.wakeups == 3  # a at 0, b, a at 1000; not a at 150 (queued)
+    assert host.give_ways == 2
+    # a 120-130, b 230-240, a 340-390 and 1120-1170
+    assert host.spun_ns == (10 + 10 + 50 + 50) * US
+    assert host.queued_ns == 110 * US  # a, from 130 to 240 (b left the queue asleep)
+    assert not host.runq and len(host.free_cpus) == 1
+
+
+def test_a_spinner_alone_keeps_spinning_and_gives_way_to_each_waiting_process() -> None:
+    """Two spinners on two CPUs and two processes woken while they spin: each spinner gives
+    its CPU to one of them; with nobody waiting a spin runs its whole length."""
+    model = replace(BARE, cpus=2, spin_us=50, wake_timer_us=(0.0, 0.0))
+    eng, host = _host(model)
+    eps = [host.endpoint(eng, i, 0, lambda m, w: None) for i in range(4)]
+    seen: dict[str, int] = {}
+    for i in (0, 1):  # handle 0-100, spin from 100
+        eng.at(0, eps[i].fire, lambda i=i: seen.setdefault(f"s{i}", eng.now))
+    for i in (2, 3):  # woken at 105: both spinners are 5 us in, and give way at 110
+        eng.at(105 * US, eps[i].fire, lambda i=i: seen.setdefault(f"w{i}", eng.now))
+    _run(eng)
+    assert seen == {"s0": 0, "s1": 0, "w2": 110 * US, "w3": 110 * US}
+    assert host.give_ways == 2
+    # the spinners 100-110 each; the woken ones spin their whole 50 us after 210 (the
+    # spinners' spins ended in the queue at 150)
+    assert host.spun_ns == (10 + 10 + 50 + 50) * US
 
 
 def test_switch_costs_a_turn_on_a_cpu_another_process_ran() -> None:
@@ -284,7 +334,9 @@ def test_parse_spec() -> None:
     assert hm.wake_msg_us == () and hm.wake_timer_us == ()
     assert parse_spec("") == HostModel()
     assert parse_spec("wake=recorded").wake_msg_us == WAKE_MSG_US
-    for bad in ("cpus=0", "cpus=1.5", "msg_us=-1", "nope=1", "msg_us", "wake=x", "spin_us=inf"):
+    assert HostModel().spin_gives_way and not parse_spec("spin_gives_way=0").spin_gives_way
+    for bad in ("cpus=0", "cpus=1.5", "msg_us=-1", "nope=1", "msg_us", "wake=x", "spin_us=inf",
+                "spin_gives_way=2", "spin_gives_way=0.5"):  # fmt: skip
         with pytest.raises(ArgumentError):
             parse_spec(bad)
 
@@ -396,3 +448,20 @@ def test_sim_help_names_the_host_model(capsys: pytest.CaptureFixture[str]) -> No
     args = build_parser().parse_args(["sim", "--host-model", "cpus=2"])
     assert isinstance(args, argparse.Namespace) and args.host_model == "cpus=2"
     assert build_parser().parse_args(["sim"]).host_model is None
+
+
+def test_spinners_waiting_without_work_do_not_trade_the_cpu() -> None:
+    """One CPU, two spinners: the one that gave way waits in the queue with no work, so the
+    other does not give way to it (the real pair would trade the CPU back and forth
+    until their spins end, to no one's gain); each sleeps when its spin ends."""
+    model = replace(BARE, cpus=1, spin_us=50, wake_timer_us=(0.0, 0.0))
+    eng, host = _host(model)
+    a = host.endpoint(eng, 0, 0, lambda m, w: None)
+    b = host.endpoint(eng, 1, 0, lambda m, w: None)
+    eng.at(0, a.fire, lambda: None)  # a 0-100, spins from 100
+    eng.at(105 * US, b.fire, lambda: None)  # a gives way at 110; b 110-210, spins
+    _run(eng)
+    assert host.give_ways == 1
+    # a 100-110, then its spin ends in the queue at 150; b spins 210-260 alone
+    assert host.spun_ns == (10 + 50) * US
+    assert not host.runq and len(host.free_cpus) == 1 and host.giving == 0
