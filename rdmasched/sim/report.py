@@ -347,9 +347,9 @@ def score(rows: Sequence[dict[str, Any]], sizes: Sequence[int] | None = None) ->
 
 #: the values `fit_host_model` tries for each free parameter, us
 FIT_GRID: dict[str, tuple[float, ...]] = {
-    "msg_us": (10, 20, 30, 40, 60),
-    "timer_us": (10, 20, 30, 40, 60),
-    "post_us": (5, 10, 20, 30, 40),
+    "msg_us": (2, 5, 10, 20, 30, 40, 60),
+    "timer_us": (2, 5, 10, 20, 30, 40, 60),
+    "post_us": (2, 5, 10, 20, 30, 40),
     "switch_us": (0, 10, 20, 40),
     "pass_us": (0, 10, 20, 40),
     "cold_us": (0, 5, 10, 15, 20, 30, 40),
