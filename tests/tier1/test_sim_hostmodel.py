@@ -322,7 +322,8 @@ def test_off_by_default_and_the_host_slows_a_crowded_host() -> None:
     plain = [simulate(_cfg(n, "rdmasched", None))["step_time_ms"] for n in (4, 32)]
     hosted = [simulate(_cfg(n, "rdmasched", HostModel()))["step_time_ms"] for n in (4, 32)]
     assert plain[1] < 1.05 * plain[0]
-    assert hosted[1] > 2 * hosted[0]
+    # the real demo's step grows 1.6-1.7x from 4 to 32 nodes here (SIM.md, "Calibration")
+    assert hosted[1] > 1.4 * hosted[0]
     wider = simulate(_cfg(32, "rdmasched", HostModel(cpus=4)))["step_time_ms"]
     assert wider < hosted[1]
     assert "host_model" not in simulate(_cfg(4, "rdmasched", None))
