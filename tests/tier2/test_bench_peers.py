@@ -65,7 +65,10 @@ def test_quick_run_of_every_system_has_every_task_and_no_stray_process() -> None
     for name, m in doc["systems"].items():
         a, b, c, d = (m[w] for w in peers.WORKLOADS)
         assert a["tasks"] == p.tasks, name  # every no-op task ran
-        assert a["tasks_per_s"] > 0 and a["cpu_s"] > 0, name
+        assert a["tasks_per_s"] > 0 and a["cpu_s"] >= 0, name
+        # the quick run's 400 no-ops can take less CPU than one 10 ms tick of /proc (seen:
+        # rdmasched at 55,000 tasks/s read 0.0 s): then there is no tasks/CPU-s, not a 0
+        assert (a["tasks_per_cpu_s"] is None) == (a["cpu_s"] == 0), name
         assert b["start"]["n"] == p.latency_samples, name
         assert 0 < b["start"]["p50_us"] <= b["start"]["p99_us"], name
         assert c["start"]["n"] == p.preempt_samples, name
