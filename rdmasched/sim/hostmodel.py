@@ -300,10 +300,9 @@ class Host:
         #: the free CPUs, each as the process it ran last (-1: none yet)
         self.free_cpus: list[int] = [-1] * model.cpus
         self.runq: deque[HostEndpoint] = deque()
-        #: the processes spinning on a CPU, in the order they began (node -> process)
+        #: the processes spinning on a CPU, in the order they began (node -> process); those
+        #: due to give way are marked `giving` (one for each process waiting with work)
         self.spinning: dict[int, HostEndpoint] = {}
-        #: spinners due to give way (one each for as many processes waiting)
-        self.giving = 0
         self.spin_ns = round(model.spin_us * US)
         self.item_ns = (model.msg_cpu_ns, model.timer_cpu_ns, model.post_cpu_ns)
         self.wake_q = (_kept(model.wake_msg_us, model.wake_keep_pct),
@@ -363,14 +362,13 @@ class Host:
         spin is `SPIN_PAUSE_NS` old (`spin_gives_way`; the real spin's `sched_yield`)."""
         if not self.model.spin_gives_way:
             return
-        need = self.waiting_with_work() - self.giving
+        need = self.waiting_with_work() - sum(ep.giving for ep in self.spinning.values())
         now = self.engine.now
         for ep in self.spinning.values():
             if need <= 0:
                 break
             if not ep.giving:
                 ep.giving = True
-                self.giving += 1
                 need -= 1
                 self.engine.at(max(now, ep.spin_began + SPIN_PAUSE_NS), ep.give_way, ep.spin_token)
 
@@ -572,9 +570,7 @@ class HostEndpoint(Endpoint):
         host = self.host
         host.spun_ns += self.engine.now - self.since
         del host.spinning[self.node]
-        if self.giving:
-            self.giving = False
-            host.giving -= 1
+        self.giving = False
 
     def give_way(self, token: int) -> None:
         """Its spin yields the CPU to the first process waiting (`Host.offer`) and waits

@@ -78,25 +78,30 @@ def test_one_process_handles_its_items_in_a_row_and_posts_first() -> None:
     assert seen == [("first", 0), ("posted", 100 * US), ("second", 110 * US)]
 
 
+def _a_then_b(gives_way: bool, a2_us: int) -> tuple[Host, dict[str, int]]:
+    """One CPU, a spin of 50 us, wake-ups of 20 us: timers of process a at 0, `a2_us` and
+    1000 us, and of process b at 110 us; when each ran."""
+    model = replace(BARE, cpus=1, spin_us=50, wake_timer_us=(20.0, 20.0), spin_gives_way=gives_way)
+    eng, host = _host(model)
+    a = host.endpoint(eng, 0, 0, lambda m, w: None)
+    b = host.endpoint(eng, 1, 0, lambda m, w: None)
+    seen: dict[str, int] = {}
+    for t, ep, name in ((0, a, "a1"), (a2_us, a, "a2"), (110, b, "b"), (1000, a, "a3")):
+        eng.at(t * US, ep.fire, lambda name=name: seen.setdefault(name, eng.now))
+    _run(eng)
+    return host, seen
+
+
 def test_spin_keeps_the_cpu_and_takes_work_without_a_wake_up() -> None:
     """After its last item a process spins `spin_us` on its CPU: work in that time is
     handled at once (no wake-up); after it, the process sleeps and the next item pays a
     wake-up. With `spin_gives_way` off (the loop before commit fd92b8d: every poll a
     pause), the spin holds the CPU from another process."""
-    model = replace(BARE, cpus=1, spin_us=50, wake_timer_us=(20.0, 20.0), spin_gives_way=False)
-    eng, host = _host(model)
-    a = host.endpoint(eng, 0, 0, lambda m, w: None)
-    b = host.endpoint(eng, 1, 0, lambda m, w: None)
-    seen: dict[str, int] = {}
-    eng.at(0, a.fire, lambda: seen.setdefault("a1", eng.now))
     # a wakes at 20 us, its item ends at 120, it spins to 170: a timer due at 130 is
-    # handled at once, without a wake-up
-    eng.at(130 * US, a.fire, lambda: seen.setdefault("a2", eng.now))
-    # b is woken at 110 (+20 us) and waits for the one CPU: a runs to 230 and spins to 280
-    eng.at(110 * US, b.fire, lambda: seen.setdefault("b", eng.now))
-    # a timer of a, due long after its spin: a wake-up of 20 us, and the CPU is free
-    eng.at(1000 * US, a.fire, lambda: seen.setdefault("a3", eng.now))
-    _run(eng)
+    # handled at once, without a wake-up; b is woken at 110 (+20 us) and waits for the one
+    # CPU: a runs to 230 and spins to 280; a timer of a at 1000, long after its spin: a
+    # wake-up of 20 us, and the CPU is free
+    host, seen = _a_then_b(gives_way=False, a2_us=130)
     assert seen == {"a1": 20 * US, "a2": 130 * US, "b": 280 * US, "a3": 1020 * US}
     assert host.wakeups == 3  # a at 0, b, a at 1000; not a at 130 (spinning)
     assert host.spun_ns == (10 + 50 + 50 + 50) * US
@@ -109,20 +114,11 @@ def test_a_spin_gives_its_cpu_to_a_waiting_process_after_its_pause() -> None:
     in the run queue for the rest of its spin. If its spin ends there with no work, it
     sleeps (leaves the queue); work that came meanwhile it handles at its turn."""
     assert SPIN_PAUSE_NS == 10 * US
-    model = replace(BARE, cpus=1, spin_us=50, wake_timer_us=(20.0, 20.0))
-    eng, host = _host(model)
-    a = host.endpoint(eng, 0, 0, lambda m, w: None)
-    b = host.endpoint(eng, 1, 0, lambda m, w: None)
-    seen: dict[str, int] = {}
-    # a wakes at 20 us, handles 20-120 and spins from 120
-    eng.at(0, a.fire, lambda: seen.setdefault("a1", eng.now))
-    # b wakes at 130, a's spin is 10 us old: a gives way at once, b runs 130-230
-    eng.at(110 * US, b.fire, lambda: seen.setdefault("b", eng.now))
-    # a timer of a while it waits in the queue: no wake-up; b spins from 230 and gives way
-    # at 240 to a, which handles it 240-340; b's spin ends in the queue at 280: it sleeps
-    eng.at(150 * US, a.fire, lambda: seen.setdefault("a2", eng.now))
-    eng.at(1000 * US, a.fire, lambda: seen.setdefault("a3", eng.now))
-    _run(eng)
+    # a wakes at 20 us, handles 20-120 and spins from 120; b wakes at 130, a's spin is 10 us
+    # old: a gives way at once, b runs 130-230; a timer of a at 150, while it waits in the
+    # queue: no wake-up; b spins from 230 and gives way at 240 to a, which handles it
+    # 240-340; b's spin ends in the queue at 280: it sleeps
+    host, seen = _a_then_b(gives_way=True, a2_us=150)
     assert seen == {"a1": 20 * US, "b": 130 * US, "a2": 240 * US, "a3": 1020 * US}
     assert host.wakeups == 3  # a at 0, b, a at 1000; not a at 150 (queued)
     assert host.give_ways == 2
@@ -465,4 +461,4 @@ def test_spinners_waiting_without_work_do_not_trade_the_cpu() -> None:
     assert host.give_ways == 1
     # a 100-110, then its spin ends in the queue at 150; b spins 210-260 alone
     assert host.spun_ns == (10 + 50) * US
-    assert not host.runq and len(host.free_cpus) == 1 and host.giving == 0
+    assert not host.runq and len(host.free_cpus) == 1 and not any(ep.giving for ep in (a, b))
