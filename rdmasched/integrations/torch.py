@@ -15,8 +15,9 @@ is used):
   bucket holding the first layers first (P3, ByteScheduler: priority = bucket index, since
   DDP's bucket 0 holds the last layers), at most `max_inflight` at a time, in one order on
   every rank (rank 0 chooses among the buckets released, as ByteScheduler's coordinator
-  does, and broadcasts its choice); the hook's future is completed with the averaged
-  gradients when the collective is done.
+  does, and broadcasts its choice; on one host, the daemon's release order, which every
+  rank sees the same); the hook's future is completed with the averaged gradients when the
+  collective is done.
 - `RankScheduler.compute()`: a context manager around the training step; a compute task of
   the training job at `compute_priority` holds one of the host's slots while the step runs,
   so low-priority work is preempted before the step starts and dispatched again after it.
@@ -240,10 +241,15 @@ class RankScheduler:
         self._peers = {
             r: (x[1], x[2]) for r, x in enumerate(ranks) if x[3] == me[3] and r != self.rank
         }
+        #: every rank of the job is a client of one daemon, which releases each bucket's
+        #: sync to all of them in one order: each rank starts its buckets in that order, by
+        #: itself (no leader, no control broadcast; `_comm_loop`)
+        self.one_host = len(self.members) == 1
         self._ids = itertools.count(TASK_BASE + (self.local_index << 40))
         self._steps: dict[int, int] = {}  # bucket index -> next step
         self._pending: dict[tuple[int, int], _Bucket] = {}  # (index, step), not yet released
-        self._ready: list[tuple[int, int, _Bucket]] = []  # released: (-priority, seq, bucket)
+        # released: (-priority, seq, bucket); on one host (0, seq, bucket): release order
+        self._ready: list[tuple[int, int, _Bucket]] = []
         self._inflight: dict[tuple[int, int], _Bucket] = {}
         self._seq = itertools.count()
         self._error: TorchSyncError | None = None
@@ -253,8 +259,8 @@ class RankScheduler:
         self._held: tuple[int, int] | None = None
         #: what happened, in order: (event, step, bucket index, monotonic ns), event one of
         #: "report" (the hook), "release" (the sync handler), "choose" (rank 0 picked it, in
-        #: the same critical section as the releases), "start" (its all-reduce started),
-        #: "done" (bounded)
+        #: the same critical section as the releases; a job of several hosts only), "start"
+        #: (its all-reduce started), "done" (bounded)
         self.log: deque[tuple[str, int, int, int]] = deque(maxlen=100_000)
         self._compute: dict[int, threading.Event] = {}
         self._colocated: dict[int, Colocated] = {}
@@ -313,7 +319,8 @@ class RankScheduler:
                 return
             b.released_ns = now
             self.log.append(("release", step, index, now))
-            heapq.heappush(self._ready, (-b.priority, next(self._seq), b))
+            key = 0 if self.one_host else -b.priority
+            heapq.heappush(self._ready, (key, next(self._seq), b))
             self._lock.notify_all()
 
     def _on_dispatch(self, task: Task, slot: int) -> None:
@@ -358,10 +365,15 @@ class RankScheduler:
         priority, as many as `max_inflight` leaves room for, and broadcasts its choices on
         a control group, in one message; every rank then starts those buckets' all-reduces,
         in that order, once its own scheduler has released each. (With each rank choosing by
-        itself, two ranks each waiting for the other's choice deadlock.)"""
+        itself, two ranks each waiting for the other's choice deadlock.)
+
+        On one host (`one_host`) the one daemon has already put the releases in one order,
+        the same on every rank's lane: each rank starts its buckets in release order, up to
+        `max_inflight`, with no choice and no broadcast (docs/TORCH.md, "Order")."""
         # [count, index, step, index, step, ...]: up to CHOICES_PER_MESSAGE choices
         choice = torch.zeros(1 + 2 * CHOICES_PER_MESSAGE, dtype=torch.int64)
-        leader = self.rank == 0
+        leader = self.rank == 0 or self.one_host
+        broadcast = self.world > 1 and not self.one_host
         try:
             while True:
                 with self._lock:
@@ -382,10 +394,11 @@ class RankScheduler:
                             n = len(mine)
                             choice[1 + 2 * n], choice[2 + 2 * n] = b.index, b.step
                             self._inflight[(b.index, b.step)] = b  # failed with them by _fail
-                            self.log.append(("choose", b.step, b.index, now))
+                            if broadcast:
+                                self.log.append(("choose", b.step, b.index, now))
                             mine.append(b)
                         choice[0] = len(mine)
-                if self.world > 1:
+                if broadcast:
                     dist.broadcast(choice, src=0, group=self._ctrl)
                 for k in range(int(choice[0])):
                     if leader:

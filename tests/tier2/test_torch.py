@@ -168,7 +168,9 @@ def _rank_env(rank: int, per_host: int, hosts: int) -> dict[str, str]:
 
 
 def test_buckets_start_in_priority_order_in_one_order_on_every_rank(tmp_path: Path) -> None:
-    r0, r1 = run_ranks(tmp_path, "order", 2)
+    # two hosts: each host's daemon releases a bucket when its own rank and the other host
+    # have reported, so the two ranks see releases at their own times; rank 0 chooses
+    r0, r1 = run_ranks(tmp_path, "order", 2, hosts=2)
     log0 = [tuple(e) for e in r0["log"]]
     starts = [[(s, i) for ev, s, i, _ in r["log"] if ev == "start"] for r in (r0, r1)]
     assert starts[0], "no all-reduce started"
@@ -194,6 +196,42 @@ def test_buckets_start_in_priority_order_in_one_order_on_every_rank(tmp_path: Pa
     assert skipped > 0, "no bucket ever waited: the priority order was never exercised"
     assert chosen != sorted(chosen, key=lambda c: (c[0], c[1]))
     # and the training is DDP's: the same parameters as plain DDP, and on both ranks
+    assert r0["max_diff_vs_plain_ddp"] < 1e-5
+    assert r1["max_diff_vs_plain_ddp"] < 1e-5
+    assert r0["params"] == r1["params"]
+
+
+@pytest.mark.parametrize("inflight", ["1", "3"])
+def test_on_one_host_buckets_start_in_the_daemons_release_order(
+    tmp_path: Path, inflight: str
+) -> None:
+    # one host: its one daemon releases each bucket's sync to both ranks, in one order, so
+    # each rank starts its buckets in release order with no control broadcast (no choice)
+    r0, r1 = run_ranks(tmp_path, "order", 2, inflight)
+    most = int(inflight)
+    starts = []
+    for r in (r0, r1):
+        log = [tuple(e) for e in r["log"]]
+        assert not [e for e in log if e[0] == "choose"], "a one-host rank chose (broadcast)"
+        released = [(s, i) for ev, s, i, _ in log if ev == "release"]
+        started = [(s, i) for ev, s, i, _ in log if ev == "start"]
+        assert started and started == released  # in release order, every bucket once
+        seen: set[tuple[int, int]] = set()
+        inflight_now: set[tuple[int, int]] = set()
+        peak = 0
+        for ev, step, index, _ in log:
+            if ev == "release":
+                seen.add((step, index))
+            elif ev == "start":
+                assert (step, index) in seen, f"bucket {index} step {step} started unreleased"
+                inflight_now.add((step, index))
+                peak = max(peak, len(inflight_now))
+            elif ev == "done":
+                inflight_now.discard((step, index))
+        assert peak <= most, (peak, most)
+        starts.append(started)
+    # one order on every rank (else gloo mixes the collectives up): the daemon's
+    assert starts[0] == starts[1]
     assert r0["max_diff_vs_plain_ddp"] < 1e-5
     assert r1["max_diff_vs_plain_ddp"] < 1e-5
     assert r0["params"] == r1["params"]
@@ -305,7 +343,7 @@ def test_the_buckets_all_reduce_on_the_process_groups_own_backend(tmp_path: Path
 def test_several_buckets_in_flight_keep_one_order_and_the_priority(tmp_path: Path) -> None:
     # max_inflight 3: rank 0 chooses up to three released buckets at once, in priority
     # order, in one control message; every rank starts them in that order
-    r0, r1 = run_ranks(tmp_path, "order", 2, "3")
+    r0, r1 = run_ranks(tmp_path, "order", 2, "3", hosts=2)
     starts = [[(s, i) for ev, s, i, _ in r["log"] if ev == "start"] for r in (r0, r1)]
     assert starts[0] and starts[0] == starts[1]
     waiting: set[tuple[int, int]] = set()
