@@ -86,6 +86,7 @@ from rdmasched.clientproto import (
 )
 from rdmasched.daemon.checks import U64_MAX, check_callable, check_int
 from rdmasched.daemon.core import SYNC_ID_BASE
+from rdmasched.daemon.tuning import check_slice_us, set_slice
 from rdmasched.errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -131,6 +132,7 @@ class Client:
         nslots: int = 256,
         session: str | None = None,
         spin_us: int = CLIENT_SPIN_US,
+        slice_us: int | None = None,
     ) -> None:
         self.endpoint = endpoint
         if session is None:
@@ -146,6 +148,9 @@ class Client:
         #: how long the reader spins on the down lane after a message before it sleeps on
         #: its doorbell, us (docs/CLIENT.md, "Spinning")
         self.spin_us = check_int("spin_us", spin_us, 0, MAX_SPIN_US)
+        #: the EEVDF slice the reader asks for, us (None: the kernel's default), and the
+        #: rank's other threads on the control path (docs/CLIENT.md, "The slice")
+        self.slice_us = None if slice_us is None else check_slice_us("slice_us", slice_us)
         self.nslots = nslots
         #: the daemon's node id, name, slots (from its WELCOME)
         self.id = -1
@@ -198,13 +203,17 @@ class Client:
         endpoint the launcher's variables name (rdmasched.launch). With `start_daemon`, local
         rank 0 starts the daemon as a child process (`rdmasched daemon --exit-when-idle`) if
         none runs yet; the other ranks wait for it (up to `connect_timeout_s`).
-        RDMASCHED_SPIN_US, when set, is `spin_us` (unless `kw` gives it)."""
+        RDMASCHED_SPIN_US and RDMASCHED_SLICE_US, when set, are `spin_us` and `slice_us`
+        (unless `kw` gives them)."""
         from rdmasched import launch
 
         endpoint, index = launch.client_endpoint(env)
         spin = launch.client_spin_us(env)
         if spin is not None:
             kw.setdefault("spin_us", spin)
+        slice_us = launch.client_slice_us(env)
+        if slice_us is not None:
+            kw.setdefault("slice_us", slice_us)
         if start_daemon and index == 0 and not launch.daemon_running(endpoint):
             launch.spawn_daemon(env)
         return cls(endpoint, index, **kw)
@@ -639,6 +648,12 @@ class Client:
     def _read(self) -> None:
         lanes = self._lanes
         assert lanes is not None
+        if self.slice_us is not None:
+            why = set_slice(self.slice_us)
+            if why is not None:
+                _log.warning(
+                    "client %d: no EEVDF slice of %d us: %s", self.index, self.slice_us, why
+                )
         batch = Batch(64)
         last_check = time.monotonic()
         while not self._stop.is_set():

@@ -48,6 +48,8 @@ from rdmasched.limits import (
     LANE_SLOTS_DEFAULT,
     MAX_SPIN_US,
     SERVICE_LEVEL_DEFAULT,
+    SLICE_US_MAX,
+    SLICE_US_MIN,
     check_lane_slots,
     check_preemption,
     check_traffic_class,
@@ -415,6 +417,7 @@ ENV_BOUNDS: dict[str, tuple[int, int | None]] = {
     "RDMASCHED_DEAD_AFTER_MS": (1, None),
     "RDMASCHED_STORE_TIMEOUT_S": (1, 86_400),
     "RDMASCHED_SPIN_US": (0, MAX_SPIN_US),
+    "RDMASCHED_SLICE_US": (SLICE_US_MIN, SLICE_US_MAX),
 }
 
 

@@ -27,7 +27,8 @@ RDMASCHED_DEAD_AFTER_MS (docs/CONFIG.md's heartbeat_ms and dead_after_ms), RDMAS
 or /etc/slurm, if it exists, cut down to the job's hosts: the cluster's [topology];
 `job_topology`). A rank is client LOCAL_RANK (or SLURM_LOCALID) of the daemon at
 `<cluster>.<host>` (`client_endpoint`); RDMASCHED_SPIN_US, when set, is its reader's spin
-after a message, us (`client_spin_us`; docs/CLIENT.md, "Spinning").
+after a message, us (`client_spin_us`; docs/CLIENT.md, "Spinning"); RDMASCHED_SLICE_US, its
+threads' EEVDF slice, us (`client_slice_us`; docs/CLIENT.md, "The slice").
 
 Starting a host's daemon is this module's too: `host_node()` is this host's `Node`, and
 `serve(node)` what a started node runs to be the host's daemon (`rdmasched daemon` calls
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "client_endpoint",
+    "client_slice_us",
     "client_spin_us",
     "cluster_name",
     "daemon_running",
@@ -162,6 +164,13 @@ def client_spin_us(env: Mapping[str, str] | None = None) -> int | None:
     sleeps, us (None: unset, the client's default)."""
     env = _env(env)
     return _int(env, "RDMASCHED_SPIN_US") if env.get("RDMASCHED_SPIN_US") else None
+
+
+def client_slice_us(env: Mapping[str, str] | None = None) -> int | None:
+    """RDMASCHED_SLICE_US: the EEVDF slice a rank's threads on the control path ask for, us
+    (None: unset, the kernel's default; daemon/tuning.py)."""
+    env = _env(env)
+    return _int(env, "RDMASCHED_SLICE_US") if env.get("RDMASCHED_SLICE_US") else None
 
 
 def _slots(env: Mapping[str, str]) -> int:

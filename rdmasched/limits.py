@@ -158,3 +158,6 @@ HTTP_TOKEN_BYTES_MAX = 4096
 #: the longest spin after a message before a loop or a lane reader sleeps, us (`--spin-us`,
 #: RDMASCHED_SPIN_US): beyond it nothing useful happens on one host
 MAX_SPIN_US = 10_000_000
+#: an EEVDF slice a thread may ask for, us (`--slice-us`, RDMASCHED_SLICE_US,
+#: daemon/tuning.py): the kernel clamps sched_runtime to 0.1-100 ms
+SLICE_US_MIN, SLICE_US_MAX = 100, 100_000

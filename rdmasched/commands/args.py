@@ -214,6 +214,7 @@ def check_liveness(parser: argparse.ArgumentParser, heartbeat_ms: int, dead_afte
 
 positive = int_range(1, None, "a positive integer")
 spin_us = int_range(0, MAX_SPIN_US, "a whole number of microseconds")
+slice_us = int_range(limits.SLICE_US_MIN, limits.SLICE_US_MAX, "a whole number of microseconds")
 exec_slots = int_range(1, limits.EXEC_SLOTS_MAX, "a number of execution slots")
 ms = float_range(0.0, MAX_MS)
 positive_float = float_range(0.0, MAX_SECONDS)

@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any, cast
 
 from rdmasched import limits
-from rdmasched.commands.args import UserError, int_range, spin_us, us_or_off
+from rdmasched.commands.args import UserError, int_range, slice_us, spin_us, us_or_off
 from rdmasched.errors import RdmaschedError
 from rdmasched.limits import CLIENT_QUEUED_DEFAULT, CLIENT_QUEUED_MAX
 
@@ -135,6 +135,16 @@ def add_arguments(daemon: argparse.ArgumentParser) -> None:
         help="how long the node's loop and the client lanes' reader spin after a message "
         "before they sleep, us (0: sleep at once; less CPU, a slower wake-up) (default "
         'the loop 200, the reader 50; docs/DAEMON.md, "Spinning")',
+    )
+    daemon.add_argument(
+        "--slice-us",
+        type=slice_us,
+        default=None,
+        metavar="US",
+        help="the EEVDF time slice the node's loop thread asks the kernel for, us, "
+        f"{limits.SLICE_US_MIN}..{limits.SLICE_US_MAX} (Linux 6.12+; shorter: a wake-up "
+        "preempts a busy CPU sooner) (default $RDMASCHED_SLICE_US, else the kernel's; "
+        'docs/DAEMON.md, "The slice")',
     )
     daemon.add_argument(
         "--metrics-port",
@@ -276,6 +286,19 @@ def daemon_spin_us(args: argparse.Namespace) -> int | None:
         raise UserError(f"RDMASCHED_SPIN_US={value!r}: {exc}") from None
 
 
+def daemon_slice_us(args: argparse.Namespace) -> int | None:
+    """--slice-us, else RDMASCHED_SLICE_US (the ranks' own slice, CLIENT.md, which a daemon
+    started by a rank inherits: `host_client()` sets it on a host whose every CPU runs a
+    rank), else None (the kernel's default slice)."""
+    if args.slice_us is not None or not os.environ.get("RDMASCHED_SLICE_US"):
+        return cast(int | None, args.slice_us)
+    value = os.environ["RDMASCHED_SLICE_US"]
+    try:
+        return slice_us(value)
+    except argparse.ArgumentTypeError as exc:
+        raise UserError(f"RDMASCHED_SLICE_US={value!r}: {exc}") from None
+
+
 def main(args: argparse.Namespace) -> int:
     from rdmasched import launch
     from rdmasched.daemon.node import Node
@@ -285,6 +308,11 @@ def main(args: argparse.Namespace) -> int:
     args.spin_us = daemon_spin_us(args)
     if args.spin_us is not None:
         policy["spin_us"] = args.spin_us
+    args.slice_us = daemon_slice_us(args)
+    if args.slice_us is not None:
+        from rdmasched.daemon.tuning import LoopTuning
+
+        policy["tuning"] = LoopTuning(slice_us=args.slice_us)
     if args.config is not None:
         node = Node.from_config(
             args.config, int(args.node) if args.node.isdigit() else args.node, **policy

@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 from rdmasched.api import NodeAPI
+from rdmasched.daemon.tuning import set_slice
 from rdmasched.errors import ArgumentError, RdmaschedError
 from rdmasched.integrations.freeze import Freezer
 from rdmasched.limits import COMPUTE_PRIORITY_MAX
@@ -88,6 +89,12 @@ CHOICES_PER_MESSAGE = 16
 EXIT_LOST = 75
 #: how long a rank leaving so waits for its process groups' abort before it exits anyway
 ABORT_TIMEOUT_S = 0.5
+#: the EEVDF slice of the control path's threads on a host whose every CPU runs a rank, us
+#: (`host_client()`, RDMASCHED_SLICE_US; docs/TORCH.md, "The measurement"): the shortest the
+#: kernel gives, so each wake-up of the path (the daemon's loop, the rank's reader, its comm
+#: thread, its process groups' threads) takes a CPU from a rank at once, not after up to
+#: the default slice (1.4 ms on 2 CPUs)
+BUSY_HOST_SLICE_US = 100
 
 
 class TorchSyncError(RdmaschedError, RuntimeError):
@@ -274,6 +281,27 @@ class RankScheduler:
         self._comm.start()
         self._watch = threading.Thread(target=self._watchdog, name="rdmasched-watch", daemon=True)
         self._watch.start()
+        #: the EEVDF slice of this rank's threads on the control path, us (the client's
+        #: `slice_us`; None: the kernel's default)
+        self.slice_us: int | None = getattr(node, "slice_us", None)
+        if self.slice_us is not None:
+            self._ask_slice(self.slice_us)
+
+    def _ask_slice(self, slice_us: int) -> None:
+        """Ask for `slice_us` on every thread of this process but the caller's (the one that
+        runs the model): the comm thread, the watchdog, the client's reader, and the threads
+        of the process groups (gloo runs its collectives and their callbacks on threads of
+        its own), all on the path from a bucket's release to its future. One line if the
+        kernel says no."""
+        me = threading.get_native_id()
+        why = None
+        for name in sorted(os.listdir("/proc/self/task"), key=int):
+            if int(name) != me:
+                no = set_slice(slice_us, int(name))
+                if no is not None and os.path.exists(f"/proc/self/task/{name}"):  # not gone
+                    why = no
+        if why is not None:
+            _log.warning("rank %d: no EEVDF slice of %d us: %s", self.rank, slice_us, why)
 
     # ---- the DDP communication hook ------------------------------------------------------
     def hook(self, state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -864,7 +892,10 @@ def host_client(
 
     On a host whose every CPU runs a rank (LOCAL_WORLD_SIZE at least the CPUs this process
     may use), the ranks' readers and a daemon started here sleep at once after a message
-    (``RDMASCHED_SPIN_US=0`` unless set): their spinning took its CPU from the ranks."""
+    (``RDMASCHED_SPIN_US=0`` unless set): their spinning took its CPU from the ranks; and
+    their threads on the control path ask for the shortest EEVDF slice,
+    ``RDMASCHED_SLICE_US=100`` (`BUSY_HOST_SLICE_US`) unless set, so each wake-up takes a
+    CPU from a rank at once (Linux 6.12+; docs/TORCH.md, "The measurement")."""
     from rdmasched.client import Client
 
     env = dict(os.environ if env is None else env)
@@ -872,6 +903,7 @@ def host_client(
         # every CPU of the host runs a rank: a reader spinning after each message (the
         # daemon's, each rank's) takes its time from the ranks; sleep at once instead
         env.setdefault("RDMASCHED_SPIN_US", "0")
+        env.setdefault("RDMASCHED_SLICE_US", str(BUSY_HOST_SLICE_US))
     if strict:
         env.setdefault("RDMASCHED_STARVATION_US", "off")
         env.setdefault("RDMASCHED_AGING_US", "off")
@@ -955,6 +987,7 @@ def _timedelta(seconds: float) -> Any:
 
 
 __all__ = [
+    "BUSY_HOST_SLICE_US",
     "COLOCATED_PRIORITY",
     "COMPUTE_PRIORITY",
     "EXIT_LOST",

@@ -4,9 +4,12 @@ thread's tuning options (rdmasched/daemon/tuning.py)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from rdmasched.daemon import tuning
 from rdmasched.daemon.probe import AllocCounter, Probe, StageClock, StageCounter
 from rdmasched.daemon.tuning import LoopTuning
 from rdmasched.errors import ArgumentError
@@ -81,3 +84,69 @@ def test_tuning_applies_to_the_calling_thread_only() -> None:
 
     gc.unfreeze()
     assert seen == [{cpu}] and os.sched_getaffinity(0) == before
+
+
+def test_a_slice_is_checked() -> None:
+    for bad in (0, 99, 100_001, 1.5, True):
+        with pytest.raises(ArgumentError, match=r"slice_us=.*100\.\.100000"):
+            LoopTuning(slice_us=bad)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentError, match="SCHED_FIFO thread has no slice"):
+        LoopTuning(fifo=5, slice_us=100)
+    assert LoopTuning(slice_us=100) and LoopTuning(slice_us=100_000)
+
+
+def _in_a_thread(fn: Callable[[], Any]) -> Any:
+    import threading
+
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join()
+    return out[0]
+
+
+def test_a_slice_applies_to_the_calling_thread_only_and_keeps_its_nice() -> None:
+    import threading
+
+    before = tuning.get_slice()
+
+    def body() -> tuple[list[str], int | None, int]:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 5)
+        done = LoopTuning(slice_us=300).apply()
+        return done, tuning.get_slice(), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    done, got, nice = _in_a_thread(body)
+    assert nice == 5  # the slice request kept the thread's nice
+    assert tuning.get_slice() == before  # the caller's own thread is untouched
+    if before is None:  # a kernel without EEVDF's custom slices (before 6.12): one line
+        assert len(done) == 1 and done[0].startswith("no EEVDF slice: "), done
+        assert got is None
+    else:
+        assert done == ["EEVDF slice 300 us"] and got == 300
+
+
+def test_a_slice_can_be_set_on_another_thread_of_the_process() -> None:
+    import threading
+
+    if tuning.get_slice() is None:
+        pytest.skip("this kernel has no EEVDF custom slice (Linux 6.12+)")
+    ready, stop = threading.Event(), threading.Event()
+    tid: list[int] = []
+
+    def body() -> None:
+        tid.append(threading.get_native_id())
+        ready.set()
+        stop.wait(10)
+
+    t = threading.Thread(target=body)
+    t.start()
+    try:
+        ready.wait(10)
+        assert tuning.set_slice(250, tid[0]) is None
+        assert tuning.get_slice(tid[0]) == 250
+    finally:
+        stop.set()
+        t.join()
+    # a thread that is gone: a reason, not an exception
+    why = tuning.set_slice(250, tid[0])
+    assert why is not None and str(tid[0]) in why, why

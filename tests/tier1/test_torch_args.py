@@ -145,3 +145,65 @@ def test_host_client_does_not_spin_when_every_cpu_runs_a_rank(spare: bool) -> No
     # the user's own setting wins
     client = rt.host_client(start_daemon=False, env={**env, "RDMASCHED_SPIN_US": "20"})
     assert client.spin_us == 20
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "want"),
+    [
+        ([], {}, None),  # the kernel's default slice
+        ([], {"RDMASCHED_SLICE_US": "100"}, 100),  # a daemon a rank started: the ranks' slice
+        (["--slice-us", "300"], {"RDMASCHED_SLICE_US": "100"}, 300),  # the option wins
+    ],
+)
+def test_a_daemon_started_by_a_rank_takes_the_ranks_slice(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], env: dict[str, str], want: int | None
+) -> None:
+    from rdmasched.cli import build_parser
+    from rdmasched.commands.daemon import daemon_slice_us
+
+    monkeypatch.delenv("RDMASCHED_SLICE_US", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert daemon_slice_us(build_parser().parse_args(["daemon", *argv])) == want
+
+
+@pytest.mark.parametrize("bad", ["50", "100001", "x", "-1"])
+def test_a_bad_slice_variable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, bad: str) -> None:
+    from rdmasched import launch
+    from rdmasched.cli import build_parser
+    from rdmasched.commands.args import UserError
+    from rdmasched.commands.daemon import daemon_slice_us
+    from rdmasched.errors import ConfigError
+
+    monkeypatch.setenv("RDMASCHED_SLICE_US", bad)
+    with pytest.raises(UserError, match=f"RDMASCHED_SLICE_US={bad!r}"):
+        daemon_slice_us(build_parser().parse_args(["daemon"]))
+    with pytest.raises(ConfigError, match=r"^RDMASCHED_SLICE_US=.* must be an integer in 100\.\."):
+        launch.client_slice_us({"RDMASCHED_SLICE_US": bad})
+
+
+@pytest.mark.parametrize("spare", [True, False])
+def test_host_client_asks_for_a_short_slice_when_every_cpu_runs_a_rank(spare: bool) -> None:
+    # each wake-up on the control path (daemon, reader, comm thread, gloo) waited up to the
+    # kernel's default slice (1.4 ms here) behind a rank on a host with no spare CPU
+    cpus = len(os.sched_getaffinity(0))
+    if spare and cpus < 2:
+        pytest.skip("one CPU: every host of one rank has no spare CPU")
+    env = {
+        "RDMASCHED_CLUSTER": "unused-never-opened",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": str(cpus - 1 if spare else cpus),
+    }
+    client = rt.host_client(start_daemon=False, env=env)
+    assert client.slice_us == (None if spare else rt.BUSY_HOST_SLICE_US)
+    client = rt.host_client(start_daemon=False, env={**env, "RDMASCHED_SLICE_US": "400"})
+    assert client.slice_us == 400  # the user's own setting wins
+
+
+def test_a_client_slice_is_checked() -> None:
+    from rdmasched.client import Client
+
+    for bad in (50, 100_001):
+        with pytest.raises(ArgumentError, match="slice_us"):
+            Client("x.h0", 0, slice_us=bad)
+    assert Client("x.h0", 0).slice_us is None

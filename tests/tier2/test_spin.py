@@ -104,3 +104,47 @@ def test_a_bad_spin_us_is_one_line_and_exit_2(bad: str) -> None:
     )
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "--spin-us" in out.stderr, out.stderr
+
+
+def test_a_daemon_and_its_client_ask_for_their_slice(tmp_path: Path) -> None:
+    # `--slice-us` reaches the node's loop thread (which reads the clients' lanes too, on
+    # shm); RDMASCHED_SLICE_US the client's reader (docs/DAEMON.md and CLIENT.md, "The slice")
+    from rdmasched.daemon.tuning import get_slice
+
+    name = f"s{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    cfg = tmp_path / "cluster.toml"
+    cfg.write_text(f'[cluster]\nname = "{name}"\n\n[[node]]\nname = "h0"\nslots = 2\n')
+    argv = ["daemon", "--config", str(cfg), "--node", "h0", "--slice-us", "200"]
+    d = subprocess.Popen(
+        [sys.executable, "-c", CMD, *argv, "--log-level", "info"],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert d.stdout is not None and d.stderr is not None
+        assert f"at {name}.h0" in d.stdout.readline()
+        log = ""
+        while "serving clients" not in log:
+            more = d.stderr.readline()
+            assert more, log
+            log += more
+        supported = get_slice() is not None
+        if supported:
+            assert "loop thread EEVDF slice 200 us" in log, log
+        else:  # an older kernel: one line, and the daemon serves on
+            assert "loop thread no EEVDF slice: " in log, log
+        env = {"RDMASCHED_CLUSTER": name, "RDMASCHED_HOST": "h0", "LOCAL_RANK": "0"}
+        c = Client.from_env({**env, "RDMASCHED_SLICE_US": "300"}, connect_timeout_s=30)
+        assert c.slice_us == 300
+        with c:
+            assert c._thread is not None and c._thread.native_id is not None
+            assert get_slice(c._thread.native_id) == (300 if supported else None)
+            assert get_slice() != 300  # the caller's thread is not the reader
+        d.send_signal(signal.SIGTERM)
+        assert d.wait(60) == 0
+    finally:
+        if d.poll() is None:
+            d.kill()
+            d.wait()

@@ -35,6 +35,7 @@ if importlib.util.find_spec("torch") is None:
 
 from rdmasched.clientproto import endpoint_name
 from rdmasched.integrations.freeze import cgroup_available
+from rdmasched.integrations.torch import BUSY_HOST_SLICE_US
 from rdmasched.launch import daemon_running
 from rdmasched.transport import shm
 from tests.waiting import wait_for
@@ -232,6 +233,14 @@ def test_on_one_host_buckets_start_in_the_daemons_release_order(
         starts.append(started)
     # one order on every rank (else gloo mixes the collectives up): the daemon's
     assert starts[0] == starts[1]
+    # two ranks on this host: when they are as many as its CPUs, host_client() asks for a
+    # short slice for the threads of the control path (not the training thread's)
+    if r0["main_slice"] is not None and len(os.sched_getaffinity(0)) <= 2:
+        for r in (r0, r1):
+            assert r["slice_us"] == BUSY_HOST_SLICE_US, r["slice_us"]
+            assert r["comm_slice"] == r["reader_slice"] == BUSY_HOST_SLICE_US, r
+            assert r["main_slice"] != BUSY_HOST_SLICE_US, r
+            assert list(r["slices"].values()).count(BUSY_HOST_SLICE_US) >= 4, r["slices"]
     assert r0["max_diff_vs_plain_ddp"] < 1e-5
     assert r1["max_diff_vs_plain_ddp"] < 1e-5
     assert r0["params"] == r1["params"]

@@ -34,6 +34,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -44,6 +45,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from rdmasched.daemon.tuning import get_slice
 from rdmasched.integrations.freeze import read_stat
 from rdmasched.integrations.torch import Colocated, RankScheduler, _autogroup, host_client
 
@@ -117,6 +119,14 @@ def main() -> int:
             train(ddp, 8, sched, seed=rank)
             train(plain, 8, None, seed=rank)
             result["log"] = list(sched.log)
+            result["slice_us"] = sched.slice_us
+            me = threading.get_native_id()
+            result["main_slice"] = get_slice(me)
+            result["slices"] = {  # the threads there when the RankScheduler was made
+                n: get_slice(int(n)) for n in os.listdir("/proc/self/task") if int(n) != me
+            }
+            result["comm_slice"] = get_slice(sched._comm.native_id or 0)
+            result["reader_slice"] = get_slice(node._thread.native_id or 0)  # type: ignore[union-attr]
             result["params"] = flat(a).tolist()[:64]
             result["max_diff_vs_plain_ddp"] = float((flat(a) - flat(b)).abs().max())
         elif scenario == "backend":
