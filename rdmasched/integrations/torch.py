@@ -89,12 +89,6 @@ CHOICES_PER_MESSAGE = 16
 EXIT_LOST = 75
 #: how long a rank leaving so waits for its process groups' abort before it exits anyway
 ABORT_TIMEOUT_S = 0.5
-#: the EEVDF slice of the control path's threads on a host whose every CPU runs a rank, us
-#: (`host_client()`, RDMASCHED_SLICE_US; docs/TORCH.md, "The measurement"): the shortest the
-#: kernel gives, so each wake-up of the path (the daemon's loop, the rank's reader, its comm
-#: thread, its process groups' threads) takes a CPU from a rank at once, not after up to
-#: the default slice (1.4 ms on 2 CPUs)
-BUSY_HOST_SLICE_US = 100
 
 
 class TorchSyncError(RdmaschedError, RuntimeError):
@@ -892,10 +886,9 @@ def host_client(
 
     On a host whose every CPU runs a rank (LOCAL_WORLD_SIZE at least the CPUs this process
     may use), the ranks' readers and a daemon started here sleep at once after a message
-    (``RDMASCHED_SPIN_US=0`` unless set): their spinning took its CPU from the ranks; and
-    their threads on the control path ask for the shortest EEVDF slice,
-    ``RDMASCHED_SLICE_US=100`` (`BUSY_HOST_SLICE_US`) unless set, so each wake-up takes a
-    CPU from a rank at once (Linux 6.12+; docs/TORCH.md, "The measurement")."""
+    (``RDMASCHED_SPIN_US=0`` unless set): their spinning took its CPU from the ranks.
+    ``RDMASCHED_SLICE_US`` (unset by default) makes the control path's threads ask for a
+    shorter EEVDF slice (docs/TORCH.md, "The slice": no step gain measured here)."""
     from rdmasched.client import Client
 
     env = dict(os.environ if env is None else env)
@@ -903,7 +896,6 @@ def host_client(
         # every CPU of the host runs a rank: a reader spinning after each message (the
         # daemon's, each rank's) takes its time from the ranks; sleep at once instead
         env.setdefault("RDMASCHED_SPIN_US", "0")
-        env.setdefault("RDMASCHED_SLICE_US", str(BUSY_HOST_SLICE_US))
     if strict:
         env.setdefault("RDMASCHED_STARVATION_US", "off")
         env.setdefault("RDMASCHED_AGING_US", "off")
@@ -987,7 +979,6 @@ def _timedelta(seconds: float) -> Any:
 
 
 __all__ = [
-    "BUSY_HOST_SLICE_US",
     "COLOCATED_PRIORITY",
     "COMPUTE_PRIORITY",
     "EXIT_LOST",

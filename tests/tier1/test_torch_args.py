@@ -182,22 +182,19 @@ def test_a_bad_slice_variable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, 
         launch.client_slice_us({"RDMASCHED_SLICE_US": bad})
 
 
-@pytest.mark.parametrize("spare", [True, False])
-def test_host_client_asks_for_a_short_slice_when_every_cpu_runs_a_rank(spare: bool) -> None:
-    # each wake-up on the control path (daemon, reader, comm thread, gloo) waited up to the
-    # kernel's default slice (1.4 ms here) behind a rank on a host with no spare CPU
+def test_host_client_passes_the_slice_variable_on_and_sets_none_itself() -> None:
+    # the slice is the user's (no step gain measured here: docs/TORCH.md, "The slice"); the
+    # variable reaches the client, which the RankScheduler reads for the rank's threads
     cpus = len(os.sched_getaffinity(0))
-    if spare and cpus < 2:
-        pytest.skip("one CPU: every host of one rank has no spare CPU")
     env = {
         "RDMASCHED_CLUSTER": "unused-never-opened",
         "LOCAL_RANK": "0",
-        "LOCAL_WORLD_SIZE": str(cpus - 1 if spare else cpus),
+        "LOCAL_WORLD_SIZE": str(cpus),  # no spare CPU: the spin is set, the slice is not
     }
     client = rt.host_client(start_daemon=False, env=env)
-    assert client.slice_us == (None if spare else rt.BUSY_HOST_SLICE_US)
+    assert client.slice_us is None and client.spin_us == 0
     client = rt.host_client(start_daemon=False, env={**env, "RDMASCHED_SLICE_US": "400"})
-    assert client.slice_us == 400  # the user's own setting wins
+    assert client.slice_us == 400
 
 
 def test_a_client_slice_is_checked() -> None:

@@ -35,7 +35,6 @@ if importlib.util.find_spec("torch") is None:
 
 from rdmasched.clientproto import endpoint_name
 from rdmasched.integrations.freeze import cgroup_available
-from rdmasched.integrations.torch import BUSY_HOST_SLICE_US
 from rdmasched.launch import daemon_running
 from rdmasched.transport import shm
 from tests.waiting import wait_for
@@ -80,6 +79,7 @@ def run_ranks(
     cluster: str | None = None,
     daemon: str = "rank0",
     hosts: int = 1,
+    env_extra: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Run `scenario` on `world` rank processes; what each rank wrote (None: it wrote
     nothing, as a killed rank). `daemon`: "rank0" (local rank 0 starts it) or "user" (this
@@ -87,11 +87,11 @@ def run_ranks(
     `hosts` > 1: that many "hosts" on this machine (RDMASCHED_HOST host0, host1, ..., shm
     between their daemons), found as under torchrun: GROUP_RANK, and a TCPStore at
     MASTER_ADDR:MASTER_PORT run here as torchrun's agent runs it (the ranks' own store is a
-    client of it, TORCHELASTIC_USE_AGENT_STORE). Fails if any rank or daemon is still
-    running at the deadline."""
+    client of it, TORCHELASTIC_USE_AGENT_STORE). `env_extra`: more variables for every rank.
+    Fails if any rank or daemon is still running at the deadline."""
     port = free_port()
     cluster = cluster or new_cluster()
-    env = host_env(world, cluster, port)
+    env = {**host_env(world, cluster, port), **(env_extra or {})}
     per_host = world // hosts
     store = None
     if hosts > 1:
@@ -208,7 +208,7 @@ def test_on_one_host_buckets_start_in_the_daemons_release_order(
 ) -> None:
     # one host: its one daemon releases each bucket's sync to both ranks, in one order, so
     # each rank starts its buckets in release order with no control broadcast (no choice)
-    r0, r1 = run_ranks(tmp_path, "order", 2, inflight)
+    r0, r1 = run_ranks(tmp_path, "order", 2, inflight, env_extra={"RDMASCHED_SLICE_US": "300"})
     most = int(inflight)
     starts = []
     for r in (r0, r1):
@@ -233,14 +233,14 @@ def test_on_one_host_buckets_start_in_the_daemons_release_order(
         starts.append(started)
     # one order on every rank (else gloo mixes the collectives up): the daemon's
     assert starts[0] == starts[1]
-    # two ranks on this host: when they are as many as its CPUs, host_client() asks for a
-    # short slice for the threads of the control path (not the training thread's)
-    if r0["main_slice"] is not None and len(os.sched_getaffinity(0)) <= 2:
-        for r in (r0, r1):
-            assert r["slice_us"] == BUSY_HOST_SLICE_US, r["slice_us"]
-            assert r["comm_slice"] == r["reader_slice"] == BUSY_HOST_SLICE_US, r
-            assert r["main_slice"] != BUSY_HOST_SLICE_US, r
-            assert list(r["slices"].values()).count(BUSY_HOST_SLICE_US) >= 4, r["slices"]
+    # RDMASCHED_SLICE_US: the threads of the control path ask for that slice, the training
+    # thread keeps its own (a kernel before 6.12 reports none: nothing to check there)
+    for r in (r0, r1):
+        assert r["slice_us"] == 300, r["slice_us"]
+        if r["main_slice"] is not None:
+            assert r["comm_slice"] == r["reader_slice"] == 300, r
+            assert r["main_slice"] != 300, r
+            assert list(r["slices"].values()).count(300) >= 4, r["slices"]
     assert r0["max_diff_vs_plain_ddp"] < 1e-5
     assert r1["max_diff_vs_plain_ddp"] < 1e-5
     assert r0["params"] == r1["params"]
