@@ -20,8 +20,8 @@ Modes:
 - `managed`: the host's rdmasched daemon (one per host, started by local rank 0; every rank
   its client: rdmasched.integrations.torch.host_client) runs the job: each rank's training
   step is a compute task (priority 200) on one of the host's slots (one per rank), held from
-  step to step, each gradient bucket a sync task (its all-reduce started in priority order,
-  first layers first), each rank's co-located job a task of priority 10 whose preemption
+  step to step, each gradient bucket a sync task (its all-reduce started in one order on
+  every rank: on one host the daemon's release order), each rank's co-located job a task of priority 10 whose preemption
   moves its processes into the idle class (they run on the CPU time the step leaves idle)
   and whose dispatch moves them back;
 - `managed-freeze`: the same, the co-located job frozen while preempted (cgroup v2, else
@@ -385,7 +385,7 @@ def timeline(phases: list[list[int]], log: list[tuple[str, int, int, int]]) -> d
     included; `tail`: from the last bucket's hook to the backward's end, the wait for the
     all-reduces; `optimizer`; `complete`: leaving compute()) and each bucket's sync
     (`report_to_release`: the hook to the daemon's release; `release_to_start`: the comm
-    queue, rank 0's choice included; `start_to_done`: its all-reduce)."""
+    queue, rank 0's choice included across hosts; `start_to_done`: its all-reduce)."""
 
     def med(xs: list[int]) -> float:
         return round(statistics.median(xs) / 1e3, 1) if xs else 0.0
@@ -696,8 +696,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--max-inflight",
         type=int,
-        default=1,
-        help="managed: bucket all-reduces running at once (RankScheduler's max_inflight)",
+        default=8,
+        help="managed: bucket all-reduces running at once (RankScheduler's max_inflight; "
+        "default 8, this model's buckets a step: each starts once released, as in plain DDP)",
     )
     p.add_argument("--seed", type=int, default=0, help="default 0")
     p.add_argument(
