@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from rdmasched import limits
@@ -246,18 +247,24 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             parser.error(f"--metrics-token-file: {exc}")
 
 
+def option_or_env(value: Any, var: str, parse: Callable[[str], Any]) -> Any:
+    """An option's `value`, else the variable `var` (which a daemon started by a rank
+    inherits from it) read with the option's own `parse`, else None; a bad variable is one
+    line naming it."""
+    if value is not None or not os.environ.get(var):
+        return value
+    try:
+        return parse(os.environ[var])
+    except argparse.ArgumentTypeError as exc:
+        raise UserError(f"{var}={os.environ[var]!r}: {exc}") from None
+
+
 def daemon_policy(args: argparse.Namespace) -> dict[str, Any]:
     """The daemon's scheduling policy: its options, else RDMASCHED_STARVATION_US and
     RDMASCHED_AGING_US (which a daemon started by a rank inherits), else Node's defaults."""
     kw: dict[str, Any] = {}
     for name in ("starvation_us", "aging_us"):
-        value = getattr(args, name)
-        var = f"RDMASCHED_{name.upper()}"
-        if value is None and os.environ.get(var):
-            try:
-                value = us_or_off(os.environ[var])
-            except argparse.ArgumentTypeError as exc:
-                raise UserError(f"{var}={os.environ[var]!r}: {exc}") from None
+        value = option_or_env(getattr(args, name), f"RDMASCHED_{name.upper()}", us_or_off)
         if value is None:
             continue
         if value == 0:  # off
@@ -274,29 +281,15 @@ def daemon_policy(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def daemon_spin_us(args: argparse.Namespace) -> int | None:
-    """--spin-us, else RDMASCHED_SPIN_US (the ranks' own spin, CLIENT.md, which a daemon
-    started by a rank inherits: `host_client()` sets it to 0 on a host whose every CPU runs
-    a rank), else None (the defaults)."""
-    if args.spin_us is not None or not os.environ.get("RDMASCHED_SPIN_US"):
-        return cast(int | None, args.spin_us)
-    value = os.environ["RDMASCHED_SPIN_US"]
-    try:
-        return spin_us(value)
-    except argparse.ArgumentTypeError as exc:
-        raise UserError(f"RDMASCHED_SPIN_US={value!r}: {exc}") from None
+    """--spin-us, else RDMASCHED_SPIN_US (the ranks' own spin, CLIENT.md: `host_client()`
+    sets it to 0 on a host whose every CPU runs a rank), else None (the defaults)."""
+    return cast(int | None, option_or_env(args.spin_us, "RDMASCHED_SPIN_US", spin_us))
 
 
 def daemon_slice_us(args: argparse.Namespace) -> int | None:
-    """--slice-us, else RDMASCHED_SLICE_US (the ranks' own slice, CLIENT.md, which a daemon
-    started by a rank inherits: `host_client()` sets it on a host whose every CPU runs a
-    rank), else None (the kernel's default slice)."""
-    if args.slice_us is not None or not os.environ.get("RDMASCHED_SLICE_US"):
-        return cast(int | None, args.slice_us)
-    value = os.environ["RDMASCHED_SLICE_US"]
-    try:
-        return slice_us(value)
-    except argparse.ArgumentTypeError as exc:
-        raise UserError(f"RDMASCHED_SLICE_US={value!r}: {exc}") from None
+    """--slice-us, else RDMASCHED_SLICE_US (the ranks' own slice, CLIENT.md, "The slice"),
+    else None (the kernel's default slice)."""
+    return cast(int | None, option_or_env(args.slice_us, "RDMASCHED_SLICE_US", slice_us))
 
 
 def main(args: argparse.Namespace) -> int:

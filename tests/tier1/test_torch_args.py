@@ -95,25 +95,35 @@ def test_the_hook_has_the_annotations_ddp_checks() -> None:
 
 
 @pytest.mark.parametrize(
-    ("argv", "env", "want"),
+    ("what", "argv", "env", "want"),
     [
-        ([], {}, None),  # the defaults (the loop 200 us, the reader 50 us)
-        ([], {"RDMASCHED_SPIN_US": "0"}, 0),  # a daemon a rank started: the ranks' spin
-        (["--spin-us", "30"], {"RDMASCHED_SPIN_US": "0"}, 30),  # the option wins
+        ("spin", [], {}, None),  # the defaults (the loop 200 us, the reader 50 us)
+        ("spin", [], {"RDMASCHED_SPIN_US": "0"}, 0),  # a daemon a rank started: the ranks'
+        ("spin", ["--spin-us", "30"], {"RDMASCHED_SPIN_US": "0"}, 30),  # the option wins
+        ("slice", [], {}, None),  # the kernel's default slice
+        ("slice", [], {"RDMASCHED_SLICE_US": "100"}, 100),
+        ("slice", ["--slice-us", "300"], {"RDMASCHED_SLICE_US": "100"}, 300),
     ],
 )
-def test_a_daemon_started_by_a_rank_takes_the_ranks_spin(
-    monkeypatch: pytest.MonkeyPatch, argv: list[str], env: dict[str, str], want: int | None
+def test_a_daemon_started_by_a_rank_takes_the_ranks_spin_and_slice(
+    monkeypatch: pytest.MonkeyPatch,
+    what: str,
+    argv: list[str],
+    env: dict[str, str],
+    want: int | None,
 ) -> None:
     # host_client() starts the daemon with the ranks' environment; RDMASCHED_SPIN_US=0 (no
-    # spare CPU) must reach the daemon's loop and reader too, not the ranks' readers only
+    # spare CPU) must reach the daemon's loop and reader too, not the ranks' readers only,
+    # and RDMASCHED_SLICE_US the loop thread
     from rdmasched.cli import build_parser
-    from rdmasched.commands.daemon import daemon_spin_us
+    from rdmasched.commands import daemon
 
     monkeypatch.delenv("RDMASCHED_SPIN_US", raising=False)
+    monkeypatch.delenv("RDMASCHED_SLICE_US", raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    assert daemon_spin_us(build_parser().parse_args(["daemon", *argv])) == want
+    read = daemon.daemon_spin_us if what == "spin" else daemon.daemon_slice_us
+    assert read(build_parser().parse_args(["daemon", *argv])) == want
 
 
 def test_a_bad_spin_variable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,26 +155,6 @@ def test_host_client_does_not_spin_when_every_cpu_runs_a_rank(spare: bool) -> No
     # the user's own setting wins
     client = rt.host_client(start_daemon=False, env={**env, "RDMASCHED_SPIN_US": "20"})
     assert client.spin_us == 20
-
-
-@pytest.mark.parametrize(
-    ("argv", "env", "want"),
-    [
-        ([], {}, None),  # the kernel's default slice
-        ([], {"RDMASCHED_SLICE_US": "100"}, 100),  # a daemon a rank started: the ranks' slice
-        (["--slice-us", "300"], {"RDMASCHED_SLICE_US": "100"}, 300),  # the option wins
-    ],
-)
-def test_a_daemon_started_by_a_rank_takes_the_ranks_slice(
-    monkeypatch: pytest.MonkeyPatch, argv: list[str], env: dict[str, str], want: int | None
-) -> None:
-    from rdmasched.cli import build_parser
-    from rdmasched.commands.daemon import daemon_slice_us
-
-    monkeypatch.delenv("RDMASCHED_SLICE_US", raising=False)
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    assert daemon_slice_us(build_parser().parse_args(["daemon", *argv])) == want
 
 
 @pytest.mark.parametrize("bad", ["50", "100001", "x", "-1"])

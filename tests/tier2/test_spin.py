@@ -1,15 +1,19 @@
 """The spin windows as settings (docs/DAEMON.md and docs/CLIENT.md, "Spinning"): a real
 `rdmasched daemon --spin-us 0` whose loop and client reader spin 0 us serves a client whose
-reader spins 0 us (RDMASCHED_SPIN_US, through `Client.from_env`); bad values are one line."""
+reader spins 0 us (RDMASCHED_SPIN_US, through `Client.from_env`); bad values are one line.
+And the slice (DAEMON.md and CLIENT.md, "The slice"): `--slice-us` reaches the loop thread,
+RDMASCHED_SLICE_US a client's reader."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,13 +28,15 @@ ROOT = Path(__file__).resolve().parents[2]
 CMD = "import sys; from rdmasched.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def test_a_daemon_started_with_spin_0_spins_0_and_serves_a_client_spinning_0(
-    tmp_path: Path,
-) -> None:
+@contextlib.contextmanager
+def _daemon(tmp_path: Path, *options: str) -> Iterator[tuple[str, str]]:
+    """`rdmasched daemon --config ... OPTIONS --log-level info` of a new one-host cluster of
+    2 slots: (the cluster's name, its log up to "serving clients"); stopped by SIGTERM after
+    the body, which must exit 0."""
     name = f"s{os.getpid()}-{uuid.uuid4().hex[:6]}"
     cfg = tmp_path / "cluster.toml"
     cfg.write_text(f'[cluster]\nname = "{name}"\n\n[[node]]\nname = "h0"\nslots = 2\n')
-    argv = ["daemon", "--config", str(cfg), "--node", "h0", "--spin-us", "0"]
+    argv = ["daemon", "--config", str(cfg), "--node", "h0", *options]
     d = subprocess.Popen(
         [sys.executable, "-c", CMD, *argv, "--log-level", "info"],
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
@@ -47,6 +53,19 @@ def test_a_daemon_started_with_spin_0_spins_0_and_serves_a_client_spinning_0(
             more = d.stderr.readline()
             assert more, log
             log += more
+        yield name, log
+        d.send_signal(signal.SIGTERM)
+        assert d.wait(60) == 0
+    finally:
+        if d.poll() is None:
+            d.kill()
+            d.wait()
+
+
+def test_a_daemon_started_with_spin_0_spins_0_and_serves_a_client_spinning_0(
+    tmp_path: Path,
+) -> None:
+    with _daemon(tmp_path, "--spin-us", "0") as (name, log):
         # the option reached the loop, which reads the clients' lanes too (shm links)
         assert "the loop spins 0 us, the clients' reader is the loop" in log, log
         env = {"RDMASCHED_CLUSTER": name, "RDMASCHED_HOST": "h0", "LOCAL_RANK": "1"}
@@ -71,12 +90,6 @@ def test_a_daemon_started_with_spin_0_spins_0_and_serves_a_client_spinning_0(
             c.flush()
             assert sorted(started) == [7, 8, 9]
             assert c.rejected == {} and c.handler_errors == {}
-        d.send_signal(signal.SIGTERM)
-        assert d.wait(60) == 0
-    finally:
-        if d.poll() is None:
-            d.kill()
-            d.wait()
 
 
 def test_the_defaults_are_unchanged_and_the_variable_is_checked() -> None:
@@ -111,25 +124,7 @@ def test_a_daemon_and_its_client_ask_for_their_slice(tmp_path: Path) -> None:
     # shm); RDMASCHED_SLICE_US the client's reader (docs/DAEMON.md and CLIENT.md, "The slice")
     from rdmasched.daemon.tuning import get_slice
 
-    name = f"s{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    cfg = tmp_path / "cluster.toml"
-    cfg.write_text(f'[cluster]\nname = "{name}"\n\n[[node]]\nname = "h0"\nslots = 2\n')
-    argv = ["daemon", "--config", str(cfg), "--node", "h0", "--slice-us", "200"]
-    d = subprocess.Popen(
-        [sys.executable, "-c", CMD, *argv, "--log-level", "info"],
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert d.stdout is not None and d.stderr is not None
-        assert f"at {name}.h0" in d.stdout.readline()
-        log = ""
-        while "serving clients" not in log:
-            more = d.stderr.readline()
-            assert more, log
-            log += more
+    with _daemon(tmp_path, "--slice-us", "200") as (name, log):
         supported = get_slice() is not None
         if supported:
             assert "loop thread EEVDF slice 200 us" in log, log
@@ -142,9 +137,3 @@ def test_a_daemon_and_its_client_ask_for_their_slice(tmp_path: Path) -> None:
             assert c._thread is not None and c._thread.native_id is not None
             assert get_slice(c._thread.native_id) == (300 if supported else None)
             assert get_slice() != 300  # the caller's thread is not the reader
-        d.send_signal(signal.SIGTERM)
-        assert d.wait(60) == 0
-    finally:
-        if d.poll() is None:
-            d.kill()
-            d.wait()
