@@ -643,6 +643,8 @@ def compare(args: argparse.Namespace) -> int:
         "commit": commit or "unknown",
         "seconds": round(time.monotonic() - t0),
         "command": "python examples/ddp_train.py " + " ".join(sys.argv[1:]),
+        # every setting the ranks ran with, defaults included (a default can change)
+        "rank_args": _rank_args(args),
     }
     per = summarize(runs)
     print(table(per, meta))
