@@ -21,9 +21,9 @@ Modes:
   its client: rdmasched.integrations.torch.host_client) runs the job: each rank's training
   step is a compute task (priority 200) on one of the host's slots (one per rank), held from
   step to step, each gradient bucket a sync task (its all-reduce started in one order on
-  every rank: on one host the daemon's release order), each rank's co-located job a task of priority 10 whose preemption
-  moves its processes into the idle class (they run on the CPU time the step leaves idle)
-  and whose dispatch moves them back;
+  every rank: on one host the daemon's release order), each rank's co-located job a task
+  of priority 10 whose preemption moves its processes into the idle class (they run on the
+  CPU time the step leaves idle) and whose dispatch moves them back;
 - `managed-freeze`: the same, the co-located job frozen while preempted (cgroup v2, else
   SIGSTOP): it runs only when a slot is free.
 
