@@ -86,6 +86,11 @@ def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
     return env_int(env, key, default)  # one rule per variable: cluster.ENV_BOUNDS
 
 
+def _int_if_set(env: Mapping[str, str], key: str) -> int | None:
+    """Variable `key` as `_int` reads it, or None when it is unset or empty."""
+    return _int(env, key) if env.get(key) else None
+
+
 def cluster_name(env: Mapping[str, str] | None = None) -> str:
     """The cluster (job) name: RDMASCHED_CLUSTER, else job<SLURM_JOB_ID>, else the torchrun
     run id, else `joblocal`; characters other than letters, digits, '_', '.', '-' become '-'."""
@@ -162,15 +167,13 @@ def client_endpoint(env: Mapping[str, str] | None = None) -> tuple[str, int]:
 def client_spin_us(env: Mapping[str, str] | None = None) -> int | None:
     """RDMASCHED_SPIN_US: how long a rank's client reader spins after a message before it
     sleeps, us (None: unset, the client's default)."""
-    env = _env(env)
-    return _int(env, "RDMASCHED_SPIN_US") if env.get("RDMASCHED_SPIN_US") else None
+    return _int_if_set(_env(env), "RDMASCHED_SPIN_US")
 
 
 def client_slice_us(env: Mapping[str, str] | None = None) -> int | None:
     """RDMASCHED_SLICE_US: the EEVDF slice a rank's threads on the control path ask for, us
     (None: unset, the kernel's default; daemon/tuning.py)."""
-    env = _env(env)
-    return _int(env, "RDMASCHED_SLICE_US") if env.get("RDMASCHED_SLICE_US") else None
+    return _int_if_set(_env(env), "RDMASCHED_SLICE_US")
 
 
 def _slots(env: Mapping[str, str]) -> int:

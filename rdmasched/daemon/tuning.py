@@ -31,6 +31,7 @@ thread.
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import os
 import platform
@@ -43,8 +44,8 @@ from rdmasched.limits import SLICE_US_MAX, SLICE_US_MIN
 #: struct sched_attr (include/uapi/linux/sched/types.h): size, policy, flags, nice,
 #: priority, runtime, deadline, period, util_min, util_max
 _ATTR = struct.Struct("IIQiIQQQII")
-#: (sched_setattr, sched_getattr) system call numbers
-_SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275)}
+#: (sched_setattr, sched_getattr) system call numbers of this machine, if known
+_CALLS = {"x86_64": (314, 315), "aarch64": (274, 275)}.get(platform.machine())
 #: the policies with an EEVDF slice: SCHED_OTHER, SCHED_BATCH, SCHED_IDLE
 _FAIR = (0, 3, 5)
 
@@ -58,26 +59,27 @@ def check_slice_us(name: str, value: object) -> int:
     return value
 
 
-def _attr(tid: int) -> tuple[object, list[int]] | str:
-    """(libc, thread `tid`'s sched_attr fields), or why they cannot be read."""
-    calls = _SYSCALLS.get(platform.machine())
-    if calls is None:
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _attr(tid: int) -> list[int] | str:
+    """Thread `tid`'s sched_attr fields, or why they cannot be read."""
+    if _CALLS is None:
         return f"sched_setattr is not known on {platform.machine()}"
-    libc = ctypes.CDLL(None, use_errno=True)
     buf = ctypes.create_string_buffer(_ATTR.size)
-    if libc.syscall(calls[1], tid, buf, _ATTR.size, 0) != 0:
-        err = ctypes.get_errno()
-        return f"sched_getattr of thread {tid}: {os.strerror(err)}"
-    return libc, list(_ATTR.unpack(buf.raw))
+    if _libc().syscall(_CALLS[1], tid, buf, _ATTR.size, 0) != 0:
+        return f"sched_getattr of thread {tid}: {os.strerror(ctypes.get_errno())}"
+    return list(_ATTR.unpack(buf.raw))
 
 
 def get_slice(tid: int = 0) -> int | None:
     """Thread `tid`'s (0: the calling thread's) EEVDF slice, us; None where the kernel does
     not report one (before Linux 6.12, or a policy with no slice)."""
-    got = _attr(tid)
-    if isinstance(got, str):
+    f = _attr(tid)
+    if isinstance(f, str):
         return None
-    _, f = got
     return f[5] // 1000 if f[1] in _FAIR and f[5] else None
 
 
@@ -87,15 +89,15 @@ def set_slice(slice_us: int, tid: int = 0) -> str | None:
     one line: a kernel before 6.12 (which ignores it), a policy with no slice (SCHED_FIFO),
     a thread gone, a refusal."""
     check_slice_us("slice_us", slice_us)
-    got = _attr(tid)
-    if isinstance(got, str):
-        return got
-    libc, f = got
+    f = _attr(tid)
+    if isinstance(f, str):
+        return f
     if f[1] not in _FAIR:
         return f"thread {tid} runs policy {f[1]}, which has no slice (SCHED_FIFO/RR: none)"
     f[0], f[2], f[5] = _ATTR.size, 0, slice_us * 1000  # no flags: policy and nice as read
     buf = ctypes.create_string_buffer(_ATTR.pack(*f), _ATTR.size)
-    if libc.syscall(_SYSCALLS[platform.machine()][0], tid, buf, 0) != 0:  # type: ignore[attr-defined]
+    assert _CALLS is not None  # (_attr answered)
+    if _libc().syscall(_CALLS[0], tid, buf, 0) != 0:
         return f"sched_setattr of thread {tid}: {os.strerror(ctypes.get_errno())}"
     if get_slice(tid) != slice_us:
         return f"this kernel ({platform.release()}) ignores it: custom slices are Linux 6.12+"
