@@ -253,6 +253,12 @@ class RankScheduler:
         self._ready: list[tuple[int, int, _Bucket]] = []
         self._inflight: dict[tuple[int, int], _Bucket] = {}
         self._seq = itertools.count()
+        #: (one host) held from a released bucket's pop to its all-reduce's start
+        self._issue = threading.Lock()
+        #: buckets whose all-reduce the comm thread started: across hosts, every bucket; on
+        #: one host only those released while `max_inflight` collectives ran (the others
+        #: start in the sync handler, on the client's reader thread)
+        self.handoffs = 0
         self._error: TorchSyncError | None = None
         self._closed = False
         self._stop = threading.Event()  # the watchdog's wait, set by close()
@@ -343,7 +349,12 @@ class RankScheduler:
             self.log.append(("release", step, index, now))
             key = 0 if self.one_host else -b.priority
             heapq.heappush(self._ready, (key, next(self._seq), b))
-            self._lock.notify_all()
+            if not self.one_host:
+                self._lock.notify_all()  # the comm thread chooses (or waits for this one)
+                return
+        # one host: the release order is the start order, so the bucket starts here, on the
+        # reader thread, with no hand-off to the comm thread (unless max_inflight is reached)
+        self._start_released()
 
     def _on_dispatch(self, task: Task, slot: int) -> None:
         ev = self._compute.get(task.id)
@@ -391,7 +402,9 @@ class RankScheduler:
 
         On one host (`one_host`) the one daemon has already put the releases in one order,
         the same on every rank's lane: each rank starts its buckets in release order, up to
-        `max_inflight`, with no choice and no broadcast (docs/TORCH.md, "Order")."""
+        `max_inflight`, with no choice and no broadcast (docs/TORCH.md, "Order"). The sync
+        handler starts a bucket itself (`_start_released`); this thread starts only those
+        released while `max_inflight` collectives ran, once one ends (`handoffs`)."""
         # [count, index, step, index, step, ...]: up to CHOICES_PER_MESSAGE choices
         choice = torch.zeros(1 + 2 * CHOICES_PER_MESSAGE, dtype=torch.int64)
         leader = self.rank == 0 or self.one_host
@@ -406,7 +419,7 @@ class RankScheduler:
                         self._lock.wait()
                     if self._closed:
                         return
-                    if leader:
+                    if leader and not self.one_host:  # (one host: started below)
                         room = min(self.max_inflight - len(self._inflight), CHOICES_PER_MESSAGE)
                         now = time.monotonic_ns()
                         n = 0
@@ -420,6 +433,9 @@ class RankScheduler:
                                 self.log.append(("choose", b.step, b.index, now))
                             mine.append(b)
                         choice[0] = len(mine)
+                if self.one_host:
+                    self.handoffs += self._start_released()
+                    continue
                 if broadcast:
                     dist.broadcast(choice, src=0, group=self._ctrl)
                 for k in range(int(choice[0])):
@@ -430,16 +446,8 @@ class RankScheduler:
                         if got is None:
                             return  # closed, or the job failed
                         b = got
-                    with self._lock:
-                        if b.done:
-                            continue
-                        self.log.append(("start", b.step, b.index, time.monotonic_ns()))
-                    try:
-                        work = dist.all_reduce(b.tensor, group=self._comm_pg, async_op=True)
-                        assert work is not None
-                        work.get_future().then(lambda f, b=b: self._collective_done(b, f))
-                    except Exception as exc:
-                        self._collective_failed(b, exc)
+                    self.handoffs += 1
+                    self._start(b)
         except Exception as exc:  # the control broadcast failed: a rank is gone
             if not self._closed:
                 err = self._lost() or TorchSyncError(
@@ -447,6 +455,34 @@ class RankScheduler:
                 )
                 err.__cause__ = exc
                 self._fail(err)
+
+    def _start_released(self) -> int:
+        """(One host) start the released buckets, in release order, while `max_inflight`
+        leaves room; how many. The sync handler and the comm thread both call it: each
+        bucket's pop and its start are under `_issue`, so the starts keep release order."""
+        started = 0
+        with self._issue:
+            while True:
+                with self._lock:
+                    if self._closed or not self._ready or len(self._inflight) >= self.max_inflight:
+                        return started
+                    _, _, b = heapq.heappop(self._ready)
+                    self._inflight[(b.index, b.step)] = b  # failed with them by _fail
+                self._start(b)
+                started += 1
+
+    def _start(self, b: _Bucket) -> None:
+        """Start bucket `b`'s all-reduce (it is in the in-flight set)."""
+        with self._lock:
+            if b.done:
+                return
+            self.log.append(("start", b.step, b.index, time.monotonic_ns()))
+        try:
+            work = dist.all_reduce(b.tensor, group=self._comm_pg, async_op=True)
+            assert work is not None
+            work.get_future().then(lambda f, b=b: self._collective_done(b, f))
+        except Exception as exc:
+            self._collective_failed(b, exc)
 
     def _take_released(self, index: int, step: int) -> _Bucket | None:
         """(A follower) bucket (index, step), which the leader chose, once this rank's
@@ -471,9 +507,11 @@ class RankScheduler:
             self._collective_failed(b, exc)
             return
         with self._lock:
+            full = len(self._inflight) >= self.max_inflight
             self._inflight.pop((b.index, b.step), None)
             self.log.append(("done", b.step, b.index, time.monotonic_ns()))
-            self._lock.notify_all()
+            if full:  # the comm thread may be waiting for room (and for nothing else)
+                self._lock.notify_all()
         self._finish(b)
 
     def _collective_failed(self, b: _Bucket, exc: BaseException) -> None:

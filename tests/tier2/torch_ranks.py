@@ -119,6 +119,7 @@ def main() -> int:
             train(ddp, 8, sched, seed=rank)
             train(plain, 8, None, seed=rank)
             result["log"] = list(sched.log)
+            result["handoffs"] = sched.handoffs
             result["slice_us"] = sched.slice_us
             me = threading.get_native_id()
             result["main_slice"] = get_slice(me)
