@@ -449,22 +449,32 @@ class Client:
         self._send(Kind.PREEMPT, tid or 0, j or 0, 0, flags, 0, dst, hops=OP_PREEMPT)
 
     def define_group(
-        self, group: int, members: Iterable[int | str], *, local: int | None = None
+        self,
+        group: int,
+        members: Iterable[int | str],
+        *,
+        local: int | None = None,
+        overlap: bool = False,
     ) -> None:
         """Declare sync group `group` over `members` (nodes, i.e. hosts, by id or name) and
         join it as one of this host's participants. This host is ready at a step once
         `local` participants (default: every client the daemon serves) said sync_ready.
-        Waits for the daemon's answer: errors raise here."""
+        `overlap`: the group's syncs run beside the host's running tasks (collectives that
+        overlap compute, as DDP's buckets): a release takes no slot and preempts nothing;
+        `on_sync` gets slot `NO_SLOT` (every participant must say the same). Waits for the
+        daemon's answer: errors raise here."""
         group = check_group(group)
         mem = frozenset(self._node(m) for m in check_members(members))
         if local is not None:
             local = check_int("local", local, 1, 255)
+        if type(overlap) is not bool:
+            raise ArgumentTypeError(f"overlap must be True or False, not {overlap!r}")
         old = self._groups.get(group)
         if old == mem:
             return
         if old is not None:
             raise ArgumentError(f"group {group} is already defined, with members {sorted(old)}")
-        self._ask("define_group", [group, sorted(mem), local])
+        self._ask("define_group", [group, sorted(mem), local, *([True] if overlap else [])])
         self._groups[group] = mem
 
     def sync_ready(self, group: int, step: int) -> None:

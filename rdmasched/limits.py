@@ -19,6 +19,9 @@ NODE_MAX = 0xFFFFFF - 1
 MAX_NODES = 1 << 20
 #: execution slots (GPUs) per node: a slot number is one byte in the event ring
 EXEC_SLOTS_MAX = 255
+#: the slot of a sync task that takes none (an overlapping group's: docs/SCHEDULER.md): one
+#: past the last slot a node can have
+NO_SLOT = EXEC_SLOTS_MAX
 
 # ---- priorities ---------------------------------------------------------------------------------
 #: priorities are 0..255, higher is more urgent; 255 is reserved for group sync tasks

@@ -4,7 +4,8 @@ Run as `python -m tests.ranks` with a launcher's variables (torchrun's or Slurm'
 RANKS_TASKS (tasks this rank submits, default 2), RANKS_STEPS (sync steps, default 2),
 RANKS_SPAWN=1 (local rank 0 starts the daemon: `Client.from_env(start_daemon=True)`),
 RANKS_HOLD=1 (print "ready", then keep the tasks running until killed), RANKS_WAIT_S (how
-long each wait may take, default 300).
+long each wait may take, default 300), RANKS_OVERLAP=1 (group 1 overlaps: its syncs take
+no slot).
 
 It defines group 1 over every host, submits its tasks (ids RANK*1000 + i, priority 10),
 announces each step and waits for its release, then completes every task that runs on it
@@ -37,6 +38,7 @@ def main() -> int:
     seen: list[list[Any]] = []
     running: dict[tuple[int, int], Task] = {}
     syncs: list[int] = []
+    sync_slots: list[int] = []  # the slot each release ran its on_sync with
     done: set[int] = set()
     mine = {rank * 1000 + i for i in range(ntasks)}
     finishing = threading.Event()
@@ -82,6 +84,7 @@ def main() -> int:
     def sync(t: Task, slot: int) -> None:
         with lock:
             syncs.append(t.payload["step"] if t.payload else -1)
+            sync_slots.append(slot)
 
     @client.on_complete
     def completed(task_id: int, node: int) -> None:
@@ -91,7 +94,7 @@ def main() -> int:
 
     with client:
         nodes = client.nodes
-        client.define_group(1, nodes)
+        client.define_group(1, nodes, overlap=env.get("RANKS_OVERLAP") == "1")
         for i in range(ntasks):
             client.submit(rank * 1000 + i, job=rank, priority=10, cost_ns=1_000_000)
         client.flush()
@@ -128,6 +131,7 @@ def main() -> int:
                 "name": client.name,
                 "seen": seen,
                 "syncs": syncs,
+                "sync_slots": sync_slots,
                 "done": sorted(done),
                 "rejected": client.rejected,
                 "handler_errors": client.handler_errors,

@@ -702,7 +702,7 @@ class ClientHub:
             elif q == "resolve":
                 value = node.cluster.node(a[0]).id
             elif q == "define_group":
-                self._define_group(k, int(a[0]), list(a[1]), a[2])
+                self._define_group(k, int(a[0]), list(a[1]), a[2], a[3] if len(a) > 3 else False)
             elif q == "explain":
                 value = [e.as_dict() for e in node.scheduler.explain(int(a[0]))]
             elif q == "stats":
@@ -739,7 +739,9 @@ class ClientHub:
             )
         return gid
 
-    def _define_group(self, k: int, group: int, members: list[Any], local: int | None) -> None:
+    def _define_group(
+        self, k: int, group: int, members: list[Any], local: int | None, overlap: Any
+    ) -> None:
         want = self.max_clients if local is None else int(local)
         if not 1 <= want <= self.max_clients:
             raise ArgumentError(f"local must be 1..{self.max_clients} (clients), not {want}")
@@ -751,7 +753,7 @@ class ClientHub:
             )
         # the node's own define_group: its checks, and nothing again for the same members
         # (queued on the loop: it runs before anything the client sends after the answer)
-        self.node.define_group(gid, members)
+        self.node.define_group(gid, members, overlap=overlap)
         self.local[gid] = want
         self.participants.setdefault(gid, set()).add(k)
         c.groups[group] = gid

@@ -61,6 +61,7 @@ cdef class NodeCore:
     cdef public long long rejections
     cdef public str last_rejection
     cdef public dict groups
+    cdef public set beside
     cdef public object sync
     cdef dict _early_sync
     cdef Py_ssize_t _early_sync_n

@@ -70,6 +70,7 @@ from rdmasched.daemon.membership import (
 from rdmasched.daemon.sync import FLAGS as _SYNC_FLAGS
 from rdmasched.daemon.sync import Release, SendSync, SyncGroups, SyncOut, on_route
 from rdmasched.errors import ConfigError
+from rdmasched.limits import NO_SLOT
 from rdmasched.messages import ControlMessage
 from rdmasched.scheduler import (
     Action,
@@ -402,6 +403,9 @@ class NodeCore:
         self.rejections = 0
         self.last_rejection = ""
         self.groups: dict[int, frozenset[int]] = {}
+        #: the overlapping groups' sync tasks running here (ids; slot NO_SLOT): each ends with
+        #: its handlers (`sync_done`, or `complete` after LATER), with nothing held to free
+        self.beside: set[int] = set()
         #: the sync protocol (hierarchical with a topology): who is ready, when to release
         self.sync = SyncGroups(me, topology)
         self.sync_early_kept = 0
@@ -761,8 +765,11 @@ class NodeCore:
             )
         )
 
-    def define_group(self, group: int, members: frozenset[int], now: int) -> list[Effect]:
-        """Declare sync group `group`; SYNC_READYs kept for it count now."""
+    def define_group(
+        self, group: int, members: frozenset[int], now: int, overlap: bool = False
+    ) -> list[Effect]:
+        """Declare sync group `group` (`overlap`: its sync tasks take no slot, the
+        scheduler's `define_group`); SYNC_READYs kept for it count now."""
         self.now = now
         me, cost = self.me, self.sync_cost_ns
 
@@ -770,7 +777,7 @@ class NodeCore:
             return Task(sync_task_id(g, step), g, 255, cost, payload={"step": step}, origin=me)
 
         try:
-            self.scheduler.define_group(group, members, step_task)
+            self.scheduler.define_group(group, members, step_task, overlap=overlap)
             self.sync.define(group, members)
         except ValueError as exc:
             self._reject(type(exc).__name__, str(exc))
@@ -807,6 +814,9 @@ class NodeCore:
     def complete(self, task_id: int, origin: int | None, runtime_ns: int, now: int) -> list[Effect]:
         """The work of `task_id` (of `origin`) finished here: tell its origin, go on."""
         self.now = now
+        if task_id in self.beside and (origin is None or origin == self.me):
+            self.beside.discard(task_id)  # an overlapping sync's LATER work: nothing held
+            return []
         task = self.resolve(task_id, origin)
         if task is None:
             return []
@@ -842,8 +852,12 @@ class NodeCore:
         return self._act(actions)
 
     def sync_done(self, task: Task, now: int) -> list[Effect]:
-        """The sync handler for `task` is done (after a `RunSync`): the slot is free."""
+        """The sync handler for `task` is done (after a `RunSync`): the slot is free (an
+        overlapping group's task held none: nothing to do)."""
         self.now = now
+        if task.slot == NO_SLOT:
+            self.beside.discard(task.id)
+            return []
         try:  # no _guard (a closure per call): a sync step's path
             actions = self.scheduler.complete(task.id)
         except (SchedulerError, ValueError) as exc:
@@ -1050,7 +1064,11 @@ class NodeCore:
         """The effect of a scheduler's `Start` (itself, or `RunSync` for a sync task) or
         `Preempt` (`PreemptTask`, with the trigger of the input being handled)."""
         if type(a) is Start:
-            return a if a.task.group is None else _new(RunSync, (a.task, a.slot))
+            if a.task.group is None:
+                return a
+            if a.slot == NO_SLOT:  # an overlapping group's: not held by the scheduler
+                self.beside.add(a.task.id)
+            return _new(RunSync, (a.task, a.slot))
         # (the trigger made an int only here: a start carries none)
         return _new(PreemptTask, (a.victim, a.slot, a.cancel, self._trigger_ns))
 

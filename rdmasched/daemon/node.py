@@ -444,28 +444,37 @@ class Node:
 
         self._call(send)
 
-    def define_group(self, group: int, members: Iterable[int | str]) -> None:
+    def define_group(
+        self, group: int, members: Iterable[int | str], *, overlap: bool = False
+    ) -> None:
         """Declare sync group `group` (its members: node ids or names); every member
         declares it too. May come before `open()`; declaring it again alike does nothing.
         SYNC_READYs from members that declared it first are kept until it is declared here.
-        """
+        `overlap`: the group's syncs run beside the running tasks (collectives that overlap
+        compute): a release takes no slot and preempts nothing; `on_sync` gets slot
+        `NO_SLOT` (docs/SCHEDULER.md, "SYNC_READY")."""
         group = check_group(group)
         mem = self._checked_members(group, members)
+        if type(overlap) is not bool:
+            raise ArgumentTypeError(f"overlap must be True or False, not {overlap!r}")
 
         def define() -> None:
-            self.carry_out(self.core.define_group(group, mem, self.clock()))
+            self.carry_out(self.core.define_group(group, mem, self.clock(), overlap))
 
         with self._defs_lock:
             old = self._group_defs.get(group)
-            if old == mem:
+            if old == (mem, overlap):
                 return
             if old is not None:
-                raise ArgumentError(f"group {group} is already defined, with members {sorted(old)}")
+                raise ArgumentError(
+                    f"group {group} is already defined, with members {sorted(old[0])}"
+                    + (f" and overlap={old[1]}" if old[0] == mem else "")
+                )
             if self.loop is None and self._error is None:  # not open: no loop to race
                 define()
             else:
                 self._call(define)
-            self._group_defs[group] = mem
+            self._group_defs[group] = (mem, overlap)
 
     def sync_ready(self, group: int, step: int) -> None:
         """This node reached `step` (0..2**32-1) of `group`: tell every member (and count
@@ -595,7 +604,7 @@ class Node:
         #: handler (or call_later callback) -> exceptions it raised (or bad results)
         self.handler_errors: dict[str, int] = {}
         #: groups declared through the API (caller side; the loop's copy is `_groups`)
-        self._group_defs: dict[int, frozenset[int]] = {}
+        self._group_defs: dict[int, tuple[frozenset[int], bool]] = {}  # (members, overlap)
         self._defs_lock = threading.Lock()
         self._error_unreported = False
         self._stop_asked = False

@@ -44,6 +44,7 @@ from typing import Any, NoReturn
 from rdmasched.limits import (
     CRITICAL_PRIORITY_DEFAULT,
     JOB_WINDOW_US_DEFAULT,
+    NO_SLOT,
     QUANTUM_US_DEFAULT,
     check_preemption,
 )
@@ -311,11 +312,12 @@ class SchedulerStats:
 
 
 class _Group:
-    __slots__ = ("members", "pending", "released", "step_task")
+    __slots__ = ("members", "overlap", "pending", "released", "step_task")
 
-    def __init__(self, members: frozenset[int], step_task: StepTask) -> None:
+    def __init__(self, members: frozenset[int], step_task: StepTask, overlap: bool) -> None:
         self.members = members
         self.step_task = step_task
+        self.overlap = overlap  # its sync tasks take no slot (`define_group`)
         self.pending: dict[int, set[int]] = {}
         self.released = -1  # steps are >= 0; a report for a step <= released is stale
 
@@ -736,17 +738,23 @@ class Scheduler:
                     self._fill(slot, now, out)
         return out
 
-    def define_group(self, group: int, members: Iterable[int], step_task: StepTask) -> None:
+    def define_group(
+        self, group: int, members: Iterable[int], step_task: StepTask, *, overlap: bool = False
+    ) -> None:
         """Declare sync group ``group``: ``step_task(group, step)`` makes its sync task.
 
         The task it returns is given priority 255 and ``group``; its id must be unique.
+        ``overlap``: the group's syncs overlap the running tasks (a collective beside the
+        compute it serves, as a DDP bucket's all-reduce): a released step's sync task takes
+        no slot, preempts nothing and is not held here (its ``Start`` has slot ``NO_SLOT``;
+        the driver ends it when its handlers are done, with no ``complete``).
         """
         mem = frozenset(members)
         if not mem:
             raise ValueError(f"group {group} has no members")
         if group in self._groups:
             raise ValueError(f"group {group} is already defined")
-        self._groups[group] = _Group(mem, step_task)
+        self._groups[group] = _Group(mem, step_task, bool(overlap))
 
     def drop_group(self, group: int) -> None:
         """Forget ``group`` and its pending reports."""
@@ -806,12 +814,21 @@ class Scheduler:
         task.priority = SYNC_PRIORITY
         task.group = group
         task.step = step
-        # may raise (a duplicate id): then nothing is released
-        key = self._admit(task, now, True)
+        if g.overlap:  # beside the running tasks: not admitted, no slot (define_group)
+            self._check_task(task, now, sync=True)
+            key = -1
+        else:
+            # may raise (a duplicate id): then nothing is released
+            key = self._admit(task, now, True)
         g.pending = {s: m for s, m in g.pending.items() if s > step}
         g.released = step
         self._n_sync_releases += 1
         self._rec(now, D_RELEASE, R_GROUP_COMPLETE, task, -1, None, 0, 0)
+        if key < 0:
+            task.state = _RUNNING
+            task.slot = NO_SLOT
+            task.started_ns = now
+            return [_new(Start, (task, NO_SLOT))]
         return self._place(task, now, key)
 
     def pending_sync(self, group: int) -> dict[int, frozenset[int]]:

@@ -19,6 +19,7 @@ from rdmasched.daemon.core import (
     SetTimer,
     Start,
 )
+from rdmasched.limits import NO_SLOT
 from tests.codec import through_codec
 from tests.corenet import DEAD_AFTER_NS, HEARTBEAT_NS, MS, Cluster, task
 
@@ -81,6 +82,39 @@ def test_a_released_sync_preempts_compute_when_no_slot_is_free() -> None:
     for i in c.cores:
         assert c.of(i, "sync") == [("sync", 3, 4, 0)]
         assert c.of(i, "start") == [("start", i, 1, 0), ("start", i, 1, 0)]
+
+
+def test_an_overlapping_groups_release_runs_beside_the_compute_it_serves() -> None:
+    # the same, the group overlapping: the handler runs with slot NO_SLOT, nothing is
+    # preempted, the compute task keeps its slot, and the sync's end frees nothing
+    c = Cluster(2)
+    for i, core in c.cores.items():
+        c.do(i, core.define_group(3, frozenset(c.cores), c.now, overlap=True))
+        c.do(i, core.dispatch(task(1, origin=i), c.now))
+    c.do(0, c.cores[0].sync_ready(3, 4, c.now))
+    c.do(1, c.cores[1].sync_ready(3, 4, c.now))
+    c.deliver()
+    for i, core in c.cores.items():
+        assert c.of(i, "sync") == [("sync", 3, 4, NO_SLOT)]
+        assert c.of(i, "preempt") == []
+        assert c.of(i, "start") == [("start", i, 1, 0)]
+        assert [t.id for t in core.scheduler.running()] == [1]
+        assert core.scheduler.stats().sync_releases == 1
+        assert core.beside == set() and core.rejections == 0  # ended by sync_done
+
+
+def test_an_overlapping_sync_whose_handler_said_later_ends_with_complete() -> None:
+    # on_sync returned LATER: the work goes on, and the driver's complete(task id) ends it
+    # (nothing held in the scheduler: no rejection, nothing freed, nothing sent)
+    c = Cluster(1)
+    core = c.cores[0]
+    c.do(0, core.define_group(3, frozenset({0}), c.now, overlap=True))
+    c.do(0, core.dispatch(task(1, origin=0), c.now))
+    (run,) = [e for e in core.sync_ready(3, 0, c.now) if isinstance(e, RunSync)]
+    assert run.slot == NO_SLOT and core.beside == {run.task.id}
+    assert core.complete(run.task.id, None, 0, c.now) == []
+    assert core.beside == set() and core.rejections == 0
+    assert [t.id for t in core.scheduler.running()] == [1]
 
 
 def test_forwarded_work_runs_on_the_peer_and_its_completion_comes_back() -> None:

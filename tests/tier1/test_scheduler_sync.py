@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rdmasched.limits import NO_SLOT
 from rdmasched.scheduler import Decision, FakeClock, Preempt, Scheduler, Start, Task
 from rdmasched.scheduler.errors import (
     DuplicateTaskError,
@@ -114,3 +115,41 @@ def test_a_sync_task_with_a_duplicate_id_is_rejected() -> None:
     with pytest.raises(DuplicateTaskError):
         s.sync_ready(1, 0, 0)
     assert s.stats().rejected == {"duplicate task": 1}
+
+
+def test_an_overlapping_groups_sync_task_takes_no_slot_and_preempts_nothing() -> None:
+    # overlap=True: the sync runs beside the running tasks (a collective that overlaps the
+    # compute it serves): every slot stays as it was, and nothing is held for it
+    s, clock = make(2)
+    s.dispatch(Task(id=1, job=0, priority=10, cost_ns=1))
+    clock.advance(1)
+    s.dispatch(Task(id=2, job=0, priority=200, cost_ns=1))
+    s.define_group(9, {0}, step_task, overlap=True)
+    a = s.sync_ready(9, 4, 0)
+    assert len(a) == 1 and isinstance(a[0], Start), a
+    t = a[0].task
+    assert t.is_sync and t.step == 4 and a[0].slot == NO_SLOT and t.slot == NO_SLOT
+    assert sorted(x.id for x in s.running()) == [1, 2]
+    assert s.stats().preemptions == 0 and s.stats().sync_releases == 1
+    assert s.lookup(t.id) is None  # not held: there is nothing to complete
+    assert [e.decision for e in s.explain(t.id)] == [Decision.RELEASE]
+    # with a free slot too: it takes none, and the slot stays free for compute
+    s2, _ = make(1)
+    s2.define_group(3, {0}, step_task, overlap=True)
+    (start,) = s2.sync_ready(3, 0, 0)
+    assert start.slot == NO_SLOT and s2.free_slots() == 1
+    # the group's steps still release once each, in order
+    with pytest.raises(StaleStepError):
+        s2.sync_ready(3, 0, 0)
+    assert s2.sync_ready(3, 1, 0)[0].task.step == 1
+
+
+def test_the_same_step_task_id_released_twice_beside_is_not_a_duplicate() -> None:
+    # an overlapping sync task is not held, so it cannot collide with itself; its id may
+    # still not be one a held task has
+    s, _ = make(1)
+    s.dispatch(Task(id=(7 << 32) | 0, job=0, priority=1, cost_ns=1))
+    s.define_group(7, {0}, step_task, overlap=True)
+    with pytest.raises(DuplicateTaskError):
+        s.sync_ready(7, 0, 0)
+    assert s.pending_sync(7) == {0: frozenset({0})}  # not released: it stays pending

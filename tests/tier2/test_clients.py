@@ -29,7 +29,8 @@ from rdmasched.client import Client, DaemonGoneError
 from rdmasched.cluster import ClusterConfig
 from rdmasched.daemon.clients import ClientHub
 from rdmasched.daemon.node import Node
-from rdmasched.errors import ArgumentError, ConfigError, LaneBusyError
+from rdmasched.errors import ArgumentError, ArgumentTypeError, ConfigError, LaneBusyError
+from rdmasched.limits import NO_SLOT
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,6 +114,35 @@ def test_two_ranks_on_one_daemon_get_only_their_own_callbacks(
     s = node.stats()
     assert s["clients"]["connects"] == 2 and s["clients"]["clients_dead"] == 0
     assert s["rejected"] == {} and s["scheduler"]["running"] == 0
+
+
+def test_an_overlapping_groups_release_preempts_no_rank(daemon: tuple[Node, ClientHub]) -> None:
+    # the same two ranks, group 1 overlapping: both slots are busy when step 0 is released,
+    # and yet no task is preempted: every on_sync runs with slot NO_SLOT, beside the tasks
+    node, hub = daemon
+    envs = [rank_env(node, k, RANKS_TASKS="2", RANKS_STEPS="2", RANKS_OVERLAP="1") for k in (0, 1)]
+    got = results(ranks(envs))
+    for r in got:
+        assert r["syncs"] == [0, 1, 2]
+        assert r["sync_slots"] == [NO_SLOT] * 3
+        assert [ev for ev in r["seen"] if ev[0] == "preempt"] == []
+        assert r["rejected"] == {} and r["handler_errors"] == {}
+    wait_for(lambda: hub.stats()["clients_left"] == 2, what="both ranks to leave")
+    s = node.stats()
+    assert s["scheduler"]["preemptions"] == 0 and s["scheduler"]["sync_releases"] == 3
+    assert s["scheduler"]["running"] == 0 and node.core.beside == set()
+
+
+def test_ranks_that_disagree_on_overlap_get_a_clear_error(
+    daemon: tuple[Node, ClientHub],
+) -> None:
+    _, hub = daemon
+    with Client(hub.endpoint, 0) as a, Client(hub.endpoint, 1) as b:
+        a.define_group(4, ["h0"], overlap=True)
+        with pytest.raises(ArgumentError, match="overlap=True"):
+            b.define_group(4, ["h0"])
+        with pytest.raises(ArgumentTypeError, match="overlap must be"):
+            b.define_group(5, ["h0"], overlap=1)  # type: ignore[arg-type]
 
 
 def test_a_task_started_before_any_client_connected_waits_for_the_first_one(
