@@ -235,7 +235,9 @@ def run_rank(args: argparse.Namespace) -> int:
 
             # this rank's client of the host's daemon; local rank 0 starts it if none runs
             client = host_client().open()
-            sched = RankScheduler(client, max_inflight=args.max_inflight)
+            sched = RankScheduler(
+                client, max_inflight=args.max_inflight, overlap=not args.sync_takes_slot
+            )
             ddp.register_comm_hook(None, sched.hook)
             assert colo_proc is not None
             # managed: preempted, the work goes into the kernel's idle class (it gets the CPU
@@ -488,6 +490,8 @@ def _rank_args(args: argparse.Namespace) -> list[str]:
     for name in ("steps", "warmup", "batch", "seq", "vocab", "d_model", "layers",
                  "bucket_cap_mb", "colo_workers", "io_ms", "max_inflight", "seed"):  # fmt: skip
         out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    if args.sync_takes_slot:
+        out.append("--sync-takes-slot")
     return out
 
 
@@ -701,6 +705,13 @@ def main(argv: list[str] | None = None) -> int:
         default=8,
         help="managed: bucket all-reduces running at once (RankScheduler's max_inflight; "
         "default 8, this model's buckets a step: each starts once released, as in plain DDP)",
+    )
+    p.add_argument(
+        "--sync-takes-slot",
+        action="store_true",
+        help="managed: each bucket's sync task takes a slot of the host, preempting a rank's "
+        "compute task in the daemon's books (RankScheduler(overlap=False); default: the syncs "
+        "overlap the step and take none)",
     )
     p.add_argument("--seed", type=int, default=0, help="default 0")
     p.add_argument(

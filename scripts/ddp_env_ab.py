@@ -1,17 +1,19 @@
-"""The DDP example's managed step under two environments, A/B in interleaved pairs
+"""The DDP example's managed step under two settings, A/B in interleaved pairs
 (docs/PERFORMANCE-LOG.md, "The slice, and one host's order"): a setting one run apart is
 inside this machine's noise (alone's step moves 40-55 ms between runs), so each round runs
 training alone, then A and B in alternating order (ABBA), and the ratios are taken within
 the round.
 
     .venv/bin/python scripts/ddp_env_ab.py --rounds 10 [--steps 80] [--json-out F] \
-        [--a RDMASCHED_SLICE_US=] [--b RDMASCHED_SLICE_US=100] [-- EXTRA ddp_train.py ARGS]
+        [--mode managed] [--a RDMASCHED_SLICE_US=] [--b RDMASCHED_SLICE_US=100] \
+        [-- EXTRA ddp_train.py ARGS]
 
-`--a`/`--b`: space-separated VAR=VALUE settings for the managed run (VAR= sets it empty,
-which the launcher's variables read as unset: the default `--a` is the kernel's own slice,
-`--b` a 100 us slice for the control path's threads; `--b RDMASCHED_SLICE_US=` makes an A/A
-run, the noise alone). Prints each round and the medians; `--json-out` keeps every run's
-summary.
+`--a`/`--b`: space-separated settings for the managed run: VAR=VALUE, a variable of its
+environment (VAR= sets it empty, which the launcher's variables read as unset), or --FLAG,
+an argument of ddp_train.py (as `--b=--sync-takes-slot`). The default `--a` is the kernel's
+own slice, `--b` a 100 us slice for the control path's threads; `--b RDMASCHED_SLICE_US=`
+makes an A/A run, the noise alone. `--mode`: the managed mode to run (managed, or
+managed-freeze). Prints each round and the medians; `--json-out` keeps every run's summary.
 """
 
 from __future__ import annotations
@@ -31,14 +33,18 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ddp_train.py"
 
 
-def _settings(text: str) -> dict[str, str]:
-    out = {}
+def _settings(text: str) -> tuple[dict[str, str], list[str]]:
+    """`text`'s variables (VAR=VALUE) and ddp_train.py arguments (--FLAG)."""
+    env, argv = {}, []
     for part in text.split():
+        if part.startswith("--"):
+            argv.append(part)
+            continue
         name, eq, value = part.partition("=")
         if not eq or not name:
-            raise SystemExit(f"ddp_env_ab: {part!r} is not VAR=VALUE")
-        out[name] = value
-    return out
+            raise SystemExit(f"ddp_env_ab: {part!r} is neither VAR=VALUE nor --FLAG")
+        env[name] = value
+    return env, argv
 
 
 def _run(mode: str, env: dict[str, str], steps: int, extra: list[str]) -> dict[str, Any] | None:
@@ -64,6 +70,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--a", default="RDMASCHED_SLICE_US=", help="A's settings (VAR=VALUE ...)")
     p.add_argument("--b", default="RDMASCHED_SLICE_US=100", help="B's settings (VAR=VALUE ...)")
+    p.add_argument("--mode", choices=("managed", "managed-freeze"), default="managed")
     p.add_argument("--json-out", default=None)
     p.add_argument("extra", nargs="*", help="after --: more ddp_train.py arguments")
     args = p.parse_args()
@@ -75,7 +82,10 @@ def main() -> int:
     for r in range(args.rounds):
         alone = _run("alone", {}, args.steps, args.extra)
         order = [("a", a), ("b", b)] if r % 2 == 0 else [("b", b), ("a", a)]
-        got = {name: _run("managed", env, args.steps, args.extra) for name, env in order}
+        got = {
+            name: _run(args.mode, env, args.steps, [*args.extra, *flags])
+            for name, (env, flags) in order
+        }
         if alone is None or got["a"] is None or got["b"] is None:
             failed += 1
             print(f"round {r + 1}: left out (a run failed)", flush=True)
@@ -86,6 +96,11 @@ def main() -> int:
             "b_ms": got["b"]["step_ms"][0],
             "a_harvest": got["a"]["harvested_over_idle"][0],
             "b_harvest": got["b"]["harvested_over_idle"][0],
+            # CPU-seconds a second: the daemon, and rdmasched's threads in the ranks
+            "a_daemon_cpus": got["a"]["daemon_cpus"][0],
+            "b_daemon_cpus": got["b"]["daemon_cpus"][0],
+            "a_threads_cpus": got["a"]["rdmasched_threads_cpus"][0],
+            "b_threads_cpus": got["b"]["rdmasched_threads_cpus"][0],
         }
         rounds.append(row)
         print(
@@ -109,10 +124,15 @@ def main() -> int:
         f"median step / alone's: A {med('a_ms', 'alone_ms'):.3f}, B {med('b_ms', 'alone_ms'):.3f}; "
         f"median B / A {statistics.median(ba):.3f} ({min(ba):.3f}-{max(ba):.3f}); "
         f"harvested / idle, median: A {statistics.median(x['a_harvest'] for x in rounds):.0%}, "
-        f"B {statistics.median(x['b_harvest'] for x in rounds):.0%}"
+        f"B {statistics.median(x['b_harvest'] for x in rounds):.0%}; "
+        f"daemon CPUs, median: A {statistics.median(x['a_daemon_cpus'] for x in rounds):.3f}, "
+        f"B {statistics.median(x['b_daemon_cpus'] for x in rounds):.3f}; rdmasched's threads "
+        f"in the ranks: A {statistics.median(x['a_threads_cpus'] for x in rounds):.3f}, "
+        f"B {statistics.median(x['b_threads_cpus'] for x in rounds):.3f}"
     )
     if args.json_out:
         meta = {"started": started, "load": [load0, os.getloadavg()[0]], "a": args.a, "b": args.b}
+        meta["mode"] = args.mode
         meta["failed_rounds"] = failed
         meta["command"] = " ".join(["scripts/ddp_env_ab.py", *sys.argv[1:]])
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True)

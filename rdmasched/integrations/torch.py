@@ -115,7 +115,12 @@ class SchedulerClient(NodeAPI, Protocol):
     take part (`rdmasched.client.Client`)."""
 
     def define_group(
-        self, group: int, members: Iterable[int | str], *, local: int | None = None
+        self,
+        group: int,
+        members: Iterable[int | str],
+        *,
+        local: int | None = None,
+        overlap: bool = False,
     ) -> None: ...
 
     #: the hosts the daemon declared dead (its liveness news so far)
@@ -159,6 +164,11 @@ class RankScheduler:
     machine whose process is gone does (checked every 50 ms while a step runs).
     `linger_s`: how long the rank may stay out of `compute()` before its compute task is
     given back (a step within that time takes the same task: no call to the daemon).
+    `overlap` (default): the buckets' sync groups overlap the step (`Client.define_group`):
+    a bucket's release takes no slot of the host and preempts nothing, since its all-reduce
+    runs beside the step's compute, which holds the slot (False: each sync task takes a
+    slot, preempting a rank's compute task in the daemon's books, which costs a STOP, its
+    answer and a new START a bucket; docs/TORCH.md, "A bucket's sync takes no slot").
     `exit_on_lost`: then also abort the process groups and end the process with `EXIT_LOST`
     (75), at once, whatever the training thread is waiting in: a collective whose peer hangs
     (a frozen host, a partition) ends only at its timeout, and on gloo even a process
@@ -178,6 +188,7 @@ class RankScheduler:
         compute_priority: int = COMPUTE_PRIORITY,
         exit_on_lost: bool = False,
         linger_s: float = LINGER_S,
+        overlap: bool = True,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise ArgumentError("RankScheduler needs torch.distributed initialised first")
@@ -195,6 +206,8 @@ class RankScheduler:
             or not 0 <= linger_s < 1e6
         ):
             raise ArgumentError(f"linger_s must be a number of seconds >= 0, not {linger_s!r}")
+        if type(overlap) is not bool:
+            raise ArgumentError(f"overlap must be True or False, not {overlap!r}")
         if not 0 <= compute_priority <= COMPUTE_PRIORITY_MAX:
             raise ArgumentError(
                 f"compute_priority must be 0..{COMPUTE_PRIORITY_MAX}, not {compute_priority!r}"
@@ -215,6 +228,7 @@ class RankScheduler:
         self.compute_priority = compute_priority
         self.exit_on_lost = bool(exit_on_lost)
         self.linger_s = float(linger_s)
+        self.overlap = overlap
         self._lock = threading.Condition()
         self._defined: set[int] = set()  # bucket indexes whose sync group is declared
         # the buckets' all-reduces, and the leader's choices of their order (not the default
@@ -331,7 +345,9 @@ class RankScheduler:
     def _group(self, index: int) -> None:
         """Declare bucket `index`'s sync group the first time the bucket is seen."""
         if index not in self._defined:
-            self.node.define_group(GROUP_BASE + index, self.members, local=self.local)
+            self.node.define_group(
+                GROUP_BASE + index, self.members, local=self.local, overlap=self.overlap
+            )
             self._defined.add(index)
 
     # ---- the scheduler's handlers (on the client's reader thread) --------------------------
@@ -381,8 +397,8 @@ class RankScheduler:
         colo = self._colocated.get(task.id)
         if colo is not None:
             return colo._preempted(task)
-        # the step's compute task yields its slot to the step's own bucket syncs in the
-        # scheduler's books: nothing is stopped (the step's compute and its all-reduces
+        # (overlap=False) the step's compute task yields its slot to the step's own bucket
+        # syncs in the scheduler's books: nothing is stopped (the step's compute and its all-reduces
         # overlap); it takes the slot back when they are done, and if the step ends first,
         # compute()'s COMPLETE ends the requeued task (docs/CLIENT.md, "Preemption and
         # COMPLETE")

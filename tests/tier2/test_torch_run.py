@@ -64,7 +64,8 @@ def torchrun(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
 
 
 def test_managed_run_under_repeated_preemption_completes_every_step(tmp_path: Path) -> None:
-    # Regression (issue 20 item 2): a bucket sync preempts a rank's compute task; its handler
+    # Regression (issue 20 item 2), with syncs that take a slot (--sync-takes-slot, the
+    # integration's overlap=False): a bucket sync preempts a rank's compute task; its handler
     # yields (the step goes on: a forward pass cannot stop midway), the daemon requeues it,
     # and the rank then completes it. The daemon refused that COMPLETE ("complete of task N
     # that is queued"), later started the finished task again, the start held a slot for
@@ -83,7 +84,10 @@ def test_managed_run_under_repeated_preemption_completes_every_step(tmp_path: Pa
         line = daemon.stdout.readline()
         assert line.startswith("rdmasched daemon:"), line
         result = tmp_path / "result.json"
-        run = torchrun(env, "--steps", str(steps), "--warmup", str(warmup), "--result", str(result))
+        run = torchrun(
+            env, "--steps", str(steps), "--warmup", str(warmup), "--result", str(result),
+            "--sync-takes-slot",
+        )  # fmt: skip
         try:
             log, _ = run.communicate(timeout=DEADLINE_S)
         except subprocess.TimeoutExpired:

@@ -120,6 +120,7 @@ def main() -> int:
             train(plain, 8, None, seed=rank)
             result["log"] = list(sched.log)
             result["handoffs"] = sched.handoffs
+            result["preemptions"] = node.stats()["scheduler"]["preemptions"]
             result["slice_us"] = sched.slice_us
             me = threading.get_native_id()
             result["main_slice"] = get_slice(me)
