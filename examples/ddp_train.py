@@ -13,6 +13,9 @@ compressed in a shared file (no lock: nothing the training job could wait on).
 
 Modes:
 - `alone`: training only;
+- `alone-hook`: training only, DDP's all-reduce in a Python comm hook (each bucket divided
+  and all-reduced at once, as torch's own `allreduce_hook`): what any Python comm hook costs
+  the step, the part of rdmasched's cost that is not rdmasched's;
 - `linux`: the co-located job runs beside it, left to the Linux scheduler (same nice level,
   in a session of its own);
 - `linux-idle`: the same, the job in the kernel's idle class (SCHED_IDLE, its session's
@@ -64,7 +67,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-MODES = ("alone", "linux", "linux-idle", "managed", "managed-freeze")
+MODES = ("alone", "alone-hook", "linux", "linux-idle", "managed", "managed-freeze")
+#: the modes with no co-located job
+SOLO = ("alone", "alone-hook")
 #: --compare's modes unless --modes says
 DEFAULT_MODES = ("alone", "linux", "linux-idle", "managed")
 MANAGED = ("managed", "managed-freeze")
@@ -227,7 +232,9 @@ def run_rank(args: argparse.Namespace) -> int:
     colo_proc = None
     counter = tmp / "counter"
     client = sched = colo = None
-    if args.mode != "alone":
+    if args.mode == "alone-hook":
+        ddp.register_comm_hook(None, _allreduce_hook)
+    if args.mode not in SOLO:
         colo_proc = start_colocated(args.colo_workers, counter, idle=args.mode == "linux-idle")
     try:
         if args.mode in MANAGED:
@@ -414,6 +421,17 @@ def timeline(phases: list[list[int]], log: list[tuple[str, int, int, int]]) -> d
     return out
 
 
+def _allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]  # (DDP reads the annotations)
+    """`alone-hook`'s comm hook: the bucket divided by the world size and all-reduced at once
+    on the default group, as torch's `allreduce_hook` does."""
+    import torch.distributed as dist
+
+    tensor = bucket.buffer()
+    tensor.div_(dist.get_world_size())
+    work = dist.all_reduce(tensor, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
 def _fail(how: str, rank: int, step: int) -> None:
     """--fail-at-step: the last rank fails, as `how` says (to test what a failed run leaves)."""
     say(f"ddp_train: rank {rank}: failing at step {step} ({how})")
@@ -581,6 +599,7 @@ def table(per: dict[str, Any], meta: dict[str, Any]) -> str:
     ]
     names = {
         "alone": "training alone",
+        "alone-hook": "training alone, DDP's all-reduce in a Python comm hook",
         "linux": "+ co-located job, left to Linux",
         "linux-idle": "+ co-located job, left to Linux in its idle class",
         "managed": "+ co-located job, managed by rdmasched (idle class when preempted)",
@@ -592,10 +611,10 @@ def table(per: dict[str, Any], meta: dict[str, Any]) -> str:
         th = v["thaw_us"]
         name = names[mode] + (f", {v['mechanism']}" if mode == "managed-freeze" else "")
         ratio = f"{statistics.median(v['step_ms']) / alone:.2f}" if alone else "-"
-        colo = _spread(v["colocated_mb_per_s"], ".1f") if mode != "alone" else "-"
+        colo = _spread(v["colocated_mb_per_s"], ".1f") if mode not in SOLO else "-"
         frz = f"{fr['p50']:,.0f} / {fr['p99']:,.0f}" if fr else "-"
         thw = f"{th['p50']:,.0f} / {th['p99']:,.0f}" if th else "-"
-        has_colo = mode != "alone"
+        has_colo = mode not in SOLO
         train = _spread(v["training_cpus"], ".2f")
         if mode in MANAGED:
             train += f" ({_spread(v['daemon_cpus'], '.2f')})"
