@@ -3,12 +3,12 @@ two ranks of `torchrun --nproc-per-node 2`, gloo on the CPU: beside a daemon the
 as a user would ("Run it yourself", docs/CLIENT.md; strict priorities, docs/TORCH.md), and
 failing in three ways, which must leave nothing behind.
 
-The job's own model (TinyLM, 0.9 M parameters, eight 0.25 MB buckets): every bucket sync
-preempts a rank's compute task (both slots hold the step's compute tasks), so each step
-has eight preemptions. (A smaller model in smaller buckets did not show the deadlock below
-in 3 runs; this one did in 3 runs of 4 at 10 to 30 steps.) The runs go one at a time. Needs
-torch (the [torch] extra): without it these tests skip, except with CI=true, where a
-missing torch fails.
+The job's own model (TinyLM, 0.9 M parameters, eight 0.25 MB buckets): with
+`--sync-takes-slot` every bucket sync preempts a rank's compute task (both slots hold the
+step's compute tasks), so each step has eight preemptions. (A smaller model in smaller
+buckets did not show the deadlock below in 3 runs; this one did in 3 runs of 4 at 10 to 30
+steps.) The runs go one at a time. Needs torch (the [torch] extra): without it these tests
+skip, except with CI=true, where a missing torch fails.
 """
 
 from __future__ import annotations
@@ -199,3 +199,20 @@ def _procs(cgroup: str) -> list[str]:
         return Path(cgroup, "cgroup.procs").read_text().split()
     except OSError:
         return []
+
+
+def test_compare_runs_the_modes_with_nothing_co_located(tmp_path: Path) -> None:
+    # `alone` and `alone-hook` (DDP's all-reduce in a Python comm hook): both train, and the
+    # table and the JSON name them
+    out = tmp_path / "compare.json"
+    p = subprocess.run(
+        [sys.executable, str(TRAIN), "--compare", "--repeat", "1", "--steps", "3",
+         "--warmup", "1", "--modes", "alone", "alone-hook", "--json-out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=DEADLINE_S,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert "| training alone, DDP's all-reduce in a Python comm hook |" in p.stdout, p.stdout
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["mode"] for r in runs] == ["alone", "alone-hook"]
+    assert all(len(r["step_s"]) == 3 and r["colocated_bytes"] == 0 for r in runs)
