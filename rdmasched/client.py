@@ -187,7 +187,7 @@ class Client:
         self._running: dict[tuple[int, int], Task] = {}
         #: starts that came before `on_dispatch` was registered (reader thread only)
         self._unstarted: list[Task] = []
-        self._groups: dict[int, frozenset[int]] = {}
+        self._groups: dict[int, tuple[frozenset[int], bool]] = {}  # (members, overlap)
         self._nodes: dict[str, int] = {}
         self._daemon: tuple[int, int] | None = None
         self._timers: list[tuple[int, int, Callable[[], None]]] = []
@@ -470,12 +470,15 @@ class Client:
         if type(overlap) is not bool:
             raise ArgumentTypeError(f"overlap must be True or False, not {overlap!r}")
         old = self._groups.get(group)
-        if old == mem:
+        if old == (mem, overlap):
             return
         if old is not None:
-            raise ArgumentError(f"group {group} is already defined, with members {sorted(old)}")
+            raise ArgumentError(
+                f"group {group} is already defined, with members {sorted(old[0])}"
+                + (f" and overlap={old[1]}" if old[0] == mem else "")
+            )
         self._ask("define_group", [group, sorted(mem), local, *([True] if overlap else [])])
-        self._groups[group] = mem
+        self._groups[group] = (mem, overlap)
 
     def sync_ready(self, group: int, step: int) -> None:
         """This rank reached `step` of `group`; when all of the host's participants have,

@@ -143,6 +143,9 @@ def test_ranks_that_disagree_on_overlap_get_a_clear_error(
             b.define_group(4, ["h0"])
         with pytest.raises(ArgumentTypeError, match="overlap must be"):
             b.define_group(5, ["h0"], overlap=1)  # type: ignore[arg-type]
+        with pytest.raises(ArgumentError, match="overlap=True"):  # the same client, again
+            a.define_group(4, ["h0"])
+        a.define_group(4, ["h0"], overlap=True)  # alike: nothing to do
 
 
 def test_a_task_started_before_any_client_connected_waits_for_the_first_one(
