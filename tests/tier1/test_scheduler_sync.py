@@ -144,9 +144,8 @@ def test_an_overlapping_groups_sync_task_takes_no_slot_and_preempts_nothing() ->
     assert s2.sync_ready(3, 1, 0)[0].task.step == 1
 
 
-def test_the_same_step_task_id_released_twice_beside_is_not_a_duplicate() -> None:
-    # an overlapping sync task is not held, so it cannot collide with itself; its id may
-    # still not be one a held task has
+def test_an_overlapping_sync_task_with_a_held_tasks_id_is_rejected() -> None:
+    # an overlapping sync task is not held, but its id may still not be one a held task has
     s, _ = make(1)
     s.dispatch(Task(id=(7 << 32) | 0, job=0, priority=1, cost_ns=1))
     s.define_group(7, {0}, step_task, overlap=True)
