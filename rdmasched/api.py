@@ -41,6 +41,7 @@ __all__ = [
     "check_group",
     "check_members",
     "check_preempt",
+    "check_redeclared",
     "check_step",
     "check_task",
 ]
@@ -127,6 +128,22 @@ def check_members(members: object) -> Iterable[int | str]:
     if isinstance(members, str | bytes) or not isinstance(members, Iterable):
         raise ArgumentTypeError(f"members must be node ids or names, not {members!r}")
     return members
+
+
+def check_redeclared(
+    group: int, old: tuple[frozenset[int], bool] | None, new: tuple[frozenset[int], bool]
+) -> bool:
+    """`define_group` of `group` as `new` (members, overlap) where it was declared as `old`
+    (None: never): True when it is the same declaration again (nothing to do), False when
+    it is the first; ArgumentError when it differs."""
+    if old is None:
+        return False
+    if old == new:
+        return True
+    raise ArgumentError(
+        f"group {group} is already defined, with members {sorted(old[0])}"
+        + (f" and overlap={old[1]}" if old[0] == new[0] else "")
+    )
 
 
 def check_complete(task_id: object, runtime_ns: object) -> tuple[int, int]:

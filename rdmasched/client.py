@@ -55,6 +55,7 @@ from rdmasched.api import (
     check_group,
     check_members,
     check_preempt,
+    check_redeclared,
     check_step,
     check_task,
 )
@@ -84,7 +85,7 @@ from rdmasched.clientproto import (
     preempt_flags,
     up_lane,
 )
-from rdmasched.daemon.checks import U64_MAX, check_callable, check_int
+from rdmasched.daemon.checks import U64_MAX, check_bool, check_callable, check_int
 from rdmasched.daemon.core import SYNC_ID_BASE
 from rdmasched.daemon.tuning import check_slice_us, set_slice
 from rdmasched.errors import (
@@ -467,16 +468,8 @@ class Client:
         mem = frozenset(self._node(m) for m in check_members(members))
         if local is not None:
             local = check_int("local", local, 1, 255)
-        if type(overlap) is not bool:
-            raise ArgumentTypeError(f"overlap must be True or False, not {overlap!r}")
-        old = self._groups.get(group)
-        if old == (mem, overlap):
+        if check_redeclared(group, self._groups.get(group), (mem, check_bool("overlap", overlap))):
             return
-        if old is not None:
-            raise ArgumentError(
-                f"group {group} is already defined, with members {sorted(old[0])}"
-                + (f" and overlap={old[1]}" if old[0] == mem else "")
-            )
         self._ask("define_group", [group, sorted(mem), local, *([True] if overlap else [])])
         self._groups[group] = (mem, overlap)
 

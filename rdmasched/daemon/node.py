@@ -42,11 +42,12 @@ from rdmasched.api import (
     check_group,
     check_members,
     check_preempt,
+    check_redeclared,
     check_step,
     check_task,
 )
 from rdmasched.cluster import ClusterConfig
-from rdmasched.daemon.checks import U64_MAX, check_callable, check_int, check_node
+from rdmasched.daemon.checks import U64_MAX, check_bool, check_callable, check_int, check_node
 from rdmasched.daemon.core import (
     EARLY_SYNC_MAX,
     SYNC_ID_BASE,
@@ -455,21 +456,14 @@ class Node:
         `NO_SLOT` (docs/SCHEDULER.md, "SYNC_READY")."""
         group = check_group(group)
         mem = self._checked_members(group, members)
-        if type(overlap) is not bool:
-            raise ArgumentTypeError(f"overlap must be True or False, not {overlap!r}")
+        check_bool("overlap", overlap)
 
         def define() -> None:
             self.carry_out(self.core.define_group(group, mem, self.clock(), overlap))
 
         with self._defs_lock:
-            old = self._group_defs.get(group)
-            if old == (mem, overlap):
+            if check_redeclared(group, self._group_defs.get(group), (mem, overlap)):
                 return
-            if old is not None:
-                raise ArgumentError(
-                    f"group {group} is already defined, with members {sorted(old[0])}"
-                    + (f" and overlap={old[1]}" if old[0] == mem else "")
-                )
             if self.loop is None and self._error is None:  # not open: no loop to race
                 define()
             else:

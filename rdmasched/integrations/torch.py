@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 from rdmasched.api import NodeAPI
+from rdmasched.daemon.checks import check_bool
 from rdmasched.daemon.tuning import set_slice
 from rdmasched.errors import ArgumentError, RdmaschedError
 from rdmasched.integrations.freeze import Freezer
@@ -206,8 +207,7 @@ class RankScheduler:
             or not 0 <= linger_s < 1e6
         ):
             raise ArgumentError(f"linger_s must be a number of seconds >= 0, not {linger_s!r}")
-        if type(overlap) is not bool:
-            raise ArgumentError(f"overlap must be True or False, not {overlap!r}")
+        check_bool("overlap", overlap)
         if not 0 <= compute_priority <= COMPUTE_PRIORITY_MAX:
             raise ArgumentError(
                 f"compute_priority must be 0..{COMPUTE_PRIORITY_MAX}, not {compute_priority!r}"

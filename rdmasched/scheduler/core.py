@@ -814,17 +814,16 @@ class Scheduler:
         task.priority = SYNC_PRIORITY
         task.group = group
         task.step = step
-        if g.overlap:  # beside the running tasks: not admitted, no slot (define_group)
+        # may raise (a duplicate id): then nothing is released
+        if g.overlap:  # beside the running tasks: checked, not admitted (define_group)
             self._check_task(task, now, sync=True)
-            key = -1
         else:
-            # may raise (a duplicate id): then nothing is released
             key = self._admit(task, now, True)
         g.pending = {s: m for s, m in g.pending.items() if s > step}
         g.released = step
         self._n_sync_releases += 1
         self._rec(now, D_RELEASE, R_GROUP_COMPLETE, task, -1, None, 0, 0)
-        if key < 0:
+        if g.overlap:  # it takes no slot
             task.state = _RUNNING
             task.slot = NO_SLOT
             task.started_ns = now
