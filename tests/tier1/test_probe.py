@@ -13,6 +13,7 @@ from rdmasched.daemon import tuning
 from rdmasched.daemon.probe import AllocCounter, Probe, StageClock, StageCounter
 from rdmasched.daemon.tuning import LoopTuning
 from rdmasched.errors import ArgumentError
+from tests.waiting import wait_for
 
 
 def test_the_stage_clock_records_one_row_per_preempt_whose_handler_ran() -> None:
@@ -147,6 +148,8 @@ def test_a_slice_can_be_set_on_another_thread_of_the_process() -> None:
     finally:
         stop.set()
         t.join()
-    # a thread that is gone: a reason, not an exception
+    # a thread that is gone: a reason, not an exception. join() returns before the kernel
+    # has reaped the thread (a set on it then succeeded, 8 times in 2,000 here): wait for that
+    wait_for(lambda: not os.path.exists(f"/proc/self/task/{tid[0]}"), "the thread to be gone")
     why = tuning.set_slice(250, tid[0])
     assert why is not None and str(tid[0]) in why, why
