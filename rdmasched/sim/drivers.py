@@ -39,6 +39,7 @@ from rdmasched.demo.taskid import KIND_BACKGROUND, task_kind
 from rdmasched.messages import Heartbeat
 from rdmasched.scheduler import Task
 from rdmasched.sim.engine import Endpoint, Engine, Network
+from rdmasched.sim.tally import Completions
 from rdmasched.topology import Topology
 
 if TYPE_CHECKING:
@@ -93,7 +94,8 @@ class Ledger:
 
     def __init__(self, nodes: int) -> None:
         self.submitted = 0
-        self.completed: dict[tuple[int, int], int] = {}  # (node, task id) -> completions
+        #: (node, task id) -> completions (`add`; about a byte a task: sim/tally.py)
+        self.completed = Completions()
         self.run_starts = 0
         self.run_ends = 0  # finished or preempted
         #: (node, group, step) -> releases of the step's sync on that node
@@ -192,9 +194,7 @@ class Shaped:
         self.inner.sync_ready(step, group)
 
     def complete(self, task: Task, runtime_ns: int) -> None:
-        k = (self.node, task.id)
-        c = self.ledger.completed
-        c[k] = c.get(k, 0) + 1
+        self.ledger.completed.add(self.node, task.id)
         self.ledger.run_ends += 1
         if task_kind(task.id) != KIND_BACKGROUND:
             self.ledger.progress += 1

@@ -54,6 +54,7 @@ from rdmasched.demo.job import COMPUTE_PRIORITY
 from rdmasched.demo.taskid import KIND_BACKGROUND, KIND_COMPUTE, task_id, task_kind
 from rdmasched.scheduler import Task
 from rdmasched.sim.table import cell, stopped_note, text_table
+from rdmasched.sim.tally import Tally
 from rdmasched.sim.trace import TraceTrainer, _Stream
 from rdmasched.workload.streams import COMPUTE
 
@@ -109,8 +110,9 @@ class NodeHarvest:
         self.switch_ns = 0
         self.harvested_ns = 0
         self.harvested = 0  # co-located tasks completed within the job's span
-        self.colocated_submitted: list[int] = []
-        self.colocated_done: dict[int, int] = {}  # task id -> completions
+        #: co-located task id -> submissions, and -> completions (a byte a task: sim/tally.py)
+        self.colocated_submitted = Tally()
+        self.colocated_done = Tally()
         self.switches = 0
         # timeslice: the co-located task on each device, its work left, and the rate clock
         self._cur: list[Task | None] = [None] * slots
@@ -211,7 +213,7 @@ class NodeHarvest:
         timeslice: the node core never sees it)."""
         if task_kind(task.id) != KIND_BACKGROUND:
             return False
-        self.colocated_submitted.append(task.id)
+        self.colocated_submitted.add(task.id)
         if self.timeslice is None:
             return False
         self._waiting.append(task)
@@ -232,8 +234,7 @@ class NodeHarvest:
             self._colocated_done(task, now)
 
     def _colocated_done(self, task: Task, at: int) -> None:
-        d = self.colocated_done
-        d[task.id] = d.get(task.id, 0) + 1
+        self.colocated_done.add(task.id)
         t = self.trainer
         if not t.done or at <= t.t_end:
             self.harvested += 1

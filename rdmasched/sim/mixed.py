@@ -325,8 +325,7 @@ class MixedTrainer(SimTrainer):
         now = self.b.now()
         end = self.t_end if self.done else now
         self.reserved_busy_ns += max(0, end - max(began, self.t0 + self.warm_ns))
-        k = (self.node, task.id)
-        self.ledger.completed[k] = self.ledger.completed.get(k, 0) + 1
+        self.ledger.completed.add(self.node, task.id)
         self.ledger.run_ends += 1
         self.ledger.progress += 1
         self._done(task, now)
