@@ -413,57 +413,20 @@ class RankScheduler:
         its own time). So rank 0 (the leader) chooses: the released buckets of highest
         priority, as many as `max_inflight` leaves room for, and broadcasts its choices on
         a control group, in one message; every rank then starts those buckets' all-reduces,
-        in that order, once its own scheduler has released each. (With each rank choosing by
-        itself, two ranks each waiting for the other's choice deadlock.)
+        in that order, once its own scheduler has released each (`_choose_and_start`). (With
+        each rank choosing by itself, two ranks each waiting for the other's choice
+        deadlock.)
 
         On one host (`one_host`) the one daemon has already put the releases in one order,
         the same on every rank's lane: each rank starts its buckets in release order, up to
         `max_inflight`, with no choice and no broadcast (docs/TORCH.md, "Order"). The sync
         handler starts a bucket itself (`_start_released`); this thread starts only those
-        released while `max_inflight` collectives ran, once one ends (`handoffs`)."""
-        # [count, index, step, index, step, ...]: up to CHOICES_PER_MESSAGE choices
-        choice = torch.zeros(1 + 2 * CHOICES_PER_MESSAGE, dtype=torch.int64)
-        leader = self.rank == 0 or self.one_host
-        broadcast = self.world > 1 and not self.one_host
+        released while `max_inflight` collectives ran, once one ends (`_hand_off`)."""
         try:
-            while True:
-                with self._lock:
-                    while not self._closed and (
-                        len(self._inflight) >= self.max_inflight
-                        or not (self._ready if leader else (self._ready or self._pending))
-                    ):
-                        self._lock.wait()
-                    if self._closed:
-                        return
-                    if leader and not self.one_host:  # (one host: started below)
-                        room = min(self.max_inflight - len(self._inflight), CHOICES_PER_MESSAGE)
-                        now = time.monotonic_ns()
-                        n = 0
-                        mine: list[_Bucket] = []
-                        while self._ready and len(mine) < room:
-                            _, _, b = heapq.heappop(self._ready)
-                            n = len(mine)
-                            choice[1 + 2 * n], choice[2 + 2 * n] = b.index, b.step
-                            self._inflight[(b.index, b.step)] = b  # failed with them by _fail
-                            if broadcast:
-                                self.log.append(("choose", b.step, b.index, now))
-                            mine.append(b)
-                        choice[0] = len(mine)
-                if self.one_host:
-                    self.handoffs += self._start_released()
-                    continue
-                if broadcast:
-                    dist.broadcast(choice, src=0, group=self._ctrl)
-                for k in range(int(choice[0])):
-                    if leader:
-                        b = mine[k]
-                    else:
-                        got = self._take_released(int(choice[1 + 2 * k]), int(choice[2 + 2 * k]))
-                        if got is None:
-                            return  # closed, or the job failed
-                        b = got
-                    self.handoffs += 1
-                    self._start(b)
+            if self.one_host:
+                self._hand_off()
+            else:
+                self._choose_and_start()
         except Exception as exc:  # the control broadcast failed: a rank is gone
             if not self._closed:
                 err = self._lost() or TorchSyncError(
@@ -471,6 +434,60 @@ class RankScheduler:
                 )
                 err.__cause__ = exc
                 self._fail(err)
+
+    def _hand_off(self) -> None:
+        """(One host) start the buckets released while `max_inflight` collectives ran, as
+        room comes back (`handoffs` counts them), until closed."""
+        while True:
+            with self._lock:
+                while not self._closed and (
+                    len(self._inflight) >= self.max_inflight or not self._ready
+                ):
+                    self._lock.wait()
+                if self._closed:
+                    return
+            self.handoffs += self._start_released()
+
+    def _choose_and_start(self) -> None:
+        """(Several hosts) the leader's choices, broadcast; every rank starts them in order."""
+        # [count, index, step, index, step, ...]: up to CHOICES_PER_MESSAGE choices
+        choice = torch.zeros(1 + 2 * CHOICES_PER_MESSAGE, dtype=torch.int64)
+        leader = self.rank == 0
+        broadcast = self.world > 1
+        while True:
+            mine: list[_Bucket] = []
+            with self._lock:
+                while not self._closed and (
+                    len(self._inflight) >= self.max_inflight
+                    or not (self._ready if leader else (self._ready or self._pending))
+                ):
+                    self._lock.wait()
+                if self._closed:
+                    return
+                if leader:
+                    room = min(self.max_inflight - len(self._inflight), CHOICES_PER_MESSAGE)
+                    now = time.monotonic_ns()
+                    while self._ready and len(mine) < room:
+                        _, _, b = heapq.heappop(self._ready)
+                        n = len(mine)
+                        choice[1 + 2 * n], choice[2 + 2 * n] = b.index, b.step
+                        self._inflight[(b.index, b.step)] = b  # failed with them by _fail
+                        if broadcast:
+                            self.log.append(("choose", b.step, b.index, now))
+                        mine.append(b)
+                    choice[0] = len(mine)
+            if broadcast:
+                dist.broadcast(choice, src=0, group=self._ctrl)
+            for k in range(int(choice[0])):
+                if leader:
+                    b = mine[k]
+                else:
+                    got = self._take_released(int(choice[1 + 2 * k]), int(choice[2 + 2 * k]))
+                    if got is None:
+                        return  # closed, or the job failed
+                    b = got
+                self.handoffs += 1
+                self._start(b)
 
     def _start_released(self) -> int:
         """(One host) start the released buckets, in release order, while `max_inflight`
