@@ -630,7 +630,7 @@ def print_report(cfg: DemoConfig, res: dict[str, Any], file: Any = None) -> None
         ("ring KiB per node, max", "ring_kib_max", "{:,.0f}"),
         ("msgs per node per step", "msgs_per_node_step", "{:.1f}"),
     ]
-    a, c = res["rdmasched"], res["central"]
+    a, c = dict(res["rdmasched"]), dict(res["central"])  # (the rows' fields: ours, not res's)
     for mode in (a, c):
         ring = mode.get("ring_bytes_max")
         mode["ring_kib_max"] = None if ring is None else ring / 1024

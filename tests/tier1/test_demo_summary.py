@@ -3,6 +3,7 @@ p50 of each scheduler the demo runs, with their ratio, printed and in --json."""
 
 from __future__ import annotations
 
+import copy
 import io
 from typing import Any
 
@@ -69,3 +70,11 @@ def test_the_report_shows_what_the_host_gave_each_run() -> None:
     assert "-" in row  # rdmasched has no coordinator
     # a result without the host's figures (an older JSON) still prints
     print_report(DemoConfig(), {k: dict(v) for k, v in RES.items()}, file=io.StringIO())
+
+
+def test_the_report_leaves_the_result_it_prints_as_it_was() -> None:
+    res = {k: dict(v) for k, v in RES.items()}
+    res["rdmasched"]["host"] = {"cpus": 2, "cpu_ms_per_step": 4.25}
+    before = copy.deepcopy(res)
+    print_report(DemoConfig(), res, file=io.StringIO())
+    assert res == before  # (a --json written after the report gets the run's own fields)
