@@ -449,11 +449,11 @@ class RankScheduler:
             self.handoffs += self._start_released()
 
     def _choose_and_start(self) -> None:
-        """(Several hosts) the leader's choices, broadcast; every rank starts them in order."""
+        """(Several hosts, so several ranks) the leader's choices, broadcast; every rank starts
+        them in order."""
         # [count, index, step, index, step, ...]: up to CHOICES_PER_MESSAGE choices
         choice = torch.zeros(1 + 2 * CHOICES_PER_MESSAGE, dtype=torch.int64)
         leader = self.rank == 0
-        broadcast = self.world > 1
         while True:
             mine: list[_Bucket] = []
             with self._lock:
@@ -472,12 +472,10 @@ class RankScheduler:
                         n = len(mine)
                         choice[1 + 2 * n], choice[2 + 2 * n] = b.index, b.step
                         self._inflight[(b.index, b.step)] = b  # failed with them by _fail
-                        if broadcast:
-                            self.log.append(("choose", b.step, b.index, now))
+                        self.log.append(("choose", b.step, b.index, now))
                         mine.append(b)
                     choice[0] = len(mine)
-            if broadcast:
-                dist.broadcast(choice, src=0, group=self._ctrl)
+            dist.broadcast(choice, src=0, group=self._ctrl)
             for k in range(int(choice[0])):
                 if leader:
                     b = mine[k]

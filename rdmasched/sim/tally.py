@@ -9,18 +9,29 @@ any other id (a sync task's, one with a sparse sequence) goes to a plain dict.
 
 A count stops at 255: any count above 1 is already a defect the checks report.
 
-A leaf module of the simulator: it imports only the task-id layout.
+It imports only the task-id layout and where sync task ids begin.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from rdmasched.demo.taskid import NODE_MASK, NODE_SHIFT, SEQ_MASK
+from rdmasched.daemon.core import SYNC_ID_BASE
+from rdmasched.demo.taskid import NODE_SHIFT, SEQ_MASK, task_node
 
 #: a sequence past this goes to the dict (a bytearray grows to the largest sequence counted)
 _DENSE_SEQ = 1 << 24
-_SYNC = 1 << 63  # sync task ids are >= 2**63 (demo/taskid.py): their bits are not a layout
+
+
+def _sparse(tid: int) -> bool:
+    """Whether `tid` is counted in the dict: a sync task's id (its bits are not the
+    layout's) or a sequence past `_DENSE_SEQ`."""
+    return tid >= SYNC_ID_BASE or tid & SEQ_MASK >= _DENSE_SEQ
+
+
+def _at_home(node: int, tid: int) -> bool:
+    """Whether `tid` completed on the node that made it (the id's node field)."""
+    return tid < SYNC_ID_BASE and task_node(tid) == node
 
 
 class Tally(Mapping[int, int]):
@@ -34,11 +45,11 @@ class Tally(Mapping[int, int]):
         self._len = 0
 
     def add(self, tid: int) -> None:
-        seq = tid & SEQ_MASK
-        if tid >= _SYNC or seq >= _DENSE_SEQ:
+        if _sparse(tid):
             n = self._sparse.get(tid, 0)
             self._sparse[tid] = n + 1
         else:
+            seq = tid & SEQ_MASK
             row = self._dense.get(tid >> NODE_SHIFT)
             if row is None:
                 row = self._dense[tid >> NODE_SHIFT] = bytearray()
@@ -51,9 +62,9 @@ class Tally(Mapping[int, int]):
             self._len += 1
 
     def __getitem__(self, tid: int) -> int:
-        seq = tid & SEQ_MASK
-        if tid >= _SYNC or seq >= _DENSE_SEQ:
+        if _sparse(tid):
             return self._sparse[tid]
+        seq = tid & SEQ_MASK
         row = self._dense.get(tid >> NODE_SHIFT)
         n = row[seq] if row is not None and seq < len(row) else 0
         if n == 0:
@@ -84,7 +95,7 @@ class Completions(Mapping[tuple[int, int], int]):
         self._away: dict[tuple[int, int], int] = {}
 
     def add(self, node: int, tid: int) -> None:
-        if tid < _SYNC and (tid >> NODE_SHIFT) & NODE_MASK == node:
+        if _at_home(node, tid):
             self._home.add(tid)
         else:
             k = (node, tid)
@@ -92,13 +103,13 @@ class Completions(Mapping[tuple[int, int], int]):
 
     def __getitem__(self, key: tuple[int, int]) -> int:
         node, tid = key
-        if tid < _SYNC and (tid >> NODE_SHIFT) & NODE_MASK == node:
+        if _at_home(node, tid):
             return self._home[tid]
         return self._away[key]
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         for tid in self._home:
-            yield (tid >> NODE_SHIFT) & NODE_MASK, tid
+            yield task_node(tid), tid
         yield from self._away
 
     def __len__(self) -> int:
