@@ -99,6 +99,8 @@ cdef class NodeCore:
     cdef list _sync_msg(self, group, flags, step, sent, node)
     cdef list _sync(self, list outs)
     cdef _place(self, peer, m, list out)
+    cdef _summary_names(self, peer, list out)
+    cdef long long _summaries_since(self, long long now)
     cdef _notice(self, peer)
     cdef bint _dedup(self, origin, tid, list out) except -1
     @cython.locals(sched=Scheduler)

@@ -1270,6 +1270,8 @@ class NodeCore:
         if not self._far or peer in self.links or m.origin != self.me:
             out.append(self._send(peer, m))
             return
+        if peer not in self.members.far:
+            self._summary_names(peer, out)
         f = self.members.far_view(peer)
         if f.inc == 0:  # ask; sent when it answers (or placed again if it is gone)
             q = self._pending_far.setdefault(peer, [])
@@ -1280,6 +1282,19 @@ class NodeCore:
         if f.told != f.inc:
             out.append(self._notice(peer))
         out.append(self._send(peer, m))
+
+    def _summaries_since(self, now: int) -> int:
+        """Summaries heard before this are not used (docs/SCALE.md section 11)."""
+        return now - 4 * self.dead_after_ns
+
+    def _summary_names(self, peer: int, out: list[Effect]) -> None:
+        """Far `peer`, of which this node keeps no view, is the node its leaf's summary
+        names: learn the incarnation the summary gives (no notice asking for it)."""
+        topo = self.topology
+        assert topo is not None
+        s = self.summaries.get(topo.leaf(peer))
+        if s is not None and s[2] == peer and s[4] >= self._summaries_since(self.now):
+            out += self._apply(self.members.learn(peer, s[3], False, self.now, "a domain summary"))
 
     # ---- nothing lost in a dying relay (docs/PROTOCOL.md 10, "Nothing lost") -------------
     def resend(self, peer: int, tasks: Iterable[Task], why: str) -> list[Effect]:
@@ -1443,13 +1458,16 @@ class NodeCore:
             inc = self.members.inc if light == self.me else views[light].inc
             cur = self.summaries.get(self._leaf)
             self.summaries[self._leaf] = [1 if cur is None else cur[0] + 1, load, light, inc, now]
-        fresh = now - 4 * self.dead_after_ns
+        fresh = self._summaries_since(now)
         far: dict[int, tuple[int, str]] = {}
         out: list[Effect] = []
         for leaf, (_, load, node, inc, heard) in self.summaries.items():
             if leaf == self._leaf or heard < fresh or node in self.links:
                 continue
-            if self.members.far_inc(node) < inc:
+            if node in self.members.far and self.members.far_inc(node) < inc:
+                # a later incarnation of a node kept in view; a node first named gets its
+                # view when this node has business with it (_place): at 100,000 nodes the
+                # nodes the summaries went through would be FAR_MAX views at every node
                 out += self._apply(self.members.learn(node, inc, False, now, "a domain summary"))
             if not self.members.is_dead(node):
                 far[node] = (load, topo.domain(node))

@@ -193,3 +193,34 @@ def test_placement_goes_across_leaves_only_when_the_leaf_is_loaded() -> None:
     c.deliver()
     assert c.of(0, "completed") == [("completed", 5, where)]
     assert c.cores[0].peers.held_count() == 0
+
+
+def test_a_summary_alone_makes_no_far_view_and_its_node_gets_a_task_without_a_round_trip() -> None:
+    """A far view is kept for a node this node has business with, not for every node a
+    summary named (at 100,000 nodes the nodes the summaries went through were FAR_MAX views
+    at every node); a task sent to a summary's node still goes at once, behind its notice,
+    with the incarnation the summary named (docs/SCALE.md, "Liveness")."""
+    c = Cluster(64, topology=T64)
+    c.advance(3 * HEARTBEAT_NS)  # the summaries travel, and a tick reads them
+    core = c.cores[0]
+    named = {s[2]: s[3] for leaf, s in core.summaries.items() if leaf != T64.leaf(0)}
+    far = sorted(set(named) - core.links)
+    assert far, "no summary named a far node: the test shows nothing"
+    assert not core.members.far, "views made from summaries alone"
+    x = far[0]
+    c.unlinked.clear()
+    c.do(0, core.dispatch_to(x, task(5, origin=0), c.now))  # sent, not yet delivered
+    kinds = [type(m).__name__ for s, d, m in c.unlinked if s == 0]
+    assert kinds == ["Heartbeat", "Dispatch"], kinds  # the notice, then the task: no asking
+    assert {d for s, d, m in c.unlinked} == {x}
+    assert core.members.far_inc(x) == named[x] > 0
+    c.deliver()
+    assert starts(c, 0, 5) == [x]
+    # a node no summary names is asked first (its incarnation is not known): the notice
+    # alone, the DISPATCH when the answer comes
+    y = next(n for n in range(64) if n not in core.links and n not in named and n != 0)
+    c.unlinked.clear()
+    c.do(0, core.dispatch_to(y, task(6, origin=0), c.now))
+    assert [type(m).__name__ for s, d, m in c.unlinked if s == 0] == ["Heartbeat"]
+    c.deliver()
+    assert starts(c, 0, 6) == [y]
