@@ -48,6 +48,9 @@ cdef class NodeCore:
     cdef public dict summaries
     cdef object _sum_next
     cdef object _sum_order
+    cdef list _sum_heap
+    cdef dict _sum_kept
+    cdef long long _sum_count
     cdef long long _leaf
     cdef list _leaf_peers
     cdef public set _cut

@@ -6,12 +6,15 @@ leaves from the domain summaries. docs/SCALE.md, "Liveness" and "Placement", is 
 
 from __future__ import annotations
 
+import random
+
 import msgpack
 import pytest
 
 from rdmasched import messages as msg
 from rdmasched.daemon.membership import FAR_MAX, NEWS_MAX, NEWS_REPEAT, SUMMARIES_PER_BEAT
 from rdmasched.topology import Topology
+from tests.codec import through_codec
 from tests.corenet import DEAD_AFTER_NS, HEARTBEAT_NS, MS, Cluster, task
 
 #: 8 leaves of 8 nodes in 2 pods: a leaf dragonfly, 9 links per node, 3 hops
@@ -224,3 +227,43 @@ def test_a_summary_alone_makes_no_far_view_and_its_node_gets_a_task_without_a_ro
     assert [type(m).__name__ for s, d, m in c.unlinked if s == 0] == ["Heartbeat"]
     c.deliver()
     assert starts(c, 0, 6) == [y]
+
+
+def test_a_full_summary_table_forgets_the_summary_heard_longest_ago() -> None:
+    """With more leaves than SUMMARY_MAX, a new leaf's summary takes the place of the one
+    heard longest ago (of those heard at one time, the first kept), never this node's own
+    leaf's; checked against that rule written plainly, entries and their order, over
+    heartbeats whose summaries come at repeated times, as updates and as new leaves."""
+    t = Topology.generate(nodes=1024, leaf=8, pod=64)  # 128 leaves
+    me = 0
+    c = Cluster(1, topology=t)
+    core = c.make_core(me, 100)
+    core.open(c.now)
+    link = min(core.links)
+    mine = t.leaf(me)
+    model: dict[int, list[int]] = {}
+    rng = random.Random(7)
+    now = c.now
+    versions: dict[int, int] = {}
+    evicted = 0
+    for beat in range(400):
+        now += rng.choice((0, 0, MS))  # several beats at one time: ties in "heard"
+        sums = []
+        for _ in range(1 + SUMMARIES_PER_BEAT):
+            node = rng.randrange(len(t))
+            leaf = t.leaf(node)
+            v = versions[leaf] = versions.get(leaf, 0) + rng.choice((0, 1, 1))
+            sums.append([leaf, v, rng.randrange(4), node, 1])
+        hb = msg.Heartbeat(now, 0, 0, {"inc": 1, "sum": sums})
+        core.receive(through_codec(hb, src=link, dst=me), link, now)
+        for leaf, v, load, node, inc in sums:  # the rule, plainly
+            cur = model.get(leaf)
+            if cur is not None and v <= cur[0]:
+                continue
+            if cur is None and len(model) >= core.SUMMARY_MAX:
+                oldest = min((k for k in model if k != mine), key=lambda k: model[k][4])
+                del model[oldest]
+                evicted += 1
+            model[leaf] = [v, load, node, inc, now]
+        assert list(core.summaries.items()) == list(model.items()), beat
+    assert evicted > 100, "the table never filled: the test shows nothing"
