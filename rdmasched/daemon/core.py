@@ -353,9 +353,9 @@ class NodeCore:
         self._sum_order: list[int] | None = None
         #: the other leaves of `summaries` by (when heard, when first kept, leaf), a heap
         #: with entries gone stale (a leaf heard again or dropped) left in it: a full table
-        #: finds the one to drop in O(log n), where a scan of it took most of a simulated
-        #: 100,000-node cluster's heartbeat work (3,125 leaves, 64 kept: nearly every
-        #: summary heard is a new leaf's)
+        #: finds the one to drop in O(log n) instead of a scan per summary heard (with
+        #: 3,125 leaves and 64 kept, nearly every summary is a new leaf's:
+        #: scripts/summary_bench.py)
         self._sum_heap: list[tuple[int, int, int]] = []
         #: leaf -> when it was first kept (a count): the table's order, for ties in "heard"
         self._sum_kept: dict[int, int] = {}
@@ -1447,18 +1447,19 @@ class NodeCore:
             if len(summaries) >= self.SUMMARY_MAX:  # drop the other leaf heard longest ago
                 del summaries[self._oldest_summary()]
             self._sum_order = None
-            if leaf != self._leaf:
-                self._sum_count += 1
-                self._sum_kept[leaf] = self._sum_count
         summaries[leaf] = [version, load, node, inc, now]
-        if leaf != self._leaf:
-            heap = self._sum_heap
-            if len(heap) > 4 * self.SUMMARY_MAX:  # mostly stale: made again from the table
-                kept = self._sum_kept
-                heap[:] = [(v[4], kept[k], k) for k, v in summaries.items() if k in kept]
-                heapq.heapify(heap)
-            else:
-                heapq.heappush(heap, (now, self._sum_kept[leaf], leaf))
+        if leaf == self._leaf:  # never dropped: not in the heap
+            return
+        kept = self._sum_kept
+        if cur is None:
+            self._sum_count += 1
+            kept[leaf] = self._sum_count
+        heap = self._sum_heap
+        if len(heap) > 4 * self.SUMMARY_MAX:  # mostly stale: made again from the table
+            heap[:] = [(v[4], kept[k], k) for k, v in summaries.items() if k in kept]
+            heapq.heapify(heap)
+        else:
+            heapq.heappush(heap, (now, kept[leaf], leaf))
 
     def _oldest_summary(self) -> int:
         """The other leaf of `summaries` heard longest ago, the first kept of those heard
